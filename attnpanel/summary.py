@@ -1,0 +1,132 @@
+"""Text summaries of a trace: the shape of every step, and what each head attends to.
+
+Used by the command line (``attnpanel info``) and the explorer's shape table; no plotting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+
+def shape_table(ds: xr.Dataset) -> pd.DataFrame:
+    """The operation and real shape of every step of the attention for a trace.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``step``, ``operation``, ``shape``, ``variable``; a step whose variable the
+        trace lacks shows ``"missing"`` as its shape.
+    """
+    batch, heads, length = ds.sizes["batch"], ds.sizes["head"], ds.sizes["query"]
+    d_model = ds.attrs.get("d_model")
+    head_dim = ds.attrs.get("head_dim")
+    d = "D" if d_model is None else d_model
+    e = "E" if head_dim is None else head_dim
+    scale = ds.attrs.get("scale")
+    scale_text = "scale" if scale is None else f"{scale:.4g}"
+    mask = ds.attrs.get("mask", "none")
+    rows = [
+        ("input", "x", "x", (batch, length, d)),
+        ("projections", "x @ Wq.T, x @ Wk.T, x @ Wv.T", "w_q", (batch, length, d)),
+        ("split into heads", f"view {heads} x {e}, transpose", "q", (batch, heads, length, e)),
+        ("scores", "q @ k.T", "scores", (batch, heads, length, length)),
+        ("scaled", f"scores * {scale_text}", "scores", (batch, heads, length, length)),
+        ("masked", f"{mask} mask, fill -1e4", "q", (batch, heads, length, length)),
+        ("weights", "softmax over keys, masked = 0", "weights", (batch, heads, length, length)),
+        ("context", "weights @ v", "context", (batch, heads, length, e)),
+        ("merged", "transpose, concat heads", "context", (batch, length, d)),
+        ("output", "merged @ Wo.T", "output", (batch, length, d)),
+    ]
+    records = []
+    for step, operation, variable, shape in rows:
+        known = variable in ds
+        records.append(
+            {
+                "step": step,
+                "operation": operation,
+                "shape": " x ".join(map(str, shape)) if known else "missing",
+                "variable": variable,
+            }
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def head_summary(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
+    """Per head: where each position looks, summarised over one sample.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace with ``weights``.
+    batch : int
+        The sample (by position).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per head: the mean attention distance ``|query - key|`` (weighted),
+        the most common offset ``key - query`` of each query's most attended key, the share
+        of queries whose top key is that offset, the mean row entropy relative to uniform,
+        and the three keys that receive the most attention overall.
+    """
+    weights = np.asarray(ds["weights"].isel(batch=batch).values, dtype=np.float64)
+    heads, length, _ = weights.shape
+    positions = np.arange(length)
+    distance = np.abs(positions[:, None] - positions[None, :])
+    labels = _labels(ds, batch)
+    records = []
+    for head in range(heads):
+        w = weights[head]
+        top = w.argmax(axis=1)
+        offsets, counts = np.unique(top - positions, return_counts=True)
+        entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(axis=1)
+        received = w.sum(axis=0)
+        most = np.argsort(received)[::-1][:3]
+        records.append(
+            {
+                "head": int(ds["head"].values[head]),
+                "mean_distance": float((w * distance).sum(axis=1).mean()),
+                "top_offset": int(offsets[counts.argmax()]),
+                "top_offset_share": float(counts.max() / length),
+                "entropy_vs_uniform": float(entropy.mean() / np.log(length)),
+                "most_attended": ", ".join(labels[i] for i in most),
+            }
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def _labels(ds: xr.Dataset, batch: int) -> list[str]:
+    """Readable labels of the positions of one sample: tokens, times or indices."""
+    length = ds.sizes["query"]
+    if "token" in ds.coords:
+        tokens = ds["token"].isel(batch=batch).values
+        return [f"{i}:{t}" for i, t in enumerate(tokens)]
+    if "time" in ds.coords:
+        time = ds["time"]
+        time = time.isel(batch=batch) if "batch" in time.dims else time
+        return [f"{i}@{pd.Timestamp(t):%H:%M}" for i, t in enumerate(time.values)]
+    return [str(i) for i in range(length)]
+
+
+def describe(ds: xr.Dataset, batch: int = 0) -> str:
+    """A plain-text report: attributes, the shape table and the per-head summary."""
+    attrs = ", ".join(f"{k}={v}" for k, v in ds.attrs.items() if k != "source")
+    lines = [f"trace: {attrs}"]
+    if ds.attrs.get("source"):
+        lines.append(f"source: {str(ds.attrs['source']).splitlines()[0]}")
+    lines += ["", shape_table(ds).to_string(index=False), "", f"heads, sample {batch}:"]
+    summary = head_summary(ds, batch)
+    for row in summary.itertuples(index=False):
+        lines.append(
+            f"  head {row.head}: mean distance {row.mean_distance:.1f}, "
+            f"top key at offset {row.top_offset:+d} for {row.top_offset_share:.0%} of queries, "
+            f"entropy {row.entropy_vs_uniform:.2f} of uniform, most attended {row.most_attended}"
+        )
+    return "\n".join(lines)
