@@ -1,0 +1,262 @@
+"""Standalone, offline HTML export of a trace's attention maps.
+
+The file is one self-contained page built with Bokeh's inline resources: no script, style
+sheet or image is fetched from anywhere. Every head of one sample under every mask mode is
+stored at display resolution (datashader reduces longer sequences to ``size`` x ``size``),
+quantised to 8 bits and zlib-compressed; the page inflates a map with the browser's own
+``DecompressionStream`` when a widget asks for it. So the file's size depends on the display
+resolution, not on the square of the sequence length.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from pathlib import Path
+
+import datashader
+import numpy as np
+import xarray as xr
+from bokeh.embed import file_html
+from bokeh.layouts import column, gridplot, row
+from bokeh.models import (
+    ColorBar,
+    ColumnDataSource,
+    CustomJS,
+    CustomJSTickFormatter,
+    Div,
+    HoverTool,
+    LinearColorMapper,
+    Range1d,
+    RadioButtonGroup,
+    Select,
+)
+from bokeh.plotting import figure
+from bokeh.resources import INLINE
+
+from attnpanel.attention import MASK_MODES
+from attnpanel.trace import attention_stage, trace_mask
+
+LEVELS = 254  # quantisation levels for visible cells; 255 marks a masked cell (black)
+MASKED = 255
+SMALL = 120  # frame of each head's small map, in pixels
+DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
+TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
+HEAD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def _palette(n: int = LEVELS + 1) -> list[str]:
+    """Blue (low) to red (high), as the explorer draws attention."""
+    from bokeh.palettes import interp_palette
+
+    return list(interp_palette(("#2b3a8c", "#4a90d9", "#f7f7f7", "#f4a05a", "#b2182b"), n))
+
+
+def display_resolution(weights: xr.DataArray, size: int) -> np.ndarray:
+    """Reduce a ``(query, key)`` map to at most ``size`` x ``size`` cells (mean per cell).
+
+    Masked cells must be NaN; a display cell is NaN only when all its cells are masked.
+    """
+    length = weights.sizes["query"]
+    if length <= size:
+        return np.asarray(weights.values, dtype=np.float32)
+    canvas = datashader.Canvas(
+        plot_width=size,
+        plot_height=size,
+        x_range=(-0.5, length - 0.5),
+        y_range=(-0.5, length - 0.5),
+    )
+    grid = weights.rename(query="y", key="x").astype(np.float64)
+    reduced = canvas.raster(grid, agg="mean", downsample_method="mean")
+    return np.asarray(reduced.values, dtype=np.float32)
+
+
+def _encode(values: np.ndarray) -> tuple[str, tuple[float, float]]:
+    """Quantise a map to uint8 (255 = masked), zlib + base64 encoded, with its (low, top)."""
+    visible = values[np.isfinite(values)]
+    low = float(visible.min()) if visible.size else 0.0
+    # a robust top: a few sharp cells must not push the rest of the map into one colour
+    top = float(np.percentile(visible, TOP_PERCENTILE)) if visible.size else 1.0
+    top = top if top > low else low + 1e-12
+    scaled = np.clip(np.round((np.nan_to_num(values) - low) / (top - low) * LEVELS), 0, LEVELS)
+    levels = np.where(np.isnan(values), MASKED, scaled)
+    raw = levels.astype(np.uint8).tobytes()
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii"), (low, top)
+
+
+def export_maps(ds: xr.Dataset, sample: int = 0, size: int = DISPLAY) -> dict:
+    """Encoded softmax maps of one sample for every head and every computable mask mode.
+
+    Returns
+    -------
+    dict
+        ``{"n": cells per side, "length": L, "masks": [...], "maps": {mask: [b64, ...]},
+        "scales": {mask: [(low, top), ...]}}``: each map's colour scale.
+    """
+    own = ds.attrs.get("mask", "none")
+    masks = list(MASK_MODES) if "q" in ds and "k" in ds else [own]
+    maps, scales, n = {}, {}, None
+    for mask in masks:
+        blocked = trace_mask(ds, mask)
+        maps[mask], scales[mask] = [], []
+        for head in range(ds.sizes["head"]):
+            weights = attention_stage(ds, "softmax", mask=mask, batch=sample, head=head)
+            if blocked is not None:
+                weights = weights.where(~xr.DataArray(blocked.numpy(), dims=("query", "key")))
+            values = display_resolution(weights, size)
+            n = values.shape[0]
+            encoded, scale = _encode(values)
+            maps[mask].append(encoded)
+            scales[mask].append(scale)
+    return {"n": n, "length": ds.sizes["query"], "masks": masks, "maps": maps, "scales": scales}
+
+
+DECODE_JS = """
+async function inflate(b64) {
+  const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('deflate'));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+async function show() {
+  const mask = masks[mask_widget.active];
+  const head = parseInt(head_widget.value);
+  const flats = await Promise.all(payload.maps[mask].map(inflate));
+  // the sources hold (n, n) uint8 ndarrays: a new one of the same class and shape
+  const fill = (source, flat) => {
+    const old = source.data.image[0];
+    source.data = {image: [new old.constructor(flat, old.shape)]};
+  };
+  fill(main_source, flats[head]);
+  for (let h = 0; h < small_sources.length; h++) fill(small_sources[h], flats[h]);
+  const [low, top] = payload.scales[mask][head];
+  state.data = {low: [low], top: [top]};
+  main_title.text = `Head ${head} · mask ${mask} · softmax (colour scale ${low.toPrecision(2)} to ${top.toPrecision(3)})`;
+  colorbar.change.emit();
+  document.body.dataset.attnpanelView = `${mask}/${head}`;
+}
+show();
+"""
+
+
+def export_html(
+    ds: xr.Dataset,
+    path: str | Path,
+    sample: int = 0,
+    size: int = DISPLAY,
+    title: str = "attnpanel",
+) -> Path:
+    """Write one sample's attention maps as a standalone HTML file that works offline.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+    path : str or Path
+        The HTML file to write.
+    sample : int
+        Which batch item (by position).
+    size : int
+        Display resolution: maps longer than this are reduced to ``size`` x ``size``.
+    title : str
+        The page title.
+
+    Returns
+    -------
+    Path
+    """
+    if not 0 <= sample < ds.sizes["batch"]:
+        raise ValueError(f"sample {sample} is out of range: the trace has {ds.sizes['batch']} samples")
+    payload = export_maps(ds, sample, size)
+    length, n, heads = payload["length"], payload["n"], ds.sizes["head"]
+    x_range = Range1d(-0.5, length - 0.5)
+    y_range = Range1d(length - 0.5, -0.5)  # query 0 at the top, as a matrix reads
+    mapper = LinearColorMapper(palette=_palette(), low=0, high=LEVELS, high_color="black")
+    state = ColumnDataSource({"low": [0.0], "top": [1.0]})  # the shown map's colour scale
+
+    def matrix_figure(frame, tools):
+        fig = figure(
+            frame_width=frame,
+            frame_height=frame,
+            x_range=x_range,
+            y_range=y_range,
+            tools=tools,
+            active_scroll="wheel_zoom",
+            output_backend="webgl",
+        )
+        fig.grid.visible = False
+        source = ColumnDataSource({"image": [np.zeros((n, n), dtype=np.uint8)]})
+        fig.image(
+            image="image",
+            source=source,
+            x=-0.5,
+            y=length - 0.5,
+            dw=length,
+            dh=length,
+            color_mapper=mapper,
+            origin="top_left",
+            anchor="top_left",
+        )
+        return fig, source
+
+    main, main_source = matrix_figure(size, "pan,wheel_zoom,box_zoom,reset,save")
+    main.title.text = "softmax"
+    main.xaxis.axis_label, main.yaxis.axis_label = "key", "query"
+    main.add_tools(HoverTool(tooltips=[("query", "$y{0}"), ("key", "$x{0}")]))
+    formatter = CustomJSTickFormatter(
+        args={"state": state, "levels": LEVELS},
+        code="const [low, top] = [state.data.low[0], state.data.top[0]];"
+        "return (low + tick / levels * (top - low)).toPrecision(2);",
+    )
+    colorbar = ColorBar(color_mapper=mapper, formatter=formatter, title="weight")
+    main.add_layout(colorbar, "right")
+
+    smalls, small_sources = [], []
+    for head in range(heads):
+        fig, source = matrix_figure(SMALL, "pan,wheel_zoom,box_zoom,reset")
+        fig.title.text = f"head {head}"
+        fig.title.text_color = HEAD_COLORS[head % len(HEAD_COLORS)]
+        fig.outline_line_color = HEAD_COLORS[head % len(HEAD_COLORS)]
+        fig.outline_line_width = 3
+        fig.axis.visible = False
+        smalls.append(fig)
+        small_sources.append(source)
+
+    head_widget = Select(title="Head", value="0", options=[str(h) for h in range(heads)])
+    masks = payload["masks"]
+    own = ds.attrs.get("mask", "none")
+    mask_widget = RadioButtonGroup(labels=masks, active=masks.index(own) if own in masks else 0)
+    stage = Div(text="<b>Stage</b>: softmax (the attention weights)")
+    header = Div(
+        text=f"<h2>{title}</h2><p>sample {sample} · {heads} heads · {length} positions"
+        f" · stored at {n} x {n} · zoom or pan any map: all heads follow</p>"
+    )
+    callback = CustomJS(
+        args=dict(
+            payload=payload,
+            masks=masks,
+            mask_widget=mask_widget,
+            head_widget=head_widget,
+            main_source=main_source,
+            small_sources=small_sources,
+            main_title=main.title,
+            colorbar=colorbar,
+            state=state,
+        ),
+        code=DECODE_JS,
+    )
+    head_widget.js_on_change("value", callback)
+    mask_widget.js_on_change("active", callback)
+    layout = column(
+        header,
+        row(column(Div(text="<b>Mask</b>"), mask_widget, head_widget, stage), main),
+        gridplot(smalls, ncols=min(heads, 8), toolbar_location=None),
+    )
+    from bokeh.document import Document
+
+    document = Document()
+    document.add_root(layout)
+    document.js_on_event("document_ready", callback)
+    html = file_html(document, resources=INLINE, title=title)
+    path = Path(path)
+    path.write_text(html, encoding="utf-8")
+    return path

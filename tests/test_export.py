@@ -1,0 +1,142 @@
+"""Standalone HTML export: self-contained, bounded in size, and working offline in Chromium."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import attnpanel
+from attnpanel.export import LEVELS, MASKED, display_resolution, export_html, export_maps
+
+MAX_BYTES = 5 * 2**20
+
+
+def _trace(length: int, batch: int = 1):
+    layer = attnpanel.MultiHeadSelfAttention(d_model=96, n_heads=8, mask="diagonal")
+    steps = torch.arange(length, dtype=torch.float32)[:, None]
+    x = torch.randn(batch, length, 96) + 3 * torch.sin(steps / 20 * torch.arange(96) / 10)
+    return attnpanel.trace(layer, x)
+
+
+@pytest.fixture(scope="module")
+def trace_480():
+    torch.manual_seed(1)
+    return _trace(480, batch=2)
+
+
+def test_maps_cover_every_head_and_mask_and_mark_masked_cells(trace_480):
+    payload = export_maps(trace_480, sample=1, size=480)
+    assert payload["masks"] == ["none", "diagonal", "causal"]
+    for mask in payload["masks"]:
+        assert len(payload["maps"][mask]) == 8
+    diagonal = np.frombuffer(zlib.decompress(base64.b64decode(payload["maps"]["diagonal"][3])), np.uint8)
+    diagonal = diagonal.reshape(480, 480)
+    assert (np.diag(diagonal) == MASKED).all()
+    assert (diagonal[~np.eye(480, dtype=bool)] <= LEVELS).all()
+    causal = np.frombuffer(zlib.decompress(base64.b64decode(payload["maps"]["causal"][0])), np.uint8)
+    causal = causal.reshape(480, 480)
+    assert (causal[np.triu_indices(480, 1)] == MASKED).all()
+    assert (causal[np.tril_indices(480)] <= LEVELS).all()
+
+
+def test_long_sequences_are_reduced_by_the_mean():
+    weights = attnpanel.trace(attnpanel.MultiHeadSelfAttention(16, 2, mask="none"), torch.randn(1, 96, 16))
+    one = weights["weights"].isel(batch=0, head=0)
+    reduced = display_resolution(one, 48)
+    expected = one.values.reshape(48, 2, 48, 2).mean(axis=(1, 3))
+    np.testing.assert_allclose(reduced, expected, rtol=1e-5)
+
+
+def test_sample_out_of_range_is_refused(trace_480, tmp_path):
+    with pytest.raises(ValueError, match="sample 5 is out of range"):
+        export_html(trace_480, tmp_path / "x.html", sample=5)
+
+
+def _open_offline(browser, path, artifacts, name):
+    """Open an exported file with every non-file request blocked; return page and requests."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    attempted, errors = [], []
+
+    def block(route):
+        attempted.append(route.request.url)
+        route.abort()
+
+    context.route(re.compile(r"^(?!file:).*"), block)
+    page = context.new_page()
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(path.as_uri())
+    page.wait_for_function("document.body.dataset.attnpanelView === 'diagonal/0'", timeout=60_000)
+    page.wait_for_timeout(300)
+    return context, page, attempted, errors
+
+
+def _canvas_hash(page) -> str:
+    shot = page.locator(".bk-Figure").first.screenshot()
+    return hashlib.sha1(shot).hexdigest()
+
+
+@pytest.mark.parametrize("length", [480, 4096])
+def test_export_is_small_self_contained_and_switchable_offline(length, browser, artifacts, tmp_path):
+    torch.manual_seed(2)
+    ds = _trace(length)
+    path = export_html(ds, tmp_path / f"report_{length}.html")
+    html = path.read_text()
+    assert path.stat().st_size <= MAX_BYTES, f"{path.stat().st_size / 2**20:.2f} MiB at L={length}"
+    tags = r"""<(script|link|img|iframe)\b[^>]*\b(src|href)=["']?(https?:)?//"""
+    assert not re.search(tags, html), "a tag of the file loads from the network"
+
+    context, page, attempted, errors = _open_offline(browser, path, artifacts, length)
+    try:
+        assert attempted == [], f"requests left the file: {attempted[:5]}"
+        assert errors == []
+        before = _canvas_hash(page)
+        page.screenshot(path=str(artifacts / f"export_{length}_head0.png"))
+        page.locator("select").select_option("5")
+        page.wait_for_function("document.body.dataset.attnpanelView === 'diagonal/5'")
+        page.wait_for_timeout(300)
+        after_head = _canvas_hash(page)
+        assert after_head != before, "switching the head did not change the picture"
+        page.get_by_role("button", name="causal").click()
+        page.wait_for_function("document.body.dataset.attnpanelView === 'causal/5'")
+        page.wait_for_timeout(300)
+        assert _canvas_hash(page) != after_head, "switching the mask did not change the picture"
+        page.screenshot(path=str(artifacts / f"export_{length}_causal5.png"))
+        assert attempted == []
+    finally:
+        context.close()
+
+
+def test_zoom_is_linked_across_heads(trace_480, browser, artifacts, tmp_path):
+    path = export_html(trace_480, tmp_path / "linked.html")
+    context, page, attempted, _ = _open_offline(browser, path, artifacts, "linked")
+    try:
+        ranges = page.evaluate(
+            """() => {
+              const doc = Bokeh.documents[0];
+              const plots = [...doc.all_models].filter(m => m.type === 'Figure');
+              return plots.map(p => [p.x_range.id, p.y_range.id]);
+            }"""
+        )
+        assert len(ranges) == 9  # the large map and one per head
+        assert len({tuple(r) for r in ranges}) == 1, "every map must share one x and one y range"
+        main = page.locator(".bk-Figure").first
+        box = main.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.wheel(0, -400)
+        page.wait_for_timeout(500)
+        start, end = page.evaluate(
+            """() => { const p = [...Bokeh.documents[0].all_models].find(m => m.type === 'Figure');
+                       return [p.x_range.start, p.x_range.end]; }"""
+        )
+        assert end - start < 479, "the wheel zoom did not zoom"
+        page.screenshot(path=str(artifacts / "export_linked_zoom.png"))
+        assert attempted == []
+    finally:
+        context.close()
