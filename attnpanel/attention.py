@@ -6,11 +6,17 @@ Non-Stationarity", KDD 2025; ``src/nilmformer/layers/transformer.py``): four bia
 projections ``wq, wk, wv, wo``, scores ``q . k`` per head, scale ``head_dim ** -0.5``,
 a mask, softmax, value aggregation, head merge and the output projection.
 
-Two deliberate differences from that source:
+Deliberate differences from that source:
 
 * masked scores are filled with ``-1e4`` (finite, safe in float16) and the masked weights
   are then set to exactly 0, so a masked cell never carries probability mass;
-* masks are built once per (length, device) and cached, not rebuilt on every call.
+* masks are built once per (mode, length, device) and cached, not rebuilt on every call;
+* :meth:`MultiHeadSelfAttention.forward` runs the fused kernel
+  (``F.scaled_dot_product_attention``), which gives the same output without materialising
+  the ``(B, H, L, S)`` weights, while :meth:`MultiHeadSelfAttention.stages` runs the plain
+  path step by step and keeps every intermediate (as nanoGPT keeps both paths);
+* before materialising attention tensors the layer checks that they fit in memory and
+  raises a ``ValueError`` naming the sizes instead of letting the allocator fail.
 
 Shapes use ``B`` batch, ``H`` heads, ``L`` query positions, ``S`` key positions,
 ``E`` head dim and ``D`` model dim.
@@ -18,13 +24,21 @@ Shapes use ``B`` batch, ``H`` heads, ``L`` query positions, ``S`` key positions,
 
 from __future__ import annotations
 
+import functools
+import os
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MASK_MODES = ("none", "diagonal", "causal")
 MASK_FILL = -1e4
+MAX_ATTENTION_BYTES: int | None = None  # None: the memory available when a layer runs
+MEMORY_SHARE = 0.8  # share of the available memory that attention tensors may take
+_NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
 @dataclass
@@ -52,8 +66,72 @@ class AttentionStages:
     mask: torch.Tensor | None  # (L, S) bool, True = blocked; None when nothing is blocked
 
 
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.3g} GiB"
+
+
+def available_memory(device=None) -> int:
+    """Bytes that new tensors on ``device`` may take now.
+
+    Parameters
+    ----------
+    device : torch.device, optional
+        CPU by default; for CUDA, the free memory of that GPU.
+
+    Returns
+    -------
+    int
+        :data:`MAX_ATTENTION_BYTES` when set, otherwise :data:`MEMORY_SHARE` of the memory
+        the operating system (or CUDA) reports as available.
+    """
+    if MAX_ATTENTION_BYTES is not None:
+        return int(MAX_ATTENTION_BYTES)
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * MEMORY_SHARE)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * MEMORY_SHARE)
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * MEMORY_SHARE)
+
+
+def check_attention_size(shape, dtype=torch.float32, count: int = 1, device=None) -> None:
+    """Raise before allocating ``count`` attention tensors that would not fit in memory.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        ``(B, H, L, S)`` (leading dims may be dropped).
+    dtype : torch.dtype
+        Element type of the tensors.
+    count : int
+        How many such tensors are kept at once.
+    device : torch.device, optional
+        Where they would live.
+
+    Raises
+    ------
+    ValueError
+        Naming the shape, the bytes needed and the bytes available.
+    """
+    elements = int(np.prod([int(n) for n in shape], dtype=object))
+    needed = elements * torch.empty((), dtype=dtype).element_size() * count
+    budget = available_memory(device)
+    if needed > budget:
+        raise ValueError(
+            f"attention of shape {tuple(int(n) for n in shape)} needs {count} x "
+            f"{_gib(needed / count)} = {_gib(needed)} but only {_gib(budget)} may be used; "
+            "the sequence is too long for full attention: trace fewer samples or heads, "
+            "or a shorter window"
+        )
+
+
 def build_mask(mask: str | torch.Tensor, length: int, device=None) -> torch.Tensor | None:
-    """Return the boolean ``(length, length)`` mask for a mode, True where blocked.
+    """Return a new boolean ``(length, length)`` mask for a mode, True where blocked.
 
     Parameters
     ----------
@@ -72,8 +150,13 @@ def build_mask(mask: str | torch.Tensor, length: int, device=None) -> torch.Tens
     Raises
     ------
     ValueError
-        For an unknown mode, a tensor of the wrong shape or dtype, or a mask that blocks
-        every key of some query (its softmax row would be undefined).
+        For an unknown mode, a tensor of the wrong shape or dtype, a mask that blocks
+        every key of some query (its softmax row would be undefined), or a length whose
+        ``(L, L)`` mask would not fit in memory.
+
+    See Also
+    --------
+    cached_mask : the same, built once and shared.
     """
     if isinstance(mask, torch.Tensor):
         if mask.dtype != torch.bool:
@@ -85,10 +168,12 @@ def build_mask(mask: str | torch.Tensor, length: int, device=None) -> torch.Tens
         blocked = mask.to(device)
     elif mask == "none":
         return None
-    elif mask == "diagonal":
-        blocked = torch.eye(length, dtype=torch.bool, device=device)
-    elif mask == "causal":
-        blocked = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+    elif mask in ("diagonal", "causal"):
+        check_attention_size((length, length), torch.bool, device=device)
+        if mask == "diagonal":
+            blocked = torch.eye(length, dtype=torch.bool, device=device)
+        else:
+            blocked = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
     else:
         raise ValueError(f"unknown mask {mask!r}; expected one of {MASK_MODES} or a bool tensor")
     full_rows = blocked.all(dim=-1)
@@ -99,6 +184,65 @@ def build_mask(mask: str | torch.Tensor, length: int, device=None) -> torch.Tens
             "each query needs at least one visible key"
         )
     return blocked
+
+
+_DIAGONALS: dict[int, weakref.ref] = {}  # id -> the cached diagonal masks, for a free test
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_mode_mask(mode: str, length: int, device: torch.device) -> torch.Tensor | None:
+    blocked = build_mask(mode, length, device)
+    if mode == "diagonal":
+        _DIAGONALS[id(blocked)] = weakref.ref(blocked)
+    return blocked
+
+
+def cached_mask(mask: str, length: int, device=None) -> torch.Tensor | None:
+    """The boolean mask of a mode, built once per (mode, length, device) and shared.
+
+    Parameters
+    ----------
+    mask : {"none", "diagonal", "causal"}
+        A mode name.
+    length : int
+        Sequence length ``L``.
+    device : torch.device, optional
+        Where the mask lives.
+
+    Returns
+    -------
+    torch.Tensor or None
+        The same tensor object on every call; treat it as read-only.
+    """
+    if not isinstance(mask, str):
+        raise ValueError(f"cached_mask takes a mode name, got {type(mask).__name__}")
+    return _cached_mode_mask(mask, int(length), torch.device(device or "cpu"))
+
+
+def _is_diagonal(blocked: torch.Tensor) -> bool:
+    # every layer and trace path gets its diagonal mask from the cache, so identity suffices
+    known = _DIAGONALS.get(id(blocked))
+    return known is not None and known() is blocked
+
+
+def _fill_blocked_(t: torch.Tensor, blocked: torch.Tensor, value: float) -> None:
+    """Fill the blocked cells of ``(..., L, S)`` in place."""
+    if _is_diagonal(blocked):
+        t.diagonal(dim1=-2, dim2=-1).fill_(value)  # touches L cells per map, not L * S
+    else:
+        t.masked_fill_(blocked, value)
+
+
+def _empty(shape, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor; on CPU backed by numpy.
+
+    numpy madvises large allocations as transparent huge pages, which makes the first
+    touch of a multi-hundred-MB attention tensor several times cheaper than torch's
+    default CPU allocator; the trace then hands the same memory to xarray, copy-free.
+    """
+    if like.device.type == "cpu" and like.dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[like.dtype]))
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
 def attend(
@@ -126,13 +270,26 @@ def attend(
     scores, weights : torch.Tensor
         Raw ``q . k`` and the attention weights, both ``(B, H, L, S)``.
     """
-    scores = torch.einsum("...le,...se->...ls", q, k)  # (B, H, L, S)
-    logits = scores * scale
-    if blocked is not None:
-        logits = logits.masked_fill(blocked, MASK_FILL)
-    weights = torch.softmax(logits, dim=-1)  # (B, H, L, S)
-    if blocked is not None:
-        weights = weights.masked_fill(blocked, 0.0)  # exact zeros, whatever the fill left
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if needs_grad:
+        scores = q @ k.transpose(-2, -1)  # (B, H, L, S)
+        logits = scores * scale
+        if blocked is not None:
+            logits = logits.masked_fill(blocked, MASK_FILL)
+        weights = torch.softmax(logits, dim=-1)  # (B, H, L, S)
+        if blocked is not None:
+            weights = weights.masked_fill(blocked, 0.0)  # exact zeros, whatever the fill left
+    else:
+        # Without autograd only the two tensors that are returned are allocated: the
+        # logits are built, masked and soft-maxed in place in the weights' memory.
+        shape = (*q.shape[:-1], k.shape[-2])
+        scores = torch.matmul(q, k.transpose(-2, -1), out=_empty(shape, q))  # (B, H, L, S)
+        weights = torch.mul(scores, scale, out=_empty(shape, q))
+        if blocked is not None:
+            _fill_blocked_(weights, blocked, MASK_FILL)
+        torch.softmax(weights, dim=-1, out=weights)  # (B, H, L, S)
+        if blocked is not None:
+            _fill_blocked_(weights, blocked, 0.0)  # exact zeros, whatever the fill left
     if dropout is not None:
         weights = dropout(weights)
     return scores, weights
@@ -182,6 +339,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(dropout)
         self.out_dropout = nn.Dropout(dropout)
         self._mask_cache: dict[tuple[int, torch.device], torch.Tensor | None] = {}
+        self._allowed_cache: dict[tuple[int, torch.device], torch.Tensor | None] = {}
         self.mask = mask
 
     @property
@@ -195,10 +353,14 @@ class MultiHeadSelfAttention(nn.Module):
             if value.dim() != 2 or value.shape[0] != value.shape[1]:
                 raise ValueError(f"a mask tensor must be square (L, L), got {tuple(value.shape)}")
             build_mask(value, value.shape[0])
-        elif value not in MASK_MODES:
-            raise ValueError(f"unknown mask {value!r}; expected one of {MASK_MODES} or a bool tensor")
+            value = value.detach().clone()  # a later in-place edit by the caller must not leak in
+        elif not isinstance(value, str) or value not in MASK_MODES:
+            raise ValueError(
+                f"unknown mask {value!r}; expected one of {MASK_MODES} or a bool tensor"
+            )
         self._mask = value
         self._mask_cache = {}
+        self._allowed_cache = {}
 
     @property
     def mask_name(self) -> str:
@@ -206,19 +368,40 @@ class MultiHeadSelfAttention(nn.Module):
         return "custom" if isinstance(self._mask, torch.Tensor) else self._mask
 
     def blocked(self, length: int, device=None) -> torch.Tensor | None:
-        """The cached ``(L, L)`` bool mask for a sequence length."""
-        key = (length, torch.device(device or "cpu"))
+        """The cached ``(L, L)`` bool mask for a sequence length (True = blocked).
+
+        The same tensor object is returned on every call for a (length, device); it is
+        rebuilt only when :attr:`mask` is set. Treat it as read-only.
+        """
+        key = (int(length), torch.device(device or "cpu"))
         if key not in self._mask_cache:
-            self._mask_cache[key] = build_mask(self._mask, length, device=key[1])
+            if isinstance(self._mask, torch.Tensor):
+                self._mask_cache[key] = build_mask(self._mask, key[0], device=key[1])
+            else:
+                self._mask_cache[key] = cached_mask(self._mask, key[0], key[1])
         return self._mask_cache[key]
+
+    def allowed(self, length: int, device=None) -> torch.Tensor | None:
+        """The cached complement of :meth:`blocked` (True = attend), as SDPA wants it."""
+        key = (int(length), torch.device(device or "cpu"))
+        if key not in self._allowed_cache:
+            blocked = self.blocked(*key)
+            self._allowed_cache[key] = None if blocked is None else ~blocked
+        return self._allowed_cache[key]
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``(B, L, D) -> (B, H, L, E)``."""
         batch, length, _ = t.shape
         return t.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
 
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"input must have shape (batch, length, {self.d_model}), got {tuple(x.shape)}"
+            )
+
     def stages(self, x: torch.Tensor) -> AttentionStages:
-        """Run the layer and return every intermediate.
+        """Run the layer step by step and return every intermediate.
 
         Parameters
         ----------
@@ -228,25 +411,47 @@ class MultiHeadSelfAttention(nn.Module):
         Returns
         -------
         AttentionStages
+
+        Raises
+        ------
+        ValueError
+            If ``x`` has the wrong shape, or its ``(B, H, L, L)`` scores and weights would
+            not fit in memory.
         """
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"input must have shape (batch, length, {self.d_model}), got {tuple(x.shape)}"
-            )
+        self._check_input(x)
         batch, length, _ = x.shape
+        check_attention_size((batch, self.n_heads, length, length), x.dtype, 2, x.device)
         blocked = self.blocked(length, x.device)
         q = self.split_heads(self.wq(x))  # (B, H, L, E)
         k = self.split_heads(self.wk(x))  # (B, H, S, E)
         v = self.split_heads(self.wv(x))  # (B, H, S, E)
         scores, weights = attend(q, k, blocked, self.scale, self.attn_dropout)  # (B, H, L, S)
-        context = torch.einsum("bhls,bhse->bhle", weights, v)  # (B, H, L, E)
+        context = weights @ v  # (B, H, L, E)
         merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, L, D)
         output = self.out_dropout(self.wo(merged))  # (B, L, D)
         return AttentionStages(q, k, v, scores, weights, context, output, blocked)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, L, D) -> (B, L, D)``."""
-        return self.stages(x).output
+        """``(B, L, D) -> (B, L, D)`` through the fused attention kernel.
+
+        Equal to ``self.stages(x).output`` up to float rounding; dropout on the weights is
+        SDPA's ``dropout_p``, as in the plain path.
+        """
+        self._check_input(x)
+        batch, length, _ = x.shape
+        q = self.split_heads(self.wq(x))  # (B, H, L, E)
+        k = self.split_heads(self.wk(x))  # (B, H, S, E)
+        v = self.split_heads(self.wv(x))  # (B, H, S, E)
+        context = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=self.allowed(length, x.device),
+            dropout_p=self.attn_dropout.p if self.training else 0.0,
+            scale=self.scale,
+        )  # (B, H, L, E)
+        merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, L, D)
+        return self.out_dropout(self.wo(merged))  # (B, L, D)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, mask={self.mask_name!r}"

@@ -189,12 +189,10 @@ def export_html(
             image="image",
             source=source,
             x=-0.5,
-            y=length - 0.5,
+            y=-0.5,
             dw=length,
             dh=length,
             color_mapper=mapper,
-            origin="top_left",
-            anchor="top_left",
         )
         return fig, source
 

@@ -1,11 +1,17 @@
 """Lossless save and validated load of traces, as netCDF (``.nc``) or zarr (``.zarr``).
 
-Large zarr traces open lazily with dask: :func:`load` validates them chunk by chunk and
-returns a Dataset whose arrays are read only when a view asks for a slice.
+Large traces open lazily with dask: :func:`load` validates them in one streaming pass,
+chunk by chunk, and returns a Dataset whose arrays are read only when a view asks for a
+slice. Zarr traces are written in chunks of one (sample, head) map, so a view of one map
+reads one chunk. Files are data, never code: a zarr store that asks for the pickle codec
+is refused before anything in it is decoded, and every reader failure on a corrupted file
+becomes a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import xarray as xr
@@ -14,6 +20,26 @@ from attnpanel.trace import validate
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 LAZY_BYTES = 256 * 2**20  # traces larger than this stay on disk until sliced
+CHUNK_BYTES = 8 * 2**20  # target size of one zarr chunk of an attention-shaped array
+ZARR_FORMAT = 2  # zarr v2 has a stable spec for the string `token` coordinate
+_ZARR_METADATA = {".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"}
+_STALE_ENCODING = (
+    "chunks",
+    "preferred_chunks",
+    "compressor",
+    "compressors",
+    "filters",
+    "serializer",
+    "shards",
+    "zlib",
+    "complevel",
+    "shuffle",
+    "fletcher32",
+    "contiguous",
+    "chunksizes",
+    "source",
+    "original_shape",
+)
 
 
 def _format(path: Path) -> str:
@@ -26,30 +52,96 @@ def _format(path: Path) -> str:
         ) from None
 
 
+def _chunks(var: xr.Variable) -> dict[str, int]:
+    """One chunk per (layer, sample, head) and, for attention maps, ~CHUNK_BYTES of rows."""
+    chunks = {d: 1 for d in ("layer", "batch", "head") if d in var.dims}
+    if "key" in var.dims and "query" in var.dims:
+        row_bytes = var.sizes["key"] * var.dtype.itemsize
+        chunks["query"] = max(1, min(var.sizes["query"], CHUNK_BYTES // max(row_bytes, 1)))
+    return chunks
+
+
+def _for_writing(ds: xr.Dataset, fmt: str) -> xr.Dataset:
+    """A shallow copy without encodings from a previous read, zarr-chunked if needed."""
+    ds = ds.copy()
+    for var in ds.variables.values():
+        var.encoding = {k: v for k, v in var.encoding.items() if k not in _STALE_ENCODING}
+    if fmt == "zarr":
+        for name, var in ds.data_vars.items():
+            chunks = _chunks(var.variable)
+            if chunks:
+                ds[name] = var.chunk(chunks)
+    return ds
+
+
 def save(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write a trace to ``path``; the suffix picks the format.
+    """Validate a trace and write it to ``path``; the suffix picks the format.
 
     Parameters
     ----------
     ds : xarray.Dataset
-        A trace (see :func:`attnpanel.trace`).
+        A trace (see :func:`attnpanel.trace`), in memory or lazy.
     path : str or Path
-        ``*.nc`` (netCDF4 through h5netcdf) or ``*.zarr`` (a directory).
+        ``*.nc`` (netCDF4 through h5netcdf) or ``*.zarr`` (a directory, zarr v2).
+        An existing file is replaced.
 
     Returns
     -------
     Path
         The written path.
+
+    Raises
+    ------
+    ValueError
+        For an unknown suffix, or a dataset that is not a valid trace.
     """
     path = Path(path)
     fmt = _format(path)
     validate(ds)
+    out = _for_writing(ds, fmt)
     if fmt == "netcdf":
-        ds.to_netcdf(path, engine="h5netcdf")
+        out.to_netcdf(path, engine="h5netcdf")
     else:
-        chunks = {d: 1 for d in ("batch", "layer") if d in ds.dims}
-        ds.chunk(chunks).to_zarr(path, mode="w", consolidated=True)
+        out.to_zarr(path, mode="w", zarr_format=ZARR_FORMAT, consolidated=True)
     return path
+
+
+def _codec_names(metadata) -> list[str]:
+    """Every codec ``id`` (zarr v2) or ``name`` (zarr v3) in a parsed metadata document."""
+    names = []
+    if isinstance(metadata, dict):
+        for key, value in metadata.items():
+            if key in ("id", "name") and isinstance(value, str):
+                names.append(value)
+            else:
+                names.extend(_codec_names(value))
+    elif isinstance(metadata, list):
+        for item in metadata:
+            names.extend(_codec_names(item))
+    return names
+
+
+def _refuse_code_in_zarr(path: Path) -> None:
+    """Raise if a zarr store's metadata asks for a codec that could run code when decoded.
+
+    numcodecs' ``pickle`` codec unpickles chunk bytes, which executes whatever an
+    attacker put there; a trace never needs it.
+    """
+    if not path.is_dir():
+        raise ValueError(f"cannot read {path} as a zarr trace: a .zarr trace is a directory")
+    for folder, _, files in os.walk(path):
+        for name in _ZARR_METADATA.intersection(files):
+            metadata_path = Path(folder) / name
+            try:
+                metadata = json.loads(metadata_path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise ValueError(f"{metadata_path} is not valid zarr metadata: {error}") from error
+            unsafe = [n for n in _codec_names(metadata) if "pickle" in n.lower()]
+            if unsafe:
+                raise ValueError(
+                    f"{metadata_path} asks for the {unsafe[0]!r} codec, which runs code when "
+                    "it decodes data; refusing to read an untrusted trace"
+                )
 
 
 def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
@@ -61,7 +153,7 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
         A ``.nc`` file or ``.zarr`` directory written by :func:`save`.
     lazy : bool, optional
         Keep the arrays on disk (dask) instead of reading them; by default, traces larger
-        than 256 MiB stay lazy.
+        than :data:`LAZY_BYTES` (256 MiB) stay lazy and are validated chunk by chunk.
 
     Returns
     -------
@@ -72,13 +164,17 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the file is not a trace: wrong or missing dims, NaN or Inf, negative weights,
-        rows that do not sum to 1, or unreadable content.
+        If the file is not a trace: unreadable or corrupted content, a zarr store that
+        asks for the pickle codec, wrong or missing dims, NaN or Inf, negative weights,
+        rows that do not sum to 1. The message names the file, the variable and the
+        first offending location.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no trace at {path}")
     fmt = _format(path)
+    if fmt == "zarr":
+        _refuse_code_in_zarr(path)
     try:
         if fmt == "netcdf":
             ds = xr.open_dataset(path, engine="h5netcdf", chunks={})
@@ -88,8 +184,18 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
         raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
     if lazy is None:
         lazy = ds.nbytes > LAZY_BYTES
-    validate(ds)
+    try:
+        if not lazy:
+            ds = ds.load()  # small: validate in memory, where it is fastest
+        validate(ds)
+    except MemoryError:
+        ds.close()
+        raise
+    except Exception as error:  # a failed check, or a chunk that cannot be decoded
+        ds.close()
+        if isinstance(error, ValueError):
+            raise ValueError(f"{path} is not a valid trace: {error}") from error
+        raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
     if not lazy:
-        ds = ds.load()
         ds.close()
     return ds

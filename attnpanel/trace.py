@@ -2,23 +2,33 @@
 
 This is the data model every view reads (see ``docs/trace.md``). Attention-shaped arrays
 have dims ``(batch, head, query, key)``; per-timestep vectors ``(batch, position,
-feature)``; per-head vectors ``(batch, head, position, head_dim)``. A trace captured from
-a model that exposes only some tensors holds what is known; :func:`validate` checks what is
-there.
+feature)``; per-head vectors ``(batch, head, position, head_dim)``; a multi-layer trace
+puts ``layer`` in front. A trace captured from a model that exposes only some tensors
+holds what is known; :func:`validate` checks what is there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import dask
 import numpy as np
+import pandas as pd
 import torch
 import xarray as xr
 
-from attnpanel.attention import MASK_FILL, MASK_MODES, MultiHeadSelfAttention, attend, build_mask
+from attnpanel.attention import (
+    MASK_FILL,
+    MASK_MODES,
+    MultiHeadSelfAttention,
+    attend,
+    build_mask,
+    cached_mask,
+    check_attention_size,
+)
 
 ATTENTION_DIMS = ("batch", "head", "query", "key")
-EXPECTED_DIMS = {
+EXPECTED_DIMS = {  # in pipeline order
     "x": ("batch", "position", "feature"),
     "q": ("batch", "head", "position", "head_dim"),
     "k": ("batch", "head", "position", "head_dim"),
@@ -39,8 +49,25 @@ ROW_SUM_TOLERANCE = 1e-3
 
 def _numpy(t) -> np.ndarray:
     if isinstance(t, torch.Tensor):
-        return t.detach().cpu().numpy()
+        t = t.detach()
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16
+            t = t.float()
+        return t.cpu().numpy()
     return np.asarray(t)
+
+
+def _time_coord(time) -> tuple[np.ndarray, dict]:
+    """Timestamps as ``datetime64[ns]`` (what netCDF and zarr read back) and their zone."""
+    attrs = {}
+    if isinstance(time, pd.Series):
+        time = pd.DatetimeIndex(time) if time.dtype.kind == "M" or time.dtype == object else time
+    if isinstance(time, pd.DatetimeIndex) and time.tz is not None:
+        attrs["time_zone"] = str(time.tz)  # stored as naive UTC, which both formats keep
+        time = time.tz_convert("UTC").tz_localize(None)
+    time = np.asarray(time)
+    if time.dtype.kind == "M":
+        time = time.astype("datetime64[ns]")
+    return time, attrs
 
 
 def build_trace(
@@ -62,6 +89,7 @@ def build_trace(
     time=None,
     tokens: Sequence[Sequence[str]] | None = None,
     source: str = "",
+    check: bool = True,
 ) -> xr.Dataset:
     """Assemble a trace from arrays; only ``weights`` is required.
 
@@ -84,15 +112,20 @@ def build_trace(
     scale : float, optional
         Score multiplier; defaults to ``head_dim ** -0.5`` when ``head_dim`` is known.
     time : array-like, optional
-        Timestamps, ``(position,)`` or ``(batch, position)``.
+        Timestamps, ``(position,)`` or ``(batch, position)``; stored as ``datetime64[ns]``
+        (a time zone, if any, is converted to UTC and kept in the ``time_zone`` attribute).
     tokens : list of list of str, optional
         Token strings, one list per batch item.
     source : str
         Where the trace came from (a model or file name).
+    check : bool
+        Run :func:`validate` on the result (callers that have checked their own arrays
+        more cheaply, as :func:`trace` does, skip it).
 
     Returns
     -------
     xarray.Dataset
+        Arrays are wrapped without copying where possible.
     """
     weights = _numpy(weights)
     if weights.ndim != 4:
@@ -103,10 +136,14 @@ def build_trace(
     batch, n_heads, length, n_keys = weights.shape
     given = dict(x=x, q=q, k=k, v=v, scores=scores, context=context, output=output)
     given.update(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
+    arrays = {name: _numpy(value) for name, value in given.items() if value is not None}
     data_vars = {"weights": (ATTENTION_DIMS, weights)}
-    for name, value in given.items():
-        if value is not None:
-            data_vars[name] = (EXPECTED_DIMS[name], _numpy(value))
+    for name, value in arrays.items():
+        if value.ndim != len(EXPECTED_DIMS[name]):
+            raise ValueError(
+                f"{name} must have dims {EXPECTED_DIMS[name]}, got shape {value.shape}"
+            )
+        data_vars[name] = (EXPECTED_DIMS[name], value)
 
     attrs = {"n_heads": n_heads, "source": source}
     if isinstance(mask, str):
@@ -116,8 +153,8 @@ def build_trace(
     else:
         data_vars["mask"] = (("query", "key"), _numpy(mask).astype(bool))
         attrs["mask"] = "custom"
-    d_model = next((_numpy(a).shape[-1] for a in (x, output) if a is not None), None)
-    head_dim = next((_numpy(a).shape[-1] for a in (q, k, v, context) if a is not None), None)
+    d_model = next((arrays[n].shape[-1] for n in ("x", "output") if n in arrays), None)
+    head_dim = next((arrays[n].shape[-1] for n in ("q", "k", "v", "context") if n in arrays), None)
     if d_model is None and head_dim is not None:
         d_model = head_dim * n_heads
     if head_dim is None and d_model is not None:
@@ -142,16 +179,34 @@ def build_trace(
     if d_model is not None and any(n in data_vars for n in ("x", "output")):
         coords["feature"] = np.arange(d_model)
     if time is not None:
-        time = np.asarray(time)
+        time, time_attrs = _time_coord(time)
+        attrs.update(time_attrs)
+        expected = (length,) if time.ndim == 1 else (batch, length)
+        if time.shape != expected:
+            raise ValueError(
+                f"time must be (position,) = ({length},) or (batch, position) = "
+                f"{(batch, length)}, got {time.shape}"
+            )
         coords["time"] = (("position",) if time.ndim == 1 else ("batch", "position"), time)
     if tokens is not None:
         tokens = np.asarray([list(row) for row in tokens], dtype=str)
         if tokens.shape != (batch, length):
-            raise ValueError(f"tokens must be (batch, position) = {(batch, length)}, got {tokens.shape}")
+            raise ValueError(
+                f"tokens must be (batch, position) = {(batch, length)}, got {tokens.shape}"
+            )
         coords["token"] = (("batch", "position"), tokens)
     ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
-    validate(ds)
+    if check:
+        validate(ds)
     return ds
+
+
+def _all_finite(*tensors: torch.Tensor) -> bool:
+    # aminmax is one fused pass that allocates nothing; NaN propagates into it
+    for t in tensors:
+        if t.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
+            return False
+    return True
 
 
 @torch.no_grad()
@@ -166,7 +221,8 @@ def trace(
     """Run ``layer`` on ``x`` and return every intermediate as a trace.
 
     The layer runs in eval mode (no dropout), so the weights are the attention the model
-    uses at inference; its training mode is restored afterwards.
+    uses at inference; its training mode is restored afterwards. The trace is a snapshot:
+    ``x`` and the projection matrices are copied, so later training does not change it.
 
     Parameters
     ----------
@@ -185,14 +241,24 @@ def trace(
     -------
     xarray.Dataset
         Variables ``x, q, k, v, scores, weights, context, output, w_q, w_k, w_v, w_o``.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` has the wrong shape or holds NaN or Inf, if its attention would not fit
+        in memory, or if the layer produced a non-finite value (named with its location).
     """
-    x = torch.as_tensor(x, dtype=layer.wq.weight.dtype, device=layer.wq.weight.device)
+    dtype, device = layer.wq.weight.dtype, layer.wq.weight.device
+    x = torch.as_tensor(x).to(dtype=dtype, device=device, copy=True)
     if x.dim() != 3 or x.shape[-1] != layer.d_model:
         raise ValueError(
             f"x must have shape (batch, length, d_model={layer.d_model}), got {tuple(x.shape)}"
         )
-    if not torch.isfinite(x).all():
-        raise ValueError("x contains NaN or Inf")
+    if not _all_finite(x):
+        batch, position, feature = (~torch.isfinite(x)).nonzero()[0].tolist()
+        raise ValueError(
+            f"x contains NaN or Inf at batch={batch}, position={position}, feature={feature}"
+        )
     was_training = layer.training
     layer.eval()
     try:
@@ -200,7 +266,7 @@ def trace(
     finally:
         layer.train(was_training)
     mask = layer.mask if layer.mask_name != "custom" else layer.mask.cpu().numpy()
-    return build_trace(
+    ds = build_trace(
         x=x,
         q=s.q,
         k=s.k,
@@ -209,25 +275,51 @@ def trace(
         weights=s.weights,
         context=s.context,
         output=s.output,
-        w_q=layer.wq.weight,
-        w_k=layer.wk.weight,
-        w_v=layer.wv.weight,
-        w_o=layer.wo.weight,
+        w_q=layer.wq.weight.detach().clone(),
+        w_k=layer.wk.weight.detach().clone(),
+        w_v=layer.wv.weight.detach().clone(),
+        w_o=layer.wo.weight.detach().clone(),
         mask=mask,
         scale=layer.scale,
         time=time,
         tokens=tokens,
         source=source if source is not None else repr(layer),
+        check=False,
     )
+    # Our own layer built the weights by a masked softmax of the scores: finite scores
+    # guarantee weights that are finite, non-negative, 0 where masked and rows summing to 1,
+    # so one allocation-free pass over the scores replaces the full check of the weights.
+    if not _all_finite(s.q, s.k, s.v, s.scores, s.context, s.output):
+        validate(ds)  # names the variable and location
+        raise ValueError("the layer produced NaN or Inf")
+    return ds
 
 
-def trace_mask(ds: xr.Dataset, mask: str | None = None) -> torch.Tensor | None:
-    """The ``(query, key)`` bool mask of a trace, or of another mode for its length."""
+def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
+    """The ``(query, key)`` bool mask of a trace, or of another mode for its length.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+    mask : str or bool array, optional
+        ``"none"``, ``"diagonal"``, ``"causal"``, ``"custom"`` (the trace's ``mask``
+        variable) or a ``(query, key)`` bool array; defaults to the trace's own mode.
+
+    Returns
+    -------
+    torch.Tensor or None
+        True = blocked; mode masks are cached and shared, so treat the result as read-only.
+    """
     mask = ds.attrs.get("mask", "none") if mask is None else mask
     length = ds.sizes["query"]
-    if mask == "custom":
-        return torch.from_numpy(np.asarray(ds["mask"].values, dtype=bool))
-    return build_mask(mask, length)
+    if isinstance(mask, str) and mask == "custom":
+        if "mask" not in ds:
+            raise ValueError("this trace's mask is 'custom' but it holds no 'mask' variable")
+        return build_mask(torch.from_numpy(np.asarray(ds["mask"].values, dtype=bool)), length)
+    if isinstance(mask, str):
+        return cached_mask(mask, length)
+    return build_mask(torch.as_tensor(np.asarray(mask, dtype=bool)), length)
 
 
 def _require(ds: xr.Dataset, *names: str) -> None:
@@ -238,15 +330,15 @@ def _require(ds: xr.Dataset, *names: str) -> None:
         )
 
 
-def recompute_weights(ds: xr.Dataset, mask: str, batch: int | None = None) -> xr.DataArray:
+def recompute_weights(ds: xr.Dataset, mask, batch: int | None = None) -> xr.DataArray:
     """Attention weights for another mask mode, from the trace's ``q`` and ``k`` only.
 
     Parameters
     ----------
     ds : xarray.Dataset
         A trace with ``q`` and ``k``.
-    mask : {"none", "diagonal", "causal", "custom"}
-        The mask mode to apply.
+    mask : {"none", "diagonal", "causal", "custom"} or bool array
+        The mask to apply.
     batch : int, optional
         One sample (by position) instead of the whole batch.
 
@@ -261,7 +353,7 @@ def recompute_weights(ds: xr.Dataset, mask: str, batch: int | None = None) -> xr
 def attention_stage(
     ds: xr.Dataset,
     stage: str = "softmax",
-    mask: str | None = None,
+    mask=None,
     batch: int | None = None,
     head: int | None = None,
 ) -> xr.DataArray:
@@ -271,13 +363,14 @@ def attention_stage(
     ----------
     ds : xarray.Dataset
         A trace with ``q`` and ``k`` (or ``weights`` alone for the softmax stage of the
-        trace's own mask).
+        trace's own mask, ``scores`` alone for the raw stage).
     stage : {"raw", "scaled", "masked", "softmax"}
         ``q . k``; times ``scale``; with masked cells filled by ``-1e4``; the weights.
-    mask : str, optional
-        Mask mode; defaults to the trace's own.
+    mask : str or bool array, optional
+        Mask mode (see :func:`trace_mask`); defaults to the trace's own.
     batch, head : int, optional
-        Select one sample and/or one head (by position) before computing.
+        Select one sample and/or one head (by position) before computing; on a lazy trace
+        only that slice of ``q`` and ``k`` is read.
 
     Returns
     -------
@@ -289,80 +382,162 @@ def attention_stage(
     own_mask = ds.attrs.get("mask", "none")
     mask = own_mask if mask is None else mask
     selection = {d: i for d, i in (("batch", batch), ("head", head)) if i is not None}
+    own = isinstance(mask, str) and mask == own_mask
     if "q" not in ds or "k" not in ds:
-        if stage == "softmax" and mask == own_mask and "weights" in ds:
+        if stage == "softmax" and own and "weights" in ds:
             return ds["weights"].isel(selection)
         if stage == "raw" and "scores" in ds:
             return ds["scores"].isel(selection)
         _require(ds, "q", "k")
+    if "scale" not in ds.attrs:
+        raise ValueError("this trace has no 'scale' attribute, so its scores cannot be scaled")
     q = ds["q"].isel(selection).rename(position="query")
     k = ds["k"].isel(selection).rename(position="key")
+    dims = tuple(d for d in q.dims if d != "head_dim") + ("key",)
+    shape = tuple(q.sizes[d] for d in dims[:-1]) + (k.sizes["key"],)
+    check_attention_size(shape, count=2)
     qt = torch.from_numpy(np.ascontiguousarray(q.values))
     kt = torch.from_numpy(np.ascontiguousarray(k.values))
     blocked = trace_mask(ds, mask)
-    if stage == "softmax":
-        _, values = attend(qt, kt, blocked, ds.attrs["scale"])
-    else:
-        values = torch.einsum("...le,...se->...ls", qt, kt)
-        if stage != "raw":
-            values = values * ds.attrs["scale"]
-        if stage == "masked" and blocked is not None:
-            values = values.masked_fill(blocked, MASK_FILL)
-    dims = tuple(d for d in q.dims if d != "head_dim") + ("key",)
+    with torch.no_grad():
+        if stage == "softmax":
+            _, values = attend(qt, kt, blocked, ds.attrs["scale"])
+        else:
+            values = qt @ kt.transpose(-2, -1)  # (..., L, S)
+            if stage != "raw":
+                values = values * ds.attrs["scale"]
+            if stage == "masked" and blocked is not None:
+                values = values.masked_fill(blocked, MASK_FILL)
     coords = {name: c for name, c in q.coords.items() if set(c.dims) <= set(dims)}
     coords["key"] = ds["key"]
     return xr.DataArray(values.numpy(), dims=dims, coords=coords, name=stage)
 
 
-def _first_bad(bad: xr.DataArray) -> str:
-    """'batch=0, head=3, ...' for the first True cell of a (possibly lazy) bool array."""
+def _first_bad(bad: xr.DataArray) -> dict[str, int]:
+    """Index of the first True cell of a (possibly lazy) bool array, dim by dim."""
+    location = {}
     flags = bad
-    location = []
     for dim in bad.dims:
-        per_dim = flags.any([d for d in flags.dims if d != dim]) if flags.ndim > 1 else flags
+        others = [d for d in flags.dims if d != dim]
+        per_dim = flags.any(others) if others else flags
         index = int(np.argmax(np.asarray(per_dim.values)))
-        location.append(f"{dim}={index}")
+        location[dim] = index
         flags = flags.isel({dim: index})
-    return ", ".join(location)
+    return location
+
+
+def _where(location: dict[str, int]) -> str:
+    return ", ".join(f"{dim}={index}" for dim, index in location.items())
+
+
+def _check_structure(ds: xr.Dataset) -> None:
+    if "weights" not in ds:
+        held = ", ".join(map(str, ds.data_vars)) or "nothing"
+        raise ValueError(f"trace has no 'weights' variable (it holds {held})")
+    for name, var in ds.data_vars.items():
+        expected = EXPECTED_DIMS.get(str(name))
+        if expected is None or var.dims in (expected, ("layer",) + expected):
+            continue
+        missing = [d for d in expected if d not in var.dims]
+        extra = [d for d in var.dims if d not in expected and d != "layer"]
+        detail = "; ".join(
+            part
+            for part in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"unexpected {', '.join(extra)}" if extra else "",
+                "in the wrong order" if not (missing or extra) else "",
+            )
+            if part
+        )
+        raise ValueError(f"{name} has dims {var.dims}, expected {expected} ({detail})")
+    if ds["weights"].dtype.kind != "f":
+        raise ValueError(f"weights must be floating point, got {ds['weights'].dtype}")
+    if ds["weights"].size == 0:
+        raise ValueError(f"weights are empty (sizes {dict(ds['weights'].sizes)})")
+    if ds.sizes["query"] != ds.sizes["key"]:
+        raise ValueError(
+            "self-attention needs as many queries as keys, got query "
+            f"{ds.sizes['query']} and key {ds.sizes['key']}"
+        )
+    if "position" in ds.dims and ds.sizes["position"] != ds.sizes["query"]:
+        raise ValueError(
+            f"position has {ds.sizes['position']} steps but query has {ds.sizes['query']}"
+        )
+    if "n_heads" in ds.attrs and int(ds.attrs["n_heads"]) != ds.sizes["head"]:
+        raise ValueError(
+            f"attribute n_heads is {ds.attrs['n_heads']} but the head dim has "
+            f"{ds.sizes['head']} entries"
+        )
+    mask = ds.attrs.get("mask", "none")
+    if mask not in MASK_MODES + ("custom",):
+        raise ValueError(f"attribute mask is {mask!r}; expected one of {MASK_MODES + ('custom',)}")
+    if mask == "custom" and "mask" not in ds:
+        raise ValueError("attribute mask is 'custom' but the trace holds no 'mask' variable")
+    if "q" in ds and "k" in ds:
+        scale = ds.attrs.get("scale")
+        if not isinstance(scale, (int, float, np.number)) or not np.isfinite(scale) or scale <= 0:
+            raise ValueError(f"attribute scale must be a positive number, got {scale!r}")
 
 
 def validate(ds: xr.Dataset) -> xr.Dataset:
     """Check a trace against the contract and return it unchanged.
 
-    Checks the dims of every known variable, that ``weights`` exists, that no float
-    variable holds NaN or Inf, that weights are non-negative and that each row sums to 1.
-    Dask-backed (lazy) traces are checked chunk by chunk, never loaded whole.
+    Checks the dims of every known variable (an optional leading ``layer`` dim is allowed),
+    that ``weights`` exists, that no float variable holds NaN or Inf, that weights are
+    non-negative and that each row sums to 1. All value checks of a dask-backed (lazy)
+    trace run in one streaming pass, chunk by chunk, so it is never loaded whole; only
+    when a check fails is the array searched again for the first offending location.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``ds`` itself.
 
     Raises
     ------
     ValueError
-        Naming the variable and the first offending location.
+        Naming the variable, what is wrong and the first offending location.
     """
-    if "weights" not in ds:
-        raise ValueError(f"trace has no 'weights' variable (it holds {', '.join(map(str, ds.data_vars)) or 'nothing'})")
-    for name, dims in EXPECTED_DIMS.items():
-        if name in ds and ds[name].dims != dims:
-            raise ValueError(f"{name} has dims {ds[name].dims}, expected {dims}")
-    for name in ("q", "k", "v", "x", "output"):
-        if name in ds and ds.sizes["position"] != ds.sizes["query"]:
-            raise ValueError(
-                f"position has {ds.sizes['position']} steps but query has {ds.sizes['query']}"
-            )
-    if ds.sizes["query"] != ds.sizes["key"]:
-        raise ValueError(f"self-attention needs query == key length, got {ds.sizes['query']} and {ds.sizes['key']}")
-    for name, var in ds.data_vars.items():
-        if not np.issubdtype(var.dtype, np.floating):
-            continue
-        bad = ~np.isfinite(var)
-        if bool(bad.any()):
-            raise ValueError(f"{name} contains NaN or Inf at {_first_bad(bad)}")
+    _check_structure(ds)
+    # in pipeline order, so a NaN is reported where it first appears, not where it spread to
+    order = {name: i for i, name in enumerate(EXPECTED_DIMS)}
+    floats = sorted(
+        (str(n) for n, var in ds.data_vars.items() if var.dtype.kind == "f" and var.size),
+        key=lambda name: order.get(name, len(order)),
+    )
     weights = ds["weights"]
-    negative = weights < 0
-    if bool(negative.any()):
-        raise ValueError(f"weights are negative at {_first_bad(negative)}")
-    off = abs(weights.sum("key") - 1) > ROW_SUM_TOLERANCE
-    if bool(off.any()):
-        where = _first_bad(off)
-        row = weights.isel({kv.split("=")[0]: int(kv.split("=")[1]) for kv in where.split(", ")})
-        raise ValueError(f"weights rows must sum to 1, but the row at {where} sums to {float(row.sum()):.6g}")
+    # float16 rows are summed in float32 so rounding in the sum itself cannot fail them
+    sum_dtype = np.float32 if weights.dtype.itemsize < 4 else None
+    row_error = abs(weights.sum("key", skipna=False, dtype=sum_dtype) - 1)
+    reductions = {}
+    for name in floats:
+        reductions[(name, "min")] = ds[name].min(skipna=False).data
+        reductions[(name, "max")] = ds[name].max(skipna=False).data
+    reductions[("weights", "row_error")] = row_error.max(skipna=False).data
+    values = dict(zip(reductions, dask.compute(*reductions.values()), strict=True))
+
+    for name in floats:
+        low, high = float(values[(name, "min")]), float(values[(name, "max")])
+        if np.isnan(low) or np.isnan(high):
+            where = _where(_first_bad(np.isnan(ds[name])))
+            raise ValueError(f"{name} contains NaN at {where}")
+        if np.isinf(low) or np.isinf(high):
+            where = _where(_first_bad(np.isinf(ds[name])))
+            raise ValueError(f"{name} contains Inf at {where}")
+    if float(values[("weights", "min")]) < 0:
+        location = _first_bad(weights < 0)
+        value = float(weights.isel(location))
+        raise ValueError(f"weights are negative at {_where(location)} (value {value:.6g})")
+    tolerance = max(ROW_SUM_TOLERANCE, 2 * float(np.finfo(weights.dtype).eps))
+    if float(values[("weights", "row_error")]) > tolerance:
+        location = _first_bad(row_error > tolerance)
+        total = float(weights.isel(location).sum(dtype=np.float64))
+        raise ValueError(
+            f"weights rows must sum to 1, but the row at {_where(location)} sums to {total:.6g}"
+        )
     return ds

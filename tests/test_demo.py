@@ -1,0 +1,114 @@
+"""attnpanel.demo(): the contract the explorer builds on, and heads that learned something."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnpanel
+from attnpanel import MultiHeadSelfAttention, trace
+from attnpanel.demo import demo, demo_windows, head_statistics
+from attnpanel.nilmformer import TRAIN_SEED, load_model, time_features
+from attnpanel.power import APPLIANCES, generate
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return attnpanel.demo()
+
+
+@pytest.fixture(scope="module")
+def stats(ds):
+    return head_statistics(ds)
+
+
+@pytest.fixture(scope="module")
+def random_stats(ds):
+    """The same statistics for a freshly initialised layer on the same inputs."""
+    torch.manual_seed(1)
+    layer = MultiHeadSelfAttention(96, 8, mask="diagonal")
+    untrained = trace(layer, ds["x"].values).assign(
+        appliance_power=ds["appliance_power"]
+    )
+    return head_statistics(untrained)
+
+
+def test_shape_dims_and_coords(ds):
+    assert ds["weights"].dims == ("batch", "head", "query", "key")
+    assert ds["weights"].shape == (32, 8, 480, 480)
+    assert ds["time"].dims == ("batch", "position")
+    assert ds["time"].dtype == np.dtype("datetime64[ns]")
+    assert np.all(np.diff(ds["time"].values, axis=1) == np.timedelta64(1, "m"))
+    assert ds["aggregate"].dims == ("batch", "position")
+    for name in ("aggregate", "appliance_power", "predicted_power"):
+        assert ds[name].dtype == np.float32
+    for name in ("appliance_power", "predicted_power"):
+        assert ds[name].dims == ("batch", "appliance", "position")
+    assert list(ds["appliance"].values) == list(APPLIANCES)
+    for name in ("x", "q", "k", "v", "scores", "context", "output", "w_q", "w_k", "w_v", "w_o"):
+        assert name in ds
+    attrs = ds.attrs
+    assert (attrs["d_model"], attrs["n_heads"], attrs["head_dim"]) == (96, 8, 12)
+    assert attrs["mask"] == "diagonal" and attrs["scale"] == pytest.approx(12**-0.5)
+    assert attrs["n_layers"] == load_model().config.n_layers
+    assert 0 <= attrs["layer"] < attrs["n_layers"]
+    assert "NILMFormer" in attrs["source"]
+
+
+def test_rows_sum_to_one_and_diagonal_is_exactly_zero(ds):
+    weights = ds["weights"].values
+    np.testing.assert_allclose(weights.sum(-1), 1, atol=1e-5)
+    assert np.all(np.diagonal(weights, axis1=-2, axis2=-1) == 0)
+    assert weights.min() >= 0
+
+
+def test_data_is_held_out_and_consistent(ds):
+    training = generate(1, seed=TRAIN_SEED)
+    # Held-out days come long after the 400 training days (and from another seed).
+    assert ds["time"].values.min() > training["time"].values[0] + np.timedelta64(400, "D")
+    held = demo_windows(32)
+    np.testing.assert_array_equal(ds["aggregate"].values, held["aggregate"].values)
+    np.testing.assert_array_equal(ds["time"].values, held["time"].values)
+    # The aggregate is the base load (at least 60 W) on top of the appliances.
+    assert np.all(ds["aggregate"] >= ds["appliance_power"].sum("appliance") + 59)
+    assert ds["predicted_power"].min() >= 0
+
+
+def test_x_is_the_input_the_traced_layer_sees(ds):
+    model = load_model()
+    aggregate = torch.from_numpy(ds["aggregate"].values[:2])
+    features = time_features(ds["time"].values[:2])
+    seen = model.attention_input(aggregate, features, ds.attrs["layer"])
+    np.testing.assert_allclose(ds["x"].values[:2], seen.detach().numpy(), atol=1e-5)
+
+
+def test_layers_and_errors():
+    small = demo(layer=0, n_windows=2)
+    assert small["weights"].shape == (2, 8, 480, 480) and small.attrs["layer"] == 0
+    assert demo(layer=-1, n_windows=2).attrs["layer"] == small.attrs["n_layers"] - 1
+    with pytest.raises(ValueError, match="layer must be in"):
+        demo(layer=small.attrs["n_layers"])
+    with pytest.raises(ValueError, match="n_windows must be positive"):
+        demo(n_windows=0)
+
+
+def test_model_disaggregates_the_demo_windows(ds):
+    error = abs(ds["predicted_power"] - ds["appliance_power"]).mean(("batch", "position"))
+    baseline = ds["appliance_power"].mean(("batch", "position"))  # predicting zero
+    assert bool((error < 0.6 * baseline).any())
+
+
+def test_heads_are_sharper_than_untrained_ones(stats, random_stats):
+    # An untrained layer on the same inputs is close to uniform; the trained one is not.
+    assert random_stats["entropy_ratio"].min() > 0.95
+    assert stats["entropy"].mean() < random_stats["entropy"].mean() - 1.0
+    assert bool((stats["entropy_ratio"] < 0.7).all())
+
+
+def test_heads_have_local_and_event_structure(stats, random_stats):
+    # Some head looks close by: far more mass near the query than an untrained one.
+    assert stats["local"].max() > 3 * random_stats["local"].max()
+    # Some head looks at when high-power appliances run, far above their share of keys.
+    lift = stats["event_lift"].sel(appliance=["kettle", "washing_machine", "dishwasher"])
+    assert float(lift.max()) > 2 * float(random_stats["event_lift"].max())
