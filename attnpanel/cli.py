@@ -98,20 +98,59 @@ def _read_layer(path: Path, n_heads: int | None, mask: str | None):
     return layer
 
 
+def _trace_hugging_face(model_dir: Path, text: str):
+    """Capture every attention layer of a local Hugging Face model on one text."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory, never the hub
+    from transformers import AutoModel, AutoTokenizer
+
+    from attnpanel.capture import capture
+
+    if not model_dir.is_dir():
+        raise CommandError(f"no model directory at {model_dir}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        model = AutoModel.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise CommandError(f"cannot load a Hugging Face model from {model_dir}: {str(error).splitlines()[0]}") from error
+    encoded = tokenizer(text, return_tensors="pt")
+    return capture(model, **encoded, tokens=tokenizer)
+
+
 def cmd_trace(args: argparse.Namespace) -> None:
-    """Compute a trace from a layer checkpoint and an input array, and save it."""
+    """Compute a trace (a layer checkpoint on an input array, or a model on a text) and save it."""
+    from tqdm import tqdm
+
     from attnpanel.io import save
     from attnpanel.trace import trace
 
-    layer = _read_layer(Path(args.checkpoint), args.heads, args.mask)
-    x = _read_array(Path(args.input))
-    if x.dim() == 2:
-        x = x[None]
-    try:
-        ds = trace(layer, x, source=f"{args.checkpoint} on {args.input}")
-        written = save(ds, args.output)
-    except ValueError as error:
-        raise CommandError(str(error).splitlines()[0]) from error
+    if (args.model is None) == (args.checkpoint is None):
+        raise CommandError("give either --checkpoint and --input, or --model and --text")
+    with tqdm(total=2, desc="trace", unit="step", disable=None) as progress:
+        if args.model is not None:
+            if args.text is None:
+                raise CommandError("--model needs --text")
+            ds = _trace_hugging_face(Path(args.model), args.text)
+        else:
+            if args.input is None:
+                raise CommandError("--checkpoint needs --input")
+            layer = _read_layer(Path(args.checkpoint), args.heads, args.mask)
+            x = _read_array(Path(args.input))
+            if x.dim() == 2:
+                x = x[None]
+            try:
+                ds = trace(layer, x, source=f"{args.checkpoint} on {args.input}")
+            except ValueError as error:
+                raise CommandError(str(error).splitlines()[0]) from error
+        progress.update()
+        if isinstance(ds, list):
+            raise CommandError("the model's layers differ in shape: save them one by one from Python")
+        try:
+            written = save(ds, args.output)
+        except ValueError as error:
+            raise CommandError(str(error).splitlines()[0]) from error
+        progress.update()
     print(f"wrote {written}: {dict(ds['weights'].sizes)}")
 
 
@@ -179,9 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--sample", type=int, default=0, help="which sample to summarise")
     info.set_defaults(func=cmd_info)
 
-    trace = sub.add_parser("trace", help="compute a trace from a layer checkpoint and an input")
-    trace.add_argument("--checkpoint", required=True, help="MultiHeadSelfAttention state dict (.pt)")
-    trace.add_argument("--input", required=True, help="input array (batch, length, d_model): .npy or .pt")
+    trace = sub.add_parser(
+        "trace", help="compute a trace: a layer checkpoint on an input, or a model on a text"
+    )
+    trace.add_argument("--checkpoint", help="MultiHeadSelfAttention state dict (.pt)")
+    trace.add_argument("--input", help="input array (batch, length, d_model): .npy or .pt")
+    trace.add_argument("--model", help="a local Hugging Face model directory (instead of --checkpoint)")
+    trace.add_argument("--text", help="the text to run the Hugging Face model on")
     trace.add_argument("-o", "--output", required=True, help="where to save the trace (.nc or .zarr)")
     trace.add_argument("--heads", type=int, help="number of heads, if the checkpoint lacks it")
     trace.add_argument("--mask", choices=["none", "diagonal", "causal"], help="override the mask")

