@@ -1,0 +1,149 @@
+"""The walkthrough notebook: executed headlessly, and run in a real JupyterLab in Chromium."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
+
+
+def _errors(notebook) -> list[str]:
+    """Every error output, and every stderr stream that carries a traceback."""
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                found.append(f"cell {index}: {output.ename}: {output.evalue}")
+            elif output.output_type == "stream" and output.name == "stderr":
+                if "Traceback" in output.text or "Error" in output.text:
+                    found.append(f"cell {index} stderr: {output.text[:300]}")
+    return found
+
+
+def test_walkthrough_executes_without_errors(tmp_path):
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    started = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - started
+    assert _errors(notebook) == [], _errors(notebook)
+    report = tmp_path / "walkthrough_report.html"
+    assert report.exists() and report.stat().st_size > 100_000
+    explorer_outputs = [
+        output
+        for cell in notebook.cells
+        if "explorer = attnpanel.AttentionExplorer" in cell.source
+        for output in cell.outputs
+    ]
+    bundles = [o.get("data", {}) for o in explorer_outputs]
+    assert any("application/vnd.holoviews_exec.v0+json" in b for b in bundles), "no Panel output"
+    print(f"notebook executed in {elapsed:.1f} s")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab server on localhost with the walkthrough in its root; no token."""
+    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+        f"--ServerApp.root_dir={tmp_path}", "--IdentityProvider.token=",
+        "--ServerApp.password=", "--LabApp.expose_app_in_browser=True",
+        "--ServerApp.disable_check_xsrf=True", "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--allow-root",
+    ]
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / ".jupyter")}
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/api/status", timeout=2)
+            break
+        except OSError:
+            if server.poll() is not None:
+                raise RuntimeError(server.stderr.read().decode()[-2000:]) from None
+            time.sleep(0.5)
+    else:
+        server.kill()
+        pytest.fail("JupyterLab did not start in 90 s")
+    yield url
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def _figure_hash(page) -> str:
+    figure = page.locator(".jp-OutputArea-output .bk-Figure").first
+    return hashlib.sha1(figure.screenshot()).hexdigest()
+
+
+def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifacts):
+    context = browser.new_context(viewport={"width": 1600, "height": 1400})
+    page = context.new_page()
+    outside = []
+    page.on(
+        "request",
+        lambda r: outside.append(r.url) if not r.url.startswith(jupyterlab) and not r.url.startswith("data:") else None,
+    )
+    try:
+        page.goto(f"{jupyterlab}/lab/tree/walkthrough.ipynb", timeout=120_000)
+        page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=120_000)
+        page.wait_for_function(
+            """() => { const w = window.jupyterapp.shell.currentWidget;
+                       return w && w.sessionContext && w.sessionContext.session
+                              && w.sessionContext.session.kernel
+                              && w.sessionContext.session.kernel.status === 'idle'; }""",
+            timeout=120_000,
+        )
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        page.wait_for_selector(".jp-OutputArea-output .bk-Figure", timeout=240_000)
+        page.wait_for_function(
+            """() => { const w = window.jupyterapp.shell.currentWidget;
+                       return w.sessionContext.session.kernel.status === 'idle'; }""",
+            timeout=240_000,
+        )
+        page.wait_for_timeout(2000)
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        assert errors.count() == 0 or "Traceback" not in errors.all_inner_texts()[0]
+        page.locator(".jp-OutputArea-output .bk-Figure").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))
+        before = _figure_hash(page)
+        head = page.locator(".jp-OutputArea-output select").first
+        head.select_option(index=5)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _figure_hash(page) == before:
+            page.wait_for_timeout(250)
+        page.screenshot(path=str(artifacts / "jupyterlab_explorer_changed.png"))
+        assert _figure_hash(page) != before, "the explorer did not react to the widget"
+        assert outside == [], f"requests left the machine: {outside[:5]}"
+    finally:
+        context.close()
