@@ -11,6 +11,7 @@ each head attends to.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,12 +31,14 @@ from attnpanel.trace import trace
 DEMO_LAYER = 2  # the default layer; docs/demo.md shows why
 EVENT_APPLIANCES = ("kettle", "microwave", "washing_machine", "dishwasher")
 LOCAL_RADIUS = 15  # minutes; attention within this distance of the query counts as local
+EVENT_THRESHOLD = {"fridge": 50.0}  # W above which an appliance counts as running ...
+EVENT_THRESHOLD_DEFAULT = 300.0  # ... for the others: heaters, kettle, microwave, spin
 
 
-@functools.lru_cache(maxsize=1)
-def _model() -> NILMFormer:
+@functools.lru_cache(maxsize=2)
+def _model(path: Path) -> NILMFormer:
     # Loading is cheap but not free; the explorer may ask for several layers in a row.
-    return load_model(default_path())
+    return load_model(path)
 
 
 def demo_windows(n_windows: int = 32, seed: int = HELDOUT_SEED) -> xr.Dataset:
@@ -62,7 +65,12 @@ def demo_windows(n_windows: int = 32, seed: int = HELDOUT_SEED) -> xr.Dataset:
     return cut.isel(window=daytime).assign_coords(window=np.arange(n_windows))
 
 
-def demo(layer: int = DEMO_LAYER, n_windows: int = 32, seed: int = HELDOUT_SEED) -> xr.Dataset:
+def demo(
+    layer: int = DEMO_LAYER,
+    n_windows: int = 32,
+    seed: int = HELDOUT_SEED,
+    weights: str | Path | None = None,
+) -> xr.Dataset:
     """Trace of one attention layer of the trained demo NILMFormer on held-out windows.
 
     Parameters
@@ -73,6 +81,8 @@ def demo(layer: int = DEMO_LAYER, n_windows: int = 32, seed: int = HELDOUT_SEED)
         Number of 480-step windows (the batch).
     seed : int
         Seed of the held-out household data.
+    weights : str or Path, optional
+        A model file from :func:`attnpanel.nilmformer.save_model`; default the shipped one.
 
     Returns
     -------
@@ -90,7 +100,8 @@ def demo(layer: int = DEMO_LAYER, n_windows: int = 32, seed: int = HELDOUT_SEED)
     FileNotFoundError
         When the shipped weights are missing.
     """
-    model = _model()
+    path = default_path() if weights is None else Path(weights)
+    model = _model(path.resolve())
     n_layers = len(model.encoder)
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must be in 0..{n_layers - 1} (or negative), got {layer}")
@@ -108,7 +119,7 @@ def demo(layer: int = DEMO_LAYER, n_windows: int = 32, seed: int = HELDOUT_SEED)
     finally:
         hook.remove()
     source = (
-        f"NILMFormer demo ({default_path().name}), encoder layer {layer} of {n_layers}, "
+        f"NILMFormer demo ({path.name}), encoder layer {layer} of {n_layers}, "
         f"{n_windows} held-out windows"
     )
     ds = trace(attention, seen[0], time=time, source=source)
@@ -167,10 +178,10 @@ def head_statistics(ds: xr.Dataset, radius: int = LOCAL_RADIUS) -> xr.Dataset:
     )
     if "appliance_power" in ds:
         mass_per_key = weights.mean(2)  # (B, H, S): attention each key receives per query
-        thresholds = {"fridge": 50.0}
         lifts = []
         for name in ds["appliance"].values:
-            on = ds["appliance_power"].sel(appliance=name).values > thresholds.get(name, 300.0)
+            threshold = EVENT_THRESHOLD.get(str(name), EVENT_THRESHOLD_DEFAULT)
+            on = ds["appliance_power"].sel(appliance=name).values > threshold
             used = on.any(-1)  # windows where it runs
             mass = np.einsum("bhs,bs->bh", mass_per_key[used], on[used].astype(np.float32))
             share = on[used].mean(-1)  # (b,)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 
 import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
@@ -26,6 +27,7 @@ import panel as pn
 import param
 import xarray as xr
 from holoviews.plotting.util import process_cmap
+from panel.io.state import set_curdoc
 
 from attnpanel import views
 from attnpanel.attention import MASK_MODES
@@ -51,9 +53,29 @@ def _ms(value) -> float:
     return float(value)
 
 
+@dataclass
+class _Raster:
+    """A rasterized image on the hot path: the array the Bokeh Image glyph draws.
+
+    Building an ``hv.Image`` costs ~20 ms of parameter validation; the nine images a mask
+    change redraws skip it and only the first render goes through HoloViews.
+    """
+
+    values: np.ndarray  # float32, rows by ascending y
+    bounds: tuple  # (left, bottom, right, top)
+    group: str
+    label: str
+
+    def element(self, vdim: str = "value") -> hv.Image:
+        return hv.Image(self.values[::-1], bounds=self.bounds, kdims=["key", "query"],
+                        vdims=[vdim], group=self.group, label=self.label)
+
+
 def _layer_key(element) -> tuple[str, str, str]:
     # Labels change with the selection (they carry the titles) except for the sequence
     # curves, whose labels name the appliance.
+    if isinstance(element, _Raster):
+        return "Image", element.group, ""
     label = element.label if element.group == "Sequence" else ""
     return type(element).__name__, element.group, label
 
@@ -66,10 +88,11 @@ class _View:
     build: object  # Selection -> hv element
     parameters: frozenset
     pane: str  # the key of the rendered plot the view draws into
-    raster: tuple[int, int] | None = None  # rasterize to (width, height) before drawing
+    raster: tuple[int, int] | None = None  # build gives (values, label): rasterize to this
     title: bool = True  # whether the element's label is the plot's title
     active: object = None  # () -> bool; skipped while False (a hidden plot)
-    layers: set = field(default_factory=set)
+    pane_group: str = ""  # group of the rasterized image (Attention, HeadMap)
+    first: bool = False  # drawn in the same message as the change, before the others
 
 
 class AttentionExplorer(pn.viewable.Viewer):
@@ -128,6 +151,8 @@ class AttentionExplorer(pn.viewable.Viewer):
         self._handles: dict[str, dict[tuple, list[dict]]] = {}
         self._layout = None
         self._unmasked = None
+        self._pending: dict[int, _View] = {}
+        self._scheduled = False
         self.param.watch(self._on_change, list(SELECTION_PARAMS) + ["show_appliances"])
         self.param.watch(self._on_colormap, "colormap")
         self.param.watch(self._on_side_by_side, "side_by_side")
@@ -170,29 +195,58 @@ class AttentionExplorer(pn.viewable.Viewer):
         pane_kw.setdefault("linked_axes", False)
         return pn.pane.HoloViews(element, **pane_kw)
 
-    def _add(self, name, build, parameters, pane, raster=None, title=True, active=None):
+    def _add(self, name, build, parameters, pane, raster=None, title=True, active=None,
+             group="", first=False):
         """Register a hot-path view and return its first element (already rasterized)."""
-        view = _View(name, build, frozenset(parameters), pane, raster, title, active)
+        view = _View(name, build, frozenset(parameters), pane, raster, title, active, group,
+                     first)
         element = self._element(view, self.selection)
         self._views.append(view)
         return element
 
     def _element(self, view: _View, sel: Selection):
-        element = view.build(sel)
-        if view.raster is not None:
-            element = views.rasterized(element, *view.raster)
-        return element
+        if view.raster is None:
+            return view.build(sel)
+        values, label = view.build(sel)
+        rows, cols = values.shape
+        raster, bounds = views.raster_values(values, (-0.5, -0.5, cols - 0.5, rows - 0.5),
+                                             *view.raster)
+        return _Raster(raster, bounds, view.pane_group, label)
 
     def _on_change(self, *events) -> None:
         changed = {event.name for event in events}
         sel = self.selection
-        for view in self._views:
-            if view.parameters & changed and (view.active is None or view.active()):
-                self._refresh(view, sel)
         if "enabled_heads" in changed:
             self._recolor_head_maps()
+        due = [v for v in self._views if v.parameters & changed]
+        doc = pn.state.curdoc
+        if doc is None or doc.session_context is None:
+            for view in due:
+                self._refresh(view, sel)
+            return
+        # Panel sends a change's model updates together when its callback returns: the
+        # large matrix and the query markers go now, the other views in a next tick,
+        # so what the user acts on repaints first. Pending views coalesce across fast events.
+        for view in due:
+            if view.first:
+                self._refresh(view, sel)
+            else:
+                self._pending[id(view)] = view
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            doc.add_next_tick_callback(partial(self._refresh_pending, doc))
+
+    def _refresh_pending(self, doc) -> None:
+        self._scheduled = False
+        pending, self._pending = list(self._pending.values()), {}
+        sel = self.selection
+        with set_curdoc(doc), pn.io.hold(doc):
+            for view in pending:
+                self._refresh(view, sel)
 
     def _refresh(self, view: _View, sel: Selection) -> None:
+        if view.active is not None and not view.active():
+            return
         try:
             self._draw(view, self._element(view, sel))
         except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
@@ -207,6 +261,8 @@ class AttentionExplorer(pn.viewable.Viewer):
         for layer in layers:
             key = _layer_key(layer)
             present.add(key)
+            if key[1] == "Lanes":
+                continue  # the lane shading never changes
             for handles in captured.get(key, []):
                 extent = _push(handles, layer)
                 figure = handles["plot"]
@@ -236,10 +292,12 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def _recolor_head_maps(self) -> None:
         for head in range(self.trace.sizes["head"]):
-            palette = views.head_cmap(head, head in self.enabled_heads)
+            enabled = head in self.enabled_heads
+            palette = views.head_cmap(head, enabled)
             for handles in self._handles.get(f"head {head}", {}).get(("Image", "HeadMap", ""),
                                                                       []):
                 handles["color_mapper"].palette = palette
+                handles["plot"].title.text = f"head {head}" + ("" if enabled else " (off)")
         for head, toggle in enumerate(getattr(self, "_head_toggles", [])):
             toggle.value = head in self.enabled_heads
 
@@ -260,9 +318,9 @@ class AttentionExplorer(pn.viewable.Viewer):
         except MissingVariable as err:
             return self._missing(err, width)
         element = element.opts(*views.options(width, height))
-        element = element.opts(hv.opts.Rectangles(width=width, height=height),
-                               hv.opts.Curve(width=width, height=height),
-                               hv.opts.HeatMap(width=width, height=height))
+        small = dict(width=width, height=height, toolbar=None, fontsize={"title": 10})
+        element = element.opts(hv.opts.Rectangles(**small), hv.opts.Curve(**small),
+                               hv.opts.HeatMap(**small, colorbar=False))
         return self._render(element, name, width=width + 10, height=height + 10, margin=0)
 
     def _top_view(self):
@@ -273,7 +331,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         # Every appliance curve is drawn once; switching them off hides their renderers.
         curves = views.sequence_curve(ds, self.selection, show_appliances=True)
         marker = self._add("position marker", lambda sel: views.position_marker(ds, sel),
-                           ["sample", "query"], "sequence", title=False)
+                           ["sample", "query"], "sequence", title=False, first=True)
         colors = ["black"] + list(views.APPLIANCE_COLORS)
         for i, curve in enumerate(curves):
             curve.opts(color=colors[i % len(colors)], line_width=1.6 if i == 0 else 1,
@@ -334,15 +392,17 @@ class AttentionExplorer(pn.viewable.Viewer):
         def build(sel):
             if mask_override is not None:
                 sel = sel.with_(mask=mask_override)
-            return views.attention_matrix(ds, sel, self.cache)
+            return views.attention_values(ds, sel, self.cache), views.matrix_title(ds, sel)
 
         parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
         if mask_override is not None:
             parameters.discard("mask")
         image = self._add("attention matrix", build, parameters, pane,
-                          raster=(MATRIX_SIZE, MATRIX_SIZE), active=active)
+                          raster=(MATRIX_SIZE, MATRIX_SIZE), active=active, group="Attention",
+                          first=True)
+        image = image.element(views.STAGE_LABELS[self.stage])
         marker = self._add("query marker", lambda sel: views.query_marker(ds, sel), ["query"],
-                           pane, title=False, active=active)
+                           pane, title=False, active=active, first=True)
         plot = (image * marker).relabel(image.label).opts(*views.options()).opts(
             hv.opts.Image(frame_width=MATRIX_SIZE, frame_height=MATRIX_SIZE,
                           cmap=self.colormap, tools=["hover", "tap"],
@@ -398,10 +458,12 @@ class AttentionExplorer(pn.viewable.Viewer):
             try:
                 image = self._add(
                     f"head {head} map",
-                    lambda sel, head=head: views.head_map(ds, sel, head, self.cache,
-                                                          head in self.enabled_heads),
-                    ["sample", "mask", "enabled_heads"], pane,
-                    raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE))
+                    lambda sel, head=head: (
+                        views.attention_values(ds, sel.with_(head=head, stage="softmax"),
+                                               self.cache),
+                        f"head {head}" + ("" if head in self.enabled_heads else " (off)")),
+                    ["sample", "mask"], pane, raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
+                    group="HeadMap").element("weight")
             except MissingVariable as err:
                 cells.append(self._missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE))
                 continue
@@ -469,14 +531,14 @@ class AttentionExplorer(pn.viewable.Viewer):
         self._widgets = dict(widgets, player=player, side_by_side=side)
         return pn.Row(
             *widgets.values(),
-            pn.Column(pn.pane.Markdown("Stage player", margin=(0, 10)), player, margin=0),
+            player,
             pn.Column(pn.Spacer(height=18), side),
         )
 
     def _shape_table(self):
-        table = views.shape_table(self.trace).opts(width=760, height=320)
+        table = views.shape_table(self.trace).opts(width=1000, height=320)
         return pn.Column(pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
-                         pn.pane.HoloViews(table, width=770))
+                         pn.pane.HoloViews(table, width=1010))
 
     def _build(self):
         ds = self.trace
@@ -516,9 +578,9 @@ def _push(handles: dict, element):
         glyph.location = _ms(element.data)
         return None
     source = handles["source"]
-    if isinstance(element, hv.Image):
-        left, bottom, right, top = element.bounds.lbrt()
-        image = np.asarray(element.dimension_values(2, flat=False), dtype=np.float32)
+    if isinstance(element, _Raster):
+        left, bottom, right, top = element.bounds
+        image = element.values
         source.data = dict(image=[image], x=[left], y=[bottom], dw=[right - left],
                            dh=[top - bottom])
         mapper = handles.get("color_mapper")
@@ -541,10 +603,11 @@ def _push(handles: dict, element):
         limit = float(np.abs(values).max()) or 1.0
         handles["color_mapper"].low, handles["color_mapper"].high = -limit, limit
         return None
+    columns = element.data if isinstance(element.data, dict) else {}
     data = {}
     for column in source.data:
         name = RECT_COLUMNS.get(column, column) if isinstance(element, hv.Rectangles) else column
-        data[column] = element.dimension_values(name)
+        data[column] = columns[name] if name in columns else element.dimension_values(name)
     source.data = data
     if isinstance(element, hv.Rectangles):
         return float(np.min(data["bottom"])), float(np.max(data["top"]))
@@ -553,75 +616,13 @@ def _push(handles: dict, element):
 
 
 def _toggle_css(color: str) -> str:
-    """Stylesheet colouring a head's toggle button with the head's colour when on."""
+    """Stylesheet filling a head's toggle button with the head's colour while it is on."""
+    # !important: Panel's own button stylesheets load after this one.
     return (
-        f":host .bk-btn.bk-active {{ background-color: {color}; color: white; "
-        f"border-color: {color}; }}"
-        f":host .bk-btn {{ border-color: {color}; }}"
+        f":host .bk-btn.bk-active {{ background-color: {color} !important; color: white "
+        f"!important; border-color: {color} !important; }}"
+        f":host .bk-btn {{ border: 2px solid {color} !important; }}"
     )
-
-
-def stand_in_demo(n_samples: int = 32, length: int = 480, seed: int = 0) -> xr.Dataset:
-    """A demo-shaped trace until ``attnpanel.demo()`` lands (see the demo contract).
-
-    A random ``MultiHeadSelfAttention`` traced on synthetic household power (a fridge
-    cycle, kettle and microwave spikes, a washing machine run) embedded with sinusoidal
-    positions, with the contract's ``time``, ``aggregate`` and ``appliance_power``.
-    """
-    import torch
-
-    from attnpanel.attention import MultiHeadSelfAttention
-    from attnpanel.trace import trace as make_trace
-
-    rng = np.random.default_rng(seed)
-    steps = np.arange(length)
-    appliances = ["fridge", "kettle", "microwave", "washing_machine", "dishwasher"]
-    power = np.zeros((n_samples, len(appliances), length), np.float32)
-    for b in range(n_samples):
-        period = rng.integers(40, 70)
-        power[b, 0] = 90 * (((steps + rng.integers(0, period)) % period) < period // 2)
-        for _ in range(rng.integers(1, 4)):
-            start = rng.integers(0, length - 5)
-            power[b, 1, start:start + rng.integers(2, 5)] = 2000 + 200 * rng.random()
-        start = rng.integers(0, length - 10)
-        power[b, 2, start:start + rng.integers(3, 8)] = 1100
-        run = length // 5
-        if rng.random() < 0.6:
-            start = rng.integers(0, length - run)
-            power[b, 3, start:start + run] = 300 + 1500 * (rng.random(run) < 0.2)
-        if rng.random() < 0.4:
-            start = rng.integers(0, length - run)
-            power[b, 4, start:start + run] = 150 + 1800 * ((np.arange(run) // 20) % 2)
-    aggregate = power.sum(1) + 120 + 20 * rng.standard_normal((n_samples, length))
-    aggregate = aggregate.astype(np.float32)
-    d_model = 96
-    freqs = 1.0 / (1000 ** (np.arange(0, d_model // 2) / (d_model // 2)))
-    pos = np.concatenate([np.sin(steps[:, None] * freqs), np.cos(steps[:, None] * freqs)], 1)
-    embed = rng.standard_normal(d_model) / 500
-    x = pos[None] + aggregate[..., None] * embed[None, None]
-    torch.manual_seed(seed)
-    layer = MultiHeadSelfAttention(d_model=d_model, n_heads=8, mask="diagonal")
-    with torch.no_grad():
-        for lin in (layer.wq, layer.wk):
-            lin.weight.mul_(4.0)  # sharper attention than a fresh layer's near-uniform rows
-    start = np.datetime64("2014-03-01T06:00") + rng.integers(0, 200, n_samples) * np.timedelta64(
-        1, "D")
-    time = start[:, None] + steps[None] * np.timedelta64(1, "m")
-    ds = make_trace(layer, torch.tensor(x, dtype=torch.float32),
-                    time=time.astype("datetime64[ns]"),
-                    source="stand-in demo: random attention layer on synthetic household power")
-    ds["aggregate"] = (("batch", "position"), aggregate)
-    ds["appliance_power"] = (("batch", "appliance", "position"), power)
-    ds = ds.assign_coords(appliance=appliances)
-    ds.attrs.update(layer=0, n_layers=1)
-    return ds
-
-
-def demo_trace() -> xr.Dataset:
-    """The demo trace: ``attnpanel.demo()`` when it exists, else :func:`stand_in_demo`."""
-    import attnpanel
-
-    return getattr(attnpanel, "demo", stand_in_demo)()
 
 
 def notify_errors(err: BaseException) -> None:

@@ -3,9 +3,10 @@
 Large traces open lazily with dask: :func:`load` validates them in one streaming pass,
 chunk by chunk, and returns a Dataset whose arrays are read only when a view asks for a
 slice. Zarr traces are written in chunks of one (sample, head) map, so a view of one map
-reads one chunk. Files are data, never code: a zarr store that asks for the pickle codec
-is refused before anything in it is decoded, and every reader failure on a corrupted file
-becomes a ``ValueError`` naming the file.
+reads one chunk; netCDF files get HDF5 chunks of the same shape. Files are data, never
+code: a zarr store that asks for the pickle codec is refused before anything in it is
+decoded, and every reader failure on a corrupted file becomes a ``ValueError`` naming the
+file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from attnpanel.trace import validate
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 LAZY_BYTES = 256 * 2**20  # traces larger than this stay on disk until sliced
 CHUNK_BYTES = 8 * 2**20  # target size of one zarr chunk of an attention-shaped array
+MAP_DIMS = ("layer", "batch", "head")  # one chunk holds one attention map of these
 ZARR_FORMAT = 2  # zarr v2 has a stable spec for the string `token` coordinate
 _ZARR_METADATA = {".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"}
 _STALE_ENCODING = (
@@ -54,7 +56,7 @@ def _format(path: Path) -> str:
 
 def _chunks(var: xr.Variable) -> dict[str, int]:
     """One chunk per (layer, sample, head) and, for attention maps, ~CHUNK_BYTES of rows."""
-    chunks = {d: 1 for d in ("layer", "batch", "head") if d in var.dims}
+    chunks = {d: 1 for d in MAP_DIMS if d in var.dims}
     if "key" in var.dims and "query" in var.dims:
         row_bytes = var.sizes["key"] * var.dtype.itemsize
         chunks["query"] = max(1, min(var.sizes["query"], CHUNK_BYTES // max(row_bytes, 1)))
@@ -66,11 +68,14 @@ def _for_writing(ds: xr.Dataset, fmt: str) -> xr.Dataset:
     ds = ds.copy()
     for var in ds.variables.values():
         var.encoding = {k: v for k, v in var.encoding.items() if k not in _STALE_ENCODING}
-    if fmt == "zarr":
-        for name, var in ds.data_vars.items():
-            chunks = _chunks(var.variable)
-            if chunks:
-                ds[name] = var.chunk(chunks)
+    for name, var in ds.data_vars.items():
+        chunks = _chunks(var.variable)
+        if not chunks:
+            continue
+        if fmt == "zarr":
+            ds[name] = var.chunk(chunks)
+        else:  # HDF5 chunks of the same shape, so a lazy read of one map reads one chunk
+            var.encoding["chunksizes"] = tuple(chunks.get(d, var.sizes[d]) for d in var.dims)
     return ds
 
 
@@ -177,7 +182,9 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
         _refuse_code_in_zarr(path)
     try:
         if fmt == "netcdf":
-            ds = xr.open_dataset(path, engine="h5netcdf", chunks={})
+            # one dask chunk per (layer, sample, head) even for a contiguous foreign file, so
+            # a lazy validation streams instead of reading a variable whole
+            ds = xr.open_dataset(path, engine="h5netcdf", chunks=dict.fromkeys(MAP_DIMS, 1))
         else:
             ds = xr.open_zarr(path, consolidated=None)
     except Exception as error:  # any reader failure means the file is not a trace

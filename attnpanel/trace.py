@@ -60,7 +60,7 @@ def _time_coord(time) -> tuple[np.ndarray, dict]:
     """Timestamps as ``datetime64[ns]`` (what netCDF and zarr read back) and their zone."""
     attrs = {}
     if isinstance(time, pd.Series):
-        time = pd.DatetimeIndex(time) if time.dtype.kind == "M" or time.dtype == object else time
+        time = pd.DatetimeIndex(time) if isinstance(time.dtype, pd.DatetimeTZDtype) else time
     if isinstance(time, pd.DatetimeIndex) and time.tz is not None:
         attrs["time_zone"] = str(time.tz)  # stored as naive UTC, which both formats keep
         time = time.tz_convert("UTC").tz_localize(None)
@@ -434,9 +434,11 @@ def _check_structure(ds: xr.Dataset) -> None:
     if "weights" not in ds:
         held = ", ".join(map(str, ds.data_vars)) or "nothing"
         raise ValueError(f"trace has no 'weights' variable (it holds {held})")
-    for name, var in ds.data_vars.items():
-        expected = EXPECTED_DIMS.get(str(name))
-        if expected is None or var.dims in (expected, ("layer",) + expected):
+    for name, expected in EXPECTED_DIMS.items():  # pipeline order, whatever the file's order
+        if name not in ds.data_vars:
+            continue
+        var = ds[name]
+        if var.dims in (expected, ("layer",) + expected):
             continue
         missing = [d for d in expected if d not in var.dims]
         extra = [d for d in var.dims if d not in expected and d != "layer"]

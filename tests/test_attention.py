@@ -178,7 +178,9 @@ def test_custom_mask_is_copied_and_checked():
     blocked.fill_(False)  # the caller edits its tensor afterwards
     assert torch.equal(layer.blocked(5), expected)
     assert layer.mask_name == "custom"
-    with pytest.raises(ValueError, match=r"mask has shape \(5, 5\) but the sequence needs \(6, 6\)"):
+    with pytest.raises(
+        ValueError, match=r"mask has shape \(5, 5\) but the sequence needs \(6, 6\)"
+    ):
         layer.stages(torch.randn(1, 6, 8))
 
 

@@ -28,9 +28,7 @@ def random_stats(ds):
     """The same statistics for a freshly initialised layer on the same inputs."""
     torch.manual_seed(1)
     layer = MultiHeadSelfAttention(96, 8, mask="diagonal")
-    untrained = trace(layer, ds["x"].values).assign(
-        appliance_power=ds["appliance_power"]
-    )
+    untrained = trace(layer, ds["x"].values).assign(appliance_power=ds["appliance_power"])
     return head_statistics(untrained)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -160,7 +163,9 @@ def test_overflowing_scores_are_named():
     layer = MultiHeadSelfAttention(16, 4, mask="none")
     x = torch.randn(1, 4, 16)
     x[0, 1] = 1e20  # finite input whose q . k overflows float32
-    with pytest.raises(ValueError, match=r"scores contains (NaN|Inf) at batch=0, head=\d, query=\d"):
+    with pytest.raises(
+        ValueError, match=r"scores contains (NaN|Inf) at batch=0, head=\d, query=\d"
+    ):
         trace(layer, x)
 
 
@@ -240,11 +245,26 @@ def bad(ds: xr.Dataset, name: str, index: tuple, value: float) -> xr.Dataset:
 @pytest.mark.parametrize(
     ("variable", "index", "value", "message"),
     [
-        ("weights", (1, 2, 3, 4), np.nan, "weights contains NaN at batch=1, head=2, query=3, key=4"),
-        ("weights", (0, 1, 5, 0), np.inf, "weights contains Inf at batch=0, head=1, query=5, key=0"),
+        (
+            "weights",
+            (1, 2, 3, 4),
+            np.nan,
+            "weights contains NaN at batch=1, head=2, query=3, key=4",
+        ),
+        (
+            "weights",
+            (0, 1, 5, 0),
+            np.inf,
+            "weights contains Inf at batch=0, head=1, query=5, key=0",
+        ),
         ("scores", (2, 0, 1, 1), -np.inf, "scores contains Inf at batch=2, head=0, query=1, key=1"),
         ("q", (0, 3, 4, 2), np.nan, "q contains NaN at batch=0, head=3, position=4, head_dim=2"),
-        ("weights", (1, 1, 2, 3), -0.25, r"weights are negative at batch=1, head=1, query=2, key=3"),
+        (
+            "weights",
+            (1, 1, 2, 3),
+            -0.25,
+            r"weights are negative at batch=1, head=1, query=2, key=3",
+        ),
         ("weights", (2, 3, 6, 0), 0.75, r"the row at batch=2, head=3, query=6 sums to"),
     ],
 )
@@ -267,3 +287,18 @@ def test_validate_names_wrong_and_missing_dims():
         validate(ds.isel(head=slice(2)))
     with pytest.raises(ValueError, match="as many queries as keys"):
         validate(ds[["weights"]].isel(key=slice(3)))
+
+
+def test_benchmark_command_prints_its_table(capsys):
+    """The benchmark script runs end to end (tiny shapes, no memory processes)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    spec = importlib.util.spec_from_file_location("attnpanel_benchmarks", path)
+    benchmarks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmarks)
+    args = ["--batch", "2", "--length", "16", "--repeats", "1", "--no-memory"]
+    text = benchmarks.main(args)
+    assert text in capsys.readouterr().out
+    for case in benchmarks.CASES:
+        assert case in text
+    assert "torch_einsum_weights*" in text
+    assert "B=2, L=16, H=8" in text

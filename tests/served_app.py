@@ -1,0 +1,176 @@
+"""Serve an app file with ``panel serve`` in a subprocess and read its canvases from Chromium.
+
+Shared by the browser tests and ``benchmarks/explorer_latency.py``. The JavaScript helpers
+walk ``Bokeh.index`` (the root views of the page) to find plots by their title, so tests
+need no CSS selectors into Bokeh's shadow DOM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "apps" / "main.py"
+
+# Bokeh's JS helpers installed into the page as window.attn.
+HELPERS_JS = r"""
+(() => {
+  const views = () => {
+    const out = [];
+    const walk = (v) => { out.push(v); for (const c of (v.child_views || [])) walk(c); };
+    for (const r of Object.values(Bokeh.index)) walk(r);
+    return out;
+  };
+  const plots = () => views().filter((v) => v.model && v.model.type === "Figure");
+  const plot = (prefix) => {
+    const found = plots().filter((v) => v.model.title && v.model.title.text.startsWith(prefix));
+    if (found.length === 0) throw new Error(`no plot titled ${prefix}...`);
+    return found[0];
+  };
+  const widget = (type, title) => {
+    const found = views().filter((v) => v.model && v.model.type === type &&
+                                        v.model.title === title);
+    if (found.length === 0) throw new Error(`no ${type} titled ${title}`);
+    return found[0].model;
+  };
+  const pixels = (pv) => {
+    const layer = pv.canvas_view.compose();
+    const { width, height } = layer.canvas;
+    return { data: layer.ctx.getImageData(0, 0, width, height).data, width, height,
+             ratio: width / pv.canvas_view.bbox.width };
+  };
+  const hash = (pv) => {
+    const { data } = pixels(pv);
+    let h = 2166136261 >>> 0;
+    const words = new Uint32Array(data.buffer, data.byteOffset, data.byteLength >> 2);
+    for (let i = 0; i < words.length; i++) { h = Math.imul(h ^ words[i], 16777619) >>> 0; }
+    return h;
+  };
+  // The page position of a point given as a fraction of the plot's frame.
+  const frame_point = (pv, fx, fy) => {
+    const rect = pv.el.getBoundingClientRect();
+    const f = pv.frame.bbox;
+    return { x: rect.left + f.x + fx * f.width, y: rect.top + f.y + fy * f.height };
+  };
+  // RGBA of the pixel at data coordinates (x, y) of a plot.
+  const rgba_at = (pv, x, y) => {
+    const { data, width, ratio } = pixels(pv);
+    const px = Math.floor(pv.frame.x_scale.compute(x) * ratio);
+    const py = Math.floor(pv.frame.y_scale.compute(y) * ratio);
+    const i = 4 * (py * width + px);
+    return [data[i], data[i + 1], data[i + 2], data[i + 3]];
+  };
+  // Resolve with the milliseconds from now until the plot's pixels differ from `before`.
+  const until_changed = (pv, before, timeout = 15000) => new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const poll = () => {
+      if (hash(pv) !== before) { resolve(performance.now() - t0); return; }
+      if (performance.now() - t0 > timeout) { reject(new Error("plot did not change")); return; }
+      requestAnimationFrame(poll);
+    };
+    requestAnimationFrame(poll);
+  });
+  // Time from setting a widget's value (what a user's change does) to the repainted plot.
+  const timed_change = async (type, title, value, prefix) => {
+    const pv = plot(prefix);
+    const before = hash(pv);
+    const model = widget(type, title);
+    const t0 = performance.now();
+    let first_patch = null;
+    const doc = model.document;
+    const listener = () => { if (first_patch === null) first_patch = performance.now(); };
+    doc.on_change(listener);
+    model.value = value;
+    await until_changed(pv, before);
+    const t1 = performance.now();
+    doc.remove_on_change(listener);
+    return { total: t1 - t0, to_patch: first_patch === null ? null : first_patch - t0 };
+  };
+  window.attn = { views, plots, plot, widget, hash, pixels, frame_point, rgba_at,
+                  until_changed, timed_change };
+})();
+"""
+
+
+def free_port() -> int:
+    """A free localhost TCP port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(app: Path = APP, timeout: float = 240.0):
+    """Run ``panel serve app`` on a free port; yield ``(url, process)``; stop it after."""
+    port = free_port()
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    log = open(ROOT / "artifacts" / f"serve-{port}.log", "w")  # noqa: SIM115 - closed below
+    cmd = [sys.executable, "-m", "panel", "serve", str(app), "--port", str(port),
+           "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{port}",
+           "--num-procs", "1"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=dict(os.environ, BOKEH_PY_LOG_LEVEL="info"))
+    url = f"http://127.0.0.1:{port}/{app.stem}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"panel serve exited with {proc.returncode}; see {log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"panel serve did not start in {timeout} s") from None
+                time.sleep(0.5)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def open_app(browser, url: str, console: list, timeout_ms: int = 180_000):
+    """Open the served explorer in a new page; wait until its matrix is drawn."""
+    page = browser.new_page(viewport={"width": 1600, "height": 1300})
+    page.on("console", lambda msg: console.append((msg.type, msg.text)))
+    page.on("pageerror", lambda err: console.append(("pageerror", str(err))))
+    page.goto(url, timeout=timeout_ms)
+    page.wait_for_function(
+        "() => window.Bokeh && Bokeh.index && Object.keys(Bokeh.index).length > 0",
+        timeout=timeout_ms,
+    )
+    page.evaluate(HELPERS_JS)
+    page.wait_for_function(
+        "() => { try { const p = attn.plot('sample'); return p.canvas_view.bbox.width > 0 "
+        "&& attn.plots().length >= 20; } catch (e) { return false; } }",
+        timeout=timeout_ms,
+    )
+    page.wait_for_timeout(1000)  # let the first WebGL frames land
+    return page
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of a process in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident set size (high-water mark) of a process in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
