@@ -4,7 +4,6 @@ from attnpanel.attention import MultiHeadSelfAttention, build_mask
 from attnpanel.capture import CaptureError, FusedQKV, capture
 from attnpanel.demo import demo, head_statistics
 from attnpanel.io import load, save
-from attnpanel.nilmformer import NILMFormer, NILMFormerConfig, load_model
 from attnpanel.positional import head_average, sinusoidal_encoding
 from attnpanel.power import PowerConfig
 from attnpanel.power import generate as generate_power
@@ -15,8 +14,6 @@ __all__ = [
     "CaptureError",
     "FusedQKV",
     "MultiHeadSelfAttention",
-    "NILMFormer",
-    "NILMFormerConfig",
     "PowerConfig",
     "attention_stage",
     "build_mask",
@@ -27,7 +24,6 @@ __all__ = [
     "head_average",
     "head_statistics",
     "load",
-    "load_model",
     "recompute_weights",
     "save",
     "sinusoidal_encoding",

@@ -17,15 +17,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from attnpanel.nilmformer import (
-    HELDOUT_SEED,
-    HELDOUT_START,
-    NILMFormer,
-    default_path,
-    load_model,
-    time_features,
-)
-from attnpanel.power import PowerConfig, generate, windows
+from attnpanel.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
 from attnpanel.trace import trace
 
 DEMO_LAYER = 2  # the default layer; docs/demo.md shows why
@@ -36,8 +28,12 @@ EVENT_THRESHOLD_DEFAULT = 300.0  # ... for the others: heaters, kettle, microwav
 
 
 @functools.lru_cache(maxsize=2)
-def _model(path: Path) -> NILMFormer:
+def _model(path: Path):
     # Loading is cheap but not free; the explorer may ask for several layers in a row.
+    # nilmformer is imported here so that `import attnpanel` does not load it, which
+    # keeps `python -m attnpanel.nilmformer` free of runpy's double-import warning.
+    from attnpanel.nilmformer import load_model
+
     return load_model(path)
 
 
@@ -100,6 +96,8 @@ def demo(
     FileNotFoundError
         When the shipped weights are missing.
     """
+    from attnpanel.nilmformer import default_path, time_features
+
     path = default_path() if weights is None else Path(weights)
     model = _model(path.resolve())
     n_layers = len(model.encoder)

@@ -15,12 +15,14 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import xarray as xr
 
 from attnpanel.trace import validate
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 LAZY_BYTES = 256 * 2**20  # traces larger than this stay on disk until sliced
+LAZY_CHUNK_BYTES = 32 * 2**20  # size of one dask chunk when a lazy trace is streamed
 CHUNK_BYTES = 8 * 2**20  # target size of one zarr chunk of an attention-shaped array
 MAP_DIMS = ("layer", "batch", "head")  # one chunk holds one attention map of these
 ZARR_FORMAT = 2  # zarr v2 has a stable spec for the string `token` coordinate
@@ -68,14 +70,17 @@ def _for_writing(ds: xr.Dataset, fmt: str) -> xr.Dataset:
     ds = ds.copy()
     for var in ds.variables.values():
         var.encoding = {k: v for k, v in var.encoding.items() if k not in _STALE_ENCODING}
-    for name, var in ds.data_vars.items():
-        chunks = _chunks(var.variable)
-        if not chunks:
+    for name, var in list(ds.variables.items()):
+        chunks = _chunks(var)
+        if not chunks or name in ds.indexes:
             continue
-        if fmt == "zarr":
-            ds[name] = var.chunk(chunks)
-        else:  # HDF5 chunks of the same shape, so a lazy read of one map reads one chunk
-            var.encoding["chunksizes"] = tuple(chunks.get(d, var.sizes[d]) for d in var.dims)
+        sizes = tuple(chunks.get(d, var.sizes[d]) for d in var.dims)
+        if fmt == "netcdf":  # HDF5 chunks of the same shape: a lazy read of a map reads one
+            var.encoding["chunksizes"] = sizes
+        elif name in ds.data_vars:  # dask chunks, which to_zarr writes one by one
+            ds[name] = ds[name].chunk(chunks)
+        else:  # coordinates such as (batch, position) tokens
+            ds = ds.assign_coords({name: var.chunk(chunks)})
     return ds
 
 
@@ -149,6 +154,30 @@ def _refuse_code_in_zarr(path: Path) -> None:
                 )
 
 
+def _open(path: Path, fmt: str, chunks: dict) -> xr.Dataset:
+    if fmt == "netcdf":
+        return xr.open_dataset(path, engine="h5netcdf", chunks=chunks)
+    return xr.open_zarr(path, consolidated=None, chunks=chunks)
+
+
+def _lazy_chunks(ds: xr.Dataset) -> dict[str, int]:
+    """Dask chunks of about LAZY_CHUNK_BYTES: whole samples where they fit, else row blocks.
+
+    Fewer, larger reads than one task per stored (sample, head) map make a streaming
+    validation several times faster, while any one task still holds at most a few of them.
+    """
+    per_sample = 0
+    for var in ds.data_vars.values():
+        samples = int(np.prod([var.sizes[d] for d in ("layer", "batch") if d in var.dims]))
+        per_sample = max(per_sample, var.nbytes // max(samples, 1))
+    whole = dict.fromkeys(("head", "query", "key", "position"), -1)
+    if per_sample <= LAZY_CHUNK_BYTES:
+        return {"layer": 1, "batch": max(1, LAZY_CHUNK_BYTES // max(per_sample, 1)), **whole}
+    row_bytes = max(ds.sizes.get("key", 1) * 8, 1)  # float64 at most
+    rows = max(1, LAZY_CHUNK_BYTES // row_bytes)
+    return {**whole, "layer": 1, "batch": 1, "head": 1, "query": rows}
+
+
 def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
     """Read and validate a trace.
 
@@ -158,7 +187,8 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
         A ``.nc`` file or ``.zarr`` directory written by :func:`save`.
     lazy : bool, optional
         Keep the arrays on disk (dask) instead of reading them; by default, traces larger
-        than :data:`LAZY_BYTES` (256 MiB) stay lazy and are validated chunk by chunk.
+        than :data:`LAZY_BYTES` (256 MiB) stay lazy and are validated chunk by chunk, in
+        dask chunks of about :data:`LAZY_CHUNK_BYTES`.
 
     Returns
     -------
@@ -181,16 +211,15 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
     if fmt == "zarr":
         _refuse_code_in_zarr(path)
     try:
-        if fmt == "netcdf":
-            # one dask chunk per (layer, sample, head) even for a contiguous foreign file, so
-            # a lazy validation streams instead of reading a variable whole
-            ds = xr.open_dataset(path, engine="h5netcdf", chunks=dict.fromkeys(MAP_DIMS, 1))
-        else:
-            ds = xr.open_zarr(path, consolidated=None)
+        ds = _open(path, fmt, {})  # reads metadata only
+        if lazy is None:
+            lazy = ds.nbytes > LAZY_BYTES
+        if lazy:
+            chunks = _lazy_chunks(ds)
+            ds.close()
+            ds = _open(path, fmt, chunks)
     except Exception as error:  # any reader failure means the file is not a trace
         raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
-    if lazy is None:
-        lazy = ds.nbytes > LAZY_BYTES
     try:
         if not lazy:
             ds = ds.load()  # small: validate in memory, where it is fastest

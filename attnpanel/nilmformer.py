@@ -41,15 +41,20 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnpanel.attention import MultiHeadSelfAttention
-from attnpanel.power import APPLIANCES, MINUTES_PER_DAY, PowerConfig, generate
+from attnpanel.power import (
+    APPLIANCES,
+    HELDOUT_SEED,
+    HELDOUT_START,
+    MINUTES_PER_DAY,
+    TRAIN_SEED,
+    PowerConfig,
+    generate,
+)
 
 TIME_PERIODS = (1440, 720, 360, 180, 60, 30, 15)  # minutes; sine/cosine pairs of the day
 N_TIME_FEATURES = 2 * len(TIME_PERIODS) + 2  # plus the day of the week
 WEIGHTS_FILE = "nilmformer.pt"
 METRICS_FILE = "nilmformer_metrics.json"
-TRAIN_SEED = 0  # power generator seed of the training days
-HELDOUT_SEED = 1  # power generator seed of the held-out days (metrics, demo)
-HELDOUT_START = "2025-06-02"  # held-out days start well after the training days
 
 
 @dataclass
@@ -530,7 +535,7 @@ def _train(
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         step += 1
         bar.update()
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", refresh=False)

@@ -29,6 +29,9 @@ import xarray as xr
 
 APPLIANCES = ("fridge", "kettle", "microwave", "washing_machine", "dishwasher")
 MINUTES_PER_DAY = 24 * 60
+TRAIN_SEED = 0  # seed of the days the demo model trains on (from PowerConfig.start)
+HELDOUT_SEED = 1  # seed of the held-out days (metrics, demo)
+HELDOUT_START = "2025-06-02"  # held-out days start well after the 400 training days
 
 
 @dataclass

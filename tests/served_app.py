@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,9 +122,10 @@ def serve(app: Path = APP, timeout: float = 240.0):
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"panel serve exited with {proc.returncode}; see {log.name}")
+            # Only the port: any HTTP request for the app would start a session.
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
-                    break
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
             except OSError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"panel serve did not start in {timeout} s") from None

@@ -224,12 +224,15 @@ class LargestResult(Callback):
 def test_large_traces_open_lazily_and_validate_chunk_by_chunk(tmp_path, monkeypatch, suffix):
     ds = make_trace(batch=6, length=40)
     path = save(ds, tmp_path / f"big{suffix}")
+    one_sample = ds.weights.nbytes // 6
     monkeypatch.setattr(io, "LAZY_BYTES", ds.weights.nbytes // 2)
+    monkeypatch.setattr(io, "LAZY_CHUNK_BYTES", one_sample)
     with LargestResult() as tasks:
         lazy = load(path)
     assert isinstance(lazy.weights.data, dask.array.Array)
     assert isinstance(lazy.scores.data, dask.array.Array)
-    assert 0 < tasks.largest <= ds.weights.nbytes // (6 * 4)  # one (sample, head) map
+    assert lazy.weights.data.chunks[0] == (1,) * 6
+    assert 0 < tasks.largest <= one_sample  # no task ever held more than one sample
     xr.testing.assert_identical(lazy.load(), ds)
     eager = load(path, lazy=False)
     assert isinstance(eager.weights.data, np.ndarray)
