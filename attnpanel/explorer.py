@@ -350,7 +350,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         if x is None:
             return
         try:
-            self.query = views.position_from_x(self.trace, self.selection, x)
+            self._select_query(views.position_from_x(self.trace, self.selection, x))
         except Exception as err:  # noqa: BLE001
             self._report(err, "selecting the query on the top view")
 
@@ -358,9 +358,18 @@ class AttentionExplorer(pn.viewable.Viewer):
         if y is None:
             return
         try:
-            self.query = int(np.clip(round(float(y)), 0, self.trace.sizes["query"] - 1))
+            self._select_query(int(np.clip(round(float(y)), 0, self.trace.sizes["query"] - 1)))
         except Exception as err:  # noqa: BLE001
             self._report(err, "selecting the query on the matrix")
+
+    def _select_query(self, query: int) -> None:
+        # HoloViews runs stream callbacks outside the Bokeh document lock; model changes
+        # there would be refused, so the change is made on the document's next tick.
+        doc = pn.state.curdoc
+        if doc is None or doc.session_context is None:
+            self.query = query
+        else:
+            doc.add_next_tick_callback(partial(self.param.update, query=query))
 
     def _projection_column(self):
         ds = self.trace

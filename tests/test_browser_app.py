@@ -91,7 +91,8 @@ def test_click_top_curve_moves_row_and_aggregation(app, artifacts):
     assert abs(row - 0.6 * 479) < 10
     marker = page.evaluate(
         f"(() => {{ const pv = {matrix_js()}; return [...pv.renderer_views.values()]"
-        ".filter((rv) => rv.model.type === 'BoxAnnotation').map((rv) => rv.model.bottom) })()"
+        ".filter((rv) => rv.model.type === 'BoxAnnotation' && Number.isFinite(rv.model.bottom))"
+        ".map((rv) => rv.model.bottom) })()"
     )
     assert marker == [pytest.approx(row - 0.5)]
     title = page.evaluate("attn.plot('weights of query').model.title.text")

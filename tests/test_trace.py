@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -276,7 +277,7 @@ def test_validate_names_variable_and_location(variable, index, value, message):
 
 def test_validate_names_wrong_and_missing_dims():
     _, _, ds = small_trace()
-    with pytest.raises(ValueError, match=r"weights has dims .* \(missing key; unexpected k2\)"):
+    with pytest.raises(ValueError, match=r"scores has dims .* \(missing key; unexpected k2\)"):
         validate(ds.rename_dims(key="k2"))
     transposed = ds.assign(weights=ds.weights.transpose("batch", "query", "head", "key"))
     with pytest.raises(ValueError, match="in the wrong order"):
@@ -289,11 +290,12 @@ def test_validate_names_wrong_and_missing_dims():
         validate(ds[["weights"]].isel(key=slice(3)))
 
 
-def test_benchmark_command_prints_its_table(capsys):
+def test_benchmark_command_prints_its_table(capsys, monkeypatch):
     """The benchmark script runs end to end (tiny shapes, no memory processes)."""
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
     spec = importlib.util.spec_from_file_location("attnpanel_benchmarks", path)
     benchmarks = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, benchmarks)  # dataclasses look it up
     spec.loader.exec_module(benchmarks)
     args = ["--batch", "2", "--length", "16", "--repeats", "1", "--no-memory"]
     text = benchmarks.main(args)
