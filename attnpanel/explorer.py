@@ -43,6 +43,8 @@ STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked",
 MATRIX_SIZE = 520
 HEAD_MAP_SIZE = 150
 SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads")
+IMAGE_PARAMS = {"sample", "head", "mask", "stage"}
+SECONDARY_DELAY_MS = 120
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
 
 
@@ -176,6 +178,11 @@ class AttentionExplorer(pn.viewable.Viewer):
 
         def hook(plot, element):
             plot.state.output_backend = "webgl"
+            if element.group == "Marker" and isinstance(element, hv.HSpan | hv.VLine):
+                # Overlay-level annotations repaint on the 2D overlay canvas alone: moving
+                # the query never redraws the WebGL image or curves beneath (~30-60 ms each
+                # with software GL).
+                plot.handles["glyph"].level = "overlay"
             key = ("Overlay", "", "") if isinstance(element, hv.Overlay) else _layer_key(element)
             found = self._handles.setdefault(pane, {}).setdefault(key, [])
             if not any(h is plot.handles for h in found):
@@ -225,8 +232,10 @@ class AttentionExplorer(pn.viewable.Viewer):
                 self._refresh(view, sel)
             return
         # Panel sends a change's model updates together when its callback returns: the
-        # large matrix and the query markers go now, the other views in a next tick,
-        # so what the user acts on repaints first. Pending views coalesce across fast events.
+        # large matrix and the query markers go now, the other views later, so what the
+        # user acts on repaints first. A new image takes the browser ~100 ms to map and
+        # paint (software GL); the other views' updates would block that frame, so they
+        # wait that long. Pending views coalesce across fast events (a dragged slider).
         for view in due:
             if view.first:
                 self._refresh(view, sel)
@@ -234,7 +243,11 @@ class AttentionExplorer(pn.viewable.Viewer):
                 self._pending[id(view)] = view
         if self._pending and not self._scheduled:
             self._scheduled = True
-            doc.add_next_tick_callback(partial(self._refresh_pending, doc))
+            callback = partial(self._refresh_pending, doc)
+            if changed & IMAGE_PARAMS:
+                doc.add_timeout_callback(callback, SECONDARY_DELAY_MS)
+            else:
+                doc.add_next_tick_callback(callback)
 
     def _refresh_pending(self, doc) -> None:
         self._scheduled = False
@@ -538,6 +551,11 @@ class AttentionExplorer(pn.viewable.Viewer):
         side = pn.widgets.Checkbox.from_param(self.param.side_by_side,
                                               name="masked and unmasked side by side")
         self._widgets = dict(widgets, player=player, side_by_side=side)
+        for widget in widgets.values():
+            # Panel waits 50 ms after a widget change for more (Reactive._debounce), a third
+            # of the 150 ms budget; these changes are discrete, so they go at once. The
+            # explorer coalesces its own deferred updates instead.
+            widget._debounce = 0
         return pn.Row(
             *widgets.values(),
             player,
@@ -620,6 +638,10 @@ def _push(handles: dict, element):
     source.data = data
     if isinstance(element, hv.Rectangles):
         return float(np.min(data["bottom"])), float(np.max(data["top"]))
+    xs = element.dimension_values(0)
+    if len(xs) and np.issubdtype(np.asarray(xs).dtype, np.datetime64):
+        # A new sample covers other hours: the time axis follows it.
+        handles["x_range"].start, handles["x_range"].end = _ms(xs.min()), _ms(xs.max())
     values = element.dimension_values(1)
     return float(np.nanmin(values)), float(np.nanmax(values))
 

@@ -33,10 +33,10 @@ HELPERS_JS = r"""
     if (found.length === 0) throw new Error(`no plot titled ${prefix}...`);
     return found[0];
   };
-  const widget = (type, title) => {
-    const found = views().filter((v) => v.model && v.model.type === type &&
-                                        v.model.title === title);
-    if (found.length === 0) throw new Error(`no ${type} titled ${title}`);
+  const widget = (title) => {
+    const found = views().filter((v) => v.model && v.model.title === title &&
+                                        "value" in v.model.properties);
+    if (found.length === 0) throw new Error(`no widget titled ${title}`);
     return found[0].model;
   };
   const pixels = (pv) => {
@@ -77,14 +77,19 @@ HELPERS_JS = r"""
     requestAnimationFrame(poll);
   });
   // Time from setting a widget's value (what a user's change does) to the repainted plot.
-  const timed_change = async (type, title, value, prefix) => {
-    const pv = plot(prefix);
+  const timed_change = async (title, value, prefix) => {
+    const pv = typeof prefix === "string" ? plot(prefix) : prefix();
     const before = hash(pv);
-    const model = widget(type, title);
+    const model = widget(title);
     const t0 = performance.now();
     let first_patch = null;
     const doc = model.document;
-    const listener = () => { if (first_patch === null) first_patch = performance.now(); };
+    // The first change the server sends back (the widget's own change is local).
+    const listener = (event) => {
+      if (first_patch === null && event.model !== undefined && event.model !== model) {
+        first_patch = performance.now();
+      }
+    };
     doc.on_change(listener);
     model.value = value;
     await until_changed(pv, before);

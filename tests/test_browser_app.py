@@ -34,8 +34,8 @@ def shot(page, artifacts, name):
     return path
 
 
-def set_widget(page, kind: str, title: str, value) -> None:
-    page.evaluate("([k, t, v]) => { attn.widget(k, t).value = v; }", [kind, title, value])
+def set_widget(page, title: str, value) -> None:
+    page.evaluate("([t, v]) => { attn.widget(t).value = v; }", [title, value])
 
 
 def matrix_hash(page) -> int:
@@ -79,14 +79,14 @@ def test_image_glyphs_use_webgl(app, artifacts):
 
 def test_click_top_curve_moves_row_and_aggregation(app, artifacts):
     page, _ = app
-    before_row = page.evaluate("attn.widget('Slider', 'Query').value")
+    before_row = page.evaluate("attn.widget('Query').value")
     bars_before = page.evaluate("attn.hash(attn.plot('weights of query'))")
     matrix_before = matrix_hash(page)
     point = page.evaluate("attn.frame_point(attn.plot('sample 0: aggregate'), 0.6, 0.5)")
     page.mouse.click(point["x"], point["y"])
     wait_matrix_change(page, matrix_before)
     page.evaluate("(b) => attn.until_changed(attn.plot('weights of query'), b)", bars_before)
-    row = page.evaluate("attn.widget('Slider', 'Query').value")
+    row = page.evaluate("attn.widget('Query').value")
     assert row != before_row
     assert abs(row - 0.6 * 479) < 10
     marker = page.evaluate(
@@ -101,25 +101,25 @@ def test_click_top_curve_moves_row_and_aggregation(app, artifacts):
 
 
 @pytest.mark.parametrize(
-    ("kind", "title", "value"),
-    [("Select", "Head", "head 3"), ("Select", "Mask", "causal"),
-     ("Select", "Stage", "raw scores"), ("Select", "Head", "mean of heads")],
+    ("title", "value"),
+    [("Head", "head 3"), ("Mask", "causal"), ("Stage", "raw scores"),
+     ("Head", "mean of heads"), ("Sample", 5)],
 )
-def test_controls_change_matrix_pixels(app, artifacts, kind, title, value):
+def test_controls_change_matrix_pixels(app, artifacts, title, value):
     page, _ = app
     before = matrix_hash(page)
-    set_widget(page, kind, title, value)
+    set_widget(page, title, value)
     wait_matrix_change(page, before)
     assert matrix_hash(page) != before
-    shot(page, artifacts, f"control_{title.lower()}_{value.replace(' ', '_')}")
+    shot(page, artifacts, f"control_{title.lower()}_{str(value).replace(' ', '_')}")
 
 
 def test_diagonal_mask_draws_diagonal_black(app, artifacts):
     page, _ = app
-    set_widget(page, "Select", "Head", "head 0")
-    set_widget(page, "Select", "Stage", "softmax")
+    set_widget(page, "Head", "head 0")
+    set_widget(page, "Stage", "softmax")
     before = matrix_hash(page)
-    set_widget(page, "Select", "Mask", "diagonal")
+    set_widget(page, "Mask", "diagonal")
     page.wait_for_function(
         f"{matrix_js()}.model.title.text.endsWith('softmax weights (mask diagonal)')"
     )

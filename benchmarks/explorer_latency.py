@@ -1,0 +1,193 @@
+"""Latency of the served explorer, from a widget change in Chromium to the repainted canvas.
+
+Run: ``python benchmarks/explorer_latency.py [--repeats 20]``.
+
+Serves ``apps/main.py`` (the demo trace: 32 x 8 x 480 x 480) with ``panel serve``, opens it
+in headless Chromium, and for each change type (head, query, mask, stage) sets the widget's
+value in the page (what a user's change does to the Bokeh model), then polls a hash of the
+attention matrix canvas every animation frame until its pixels differ. It prints, per change
+type, the median and 95th percentile of:
+
+* ``total``: widget change to repainted matrix canvas (the acceptance number);
+* ``to patch``: widget change to the first document patch arriving from the server
+  (round trip plus server callback), so ``total - to patch`` is the browser's own work
+  (deserializing, colour mapping, WebGL paint);
+* ``server``: the explorer's callback for the same change measured in this process, for
+  the views drawn first and for all views.
+
+For the query it also times the value-aggregation bars (drawn in the next tick). The
+baseline, measured in the same run, is the naive way: nine ``rasterize``d HoloViews
+``DynamicMap``s (the matrix and the eight head maps) refreshed through a ``Params`` stream;
+the ratio column is baseline server time over the explorer's. Finally it reports the
+server process's peak resident memory with one session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from served_app import open_app, peak_rss_mb, rss_mb, serve  # noqa: E402
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
+CHANGES = {
+    "head": ("Head", [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)], "head"),
+    "query": ("Query", [37, 121, 250, 333, 402, 460, 15, 199], "query"),
+    "mask": ("Mask", ["none", "causal", "diagonal"], "mask"),
+    "stage": ("Stage", ["raw scores", "scaled", "masked", "softmax"], "stage"),
+}
+PARAM_VALUES = {
+    "head": [1, 2, 3, 4, 5, 6, 7, 0],
+    "query": [37, 121, 250, 333, 402, 460, 15, 199],
+    "mask": ["none", "causal", "diagonal"],
+    "stage": ["raw", "scaled", "masked", "softmax"],
+}
+
+
+def percentile(values, q):
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def browser_latencies(repeats: int):
+    """Per change type: lists of total and to-patch milliseconds, plus memory figures."""
+    from playwright.sync_api import sync_playwright
+
+    results = {}
+    with serve() as (url, proc), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                    args=CHROMIUM_ARGS)
+        console: list = []
+        page = open_app(browser, url, console)
+        rss_loaded = rss_mb(proc.pid)
+        for name, (title, values, _) in CHANGES.items():
+            totals, patches, aggregation = [], [], []
+            for value in itertools.islice(itertools.cycle(values), repeats):
+                bars_before = page.evaluate("attn.hash(attn.plot('weights of query'))")
+                timing = page.evaluate(
+                    "([t, v, m]) => attn.timed_change(t, v, eval(m))", [title, value, MATRIX]
+                )
+                totals.append(timing["total"])
+                if timing["to_patch"] is not None:
+                    patches.append(timing["to_patch"])
+                if name == "query":
+                    # the bars repaint in the tick after the matrix: time from the change
+                    aggregation.append(timing["total"] + page.evaluate(
+                        "(b) => attn.until_changed(attn.plot('weights of query'), b)",
+                        bars_before))
+                page.wait_for_timeout(150)  # let the deferred views land before the next change
+            results[name] = dict(total=totals, patch=patches, aggregation=aggregation)
+        page.wait_for_timeout(1000)
+        memory = dict(loaded=rss_loaded, now=rss_mb(proc.pid), peak=peak_rss_mb(proc.pid))
+        errors = [m for m in console if m[0] in ("error", "pageerror")]
+        browser.close()
+    return results, memory, errors
+
+
+def _time_updates(target, name, repeats):
+    values = PARAM_VALUES[name]
+    target.param.update(**{name: values[-1]})
+    times = []
+    for value in itertools.islice(itertools.cycle(values), repeats):
+        start = time.perf_counter()
+        target.param.update(**{name: value})
+        times.append(1000 * (time.perf_counter() - start))
+    return times
+
+
+def server_times(repeats: int):
+    """In-process server callback times: the explorer (first views, all views) and a naive
+    DynamicMap + rasterize baseline of the nine attention images."""
+    import holoviews as hv
+    import panel as pn
+    import param
+    from bokeh.document import Document
+    from holoviews.operation.datashader import rasterize
+
+    import attnpanel
+    from attnpanel import views
+    from attnpanel.explorer import AttentionExplorer
+
+    trace = attnpanel.demo()
+    explorer = AttentionExplorer(trace)
+    explorer.__panel__().get_root(Document())
+    all_views = list(explorer._views)
+    out = {}
+    for name in PARAM_VALUES:
+        explorer._views = [v for v in all_views if v.first]
+        first = _time_updates(explorer, name, repeats)
+        explorer._views = all_views
+        every = _time_updates(explorer, name, repeats)
+        out[name] = dict(first=first, all=every)
+
+    class Selection(param.Parameterized):
+        sample = param.Integer(0)
+        head = param.Parameter(0)
+        query = param.Integer(0)
+        mask = param.String("diagonal")
+        stage = param.String("softmax")
+
+    state = Selection()
+
+    def image(head, **kw):
+        sel = views.Selection(sample=state.sample, head=state.head if head is None else head,
+                              mask=state.mask, stage=state.stage if head is None else "softmax")
+        return views.attention_matrix(trace, sel)  # no cache: the naive way recomputes
+
+    maps = [hv.DynamicMap(lambda head=h, **kw: image(head, **kw),
+                          streams=[hv.streams.Params(state, ["sample", "head", "mask",
+                                                             "stage"])])
+            for h in [None] + list(range(trace.sizes["head"]))]
+    layout = pn.Row(*[pn.pane.HoloViews(rasterize(m).opts(width=300, height=300))
+                      for m in maps])
+    layout.get_root(Document())
+    for name in ("head", "mask", "stage"):
+        out[name]["baseline"] = _time_updates(state, name, max(3, repeats // 3))
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20, help="changes per type")
+    args = parser.parse_args(argv)
+
+    print("measuring server callbacks in process ...", flush=True)
+    server = server_times(args.repeats)
+    print("measuring the served app in Chromium ...", flush=True)
+    browser, memory, errors = browser_latencies(args.repeats)
+
+    header = (f"{'change':<8}{'n':>4}{'median ms':>11}{'p95 ms':>9}{'to patch':>10}"
+              f"{'server first':>14}{'server all':>12}{'naive base':>12}{'ratio':>7}")
+    print()
+    print("event -> repainted matrix canvas (Chromium, demo 32 x 8 x 480 x 480)")
+    print(header)
+    for name, timing in browser.items():
+        srv = server[name]
+        base = statistics.median(srv["baseline"]) if "baseline" in srv else float("nan")
+        mine = statistics.median(srv["all"])
+        print(f"{name:<8}{len(timing['total']):>4}{statistics.median(timing['total']):>11.0f}"
+              f"{percentile(timing['total'], 95):>9.0f}"
+              f"{statistics.median(timing['patch']) if timing['patch'] else float('nan'):>10.0f}"
+              f"{statistics.median(srv['first']):>14.1f}{mine:>12.1f}{base:>12.0f}"
+              f"{base / mine:>7.1f}")
+    agg = browser["query"]["aggregation"]
+    print(f"query -> aggregation bars repainted: median {statistics.median(agg):.0f} ms, "
+          f"p95 {percentile(agg, 95):.0f} ms")
+    print(f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['now']:.0f} MiB after "
+          f"the run, peak {memory['peak']:.0f} MiB (one session)")
+    if errors:
+        print(f"browser console errors: {errors}")
+
+
+if __name__ == "__main__":
+    main()

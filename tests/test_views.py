@@ -1,0 +1,206 @@
+"""The views: pure functions (trace, selection) -> HoloViews element, checked on their data."""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import pytest
+import torch
+
+import attnpanel
+from attnpanel import views
+from attnpanel.views import MissingVariable, Selection, StageCache
+
+LENGTH = 32
+
+
+@pytest.fixture(scope="module")
+def trace():
+    torch.manual_seed(0)
+    layer = attnpanel.MultiHeadSelfAttention(d_model=96, n_heads=8, mask="diagonal")
+    time = np.datetime64("2025-06-02T06:00") + np.arange(LENGTH) * np.timedelta64(1, "m")
+    ds = attnpanel.trace(layer, torch.randn(3, LENGTH, 96), time=time.astype("datetime64[ns]"))
+    ds["aggregate"] = (("batch", "position"), np.random.default_rng(0).random((3, LENGTH)))
+    return ds
+
+
+@pytest.fixture(scope="module")
+def weights_only(trace):
+    return attnpanel.build_trace(weights=trace["weights"].values, mask="diagonal")
+
+
+def test_attention_values_softmax_matches_trace_and_blanks_masked_cells(trace):
+    sel = Selection(sample=1, head=2, mask="diagonal", stage="softmax")
+    values = views.attention_values(trace, sel)
+    expected = trace["weights"].isel(batch=1, head=2).values
+    assert values.dtype == np.float32
+    assert np.isnan(np.diag(values)).all()
+    off = ~np.eye(LENGTH, dtype=bool)
+    np.testing.assert_allclose(values[off], expected[off], rtol=1e-5, atol=1e-7)
+
+
+def test_masked_stage_uses_nan_not_fill_so_colours_keep_their_range(trace):
+    values = views.attention_values(trace, Selection(stage="masked", mask="causal"))
+    blocked = np.triu(np.ones((LENGTH, LENGTH), dtype=bool), 1)
+    assert np.isnan(values[blocked]).all()
+    assert np.isfinite(values[~blocked]).all()
+    assert np.nanmin(values) > -1e3  # the -1e4 fill is not in the colour range
+
+
+def test_raw_and_scaled_stages_are_q_dot_k(trace):
+    raw = views.attention_values(trace, Selection(sample=0, head=1, stage="raw"))
+    scaled = views.attention_values(trace, Selection(sample=0, head=1, stage="scaled"))
+    np.testing.assert_allclose(raw, trace["scores"].isel(batch=0, head=1).values, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(scaled, raw * trace.attrs["scale"], rtol=1e-5, atol=1e-6)
+
+
+def test_mean_of_heads_averages_only_enabled_heads(trace):
+    sel = Selection(head="mean", mask="none", enabled_heads=(0, 3))
+    values = views.attention_values(trace, sel)
+    per_head = views.stage_heads(trace, sel)
+    np.testing.assert_allclose(values, per_head[[0, 3]].mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(values.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_cache_reuses_results_and_stays_bounded(trace):
+    cache = StageCache(max_bytes=3 * 8 * LENGTH * LENGTH * 4)
+    sel = Selection(mask="causal")
+    first = views.stage_heads(trace, sel, cache)
+    assert views.stage_heads(trace, sel, cache) is first
+    for mask in ("none", "diagonal"):
+        for stage in ("raw", "softmax"):
+            views.stage_heads(trace, sel.with_(mask=mask, stage=stage), cache)
+    assert cache._bytes <= cache.max_bytes
+    assert ("stage", 0, "causal", "softmax") not in cache
+
+
+def test_attention_matrix_orientation_and_rasterized_keeps_full_resolution(trace):
+    sel = Selection(head=0, mask="causal", stage="softmax")
+    image = views.attention_matrix(trace, sel)
+    assert isinstance(image, hv.Image)
+    assert image.kdims == ["key", "query"]
+    # query 0 attends only to key 0 under causal masking
+    assert image[0, 0] == pytest.approx(1.0)
+    assert np.isnan(image[5, 0])
+    raster = views.rasterized(image, 500, 500)
+    assert raster.dimension_values(2, flat=False).shape == (LENGTH, LENGTH)
+    np.testing.assert_array_equal(np.isnan(raster.dimension_values(2, flat=False)),
+                                  np.isnan(image.dimension_values(2, flat=False)))
+    small = views.rasterized(image, 8, 8)
+    assert small.dimension_values(2, flat=False).shape == (8, 8)
+
+
+def test_query_and_position_markers(trace):
+    sel = Selection(sample=2, query=7)
+    assert list(views.query_marker(trace, sel).data) == [6.5, 7.5]
+    assert views.position_marker(trace, sel).data == trace["time"].values[7]
+    assert views.position_from_x(trace, sel, trace["time"].values[7]) == 7
+    ms = trace["time"].values[9].astype("datetime64[ms]").astype(np.int64)
+    assert views.position_from_x(trace, sel, float(ms)) == 9
+
+
+def test_sequence_curve_shows_aggregate_power(trace):
+    overlay = views.sequence_curve(trace, Selection(sample=1))
+    curve = overlay.get(0)
+    np.testing.assert_allclose(curve.dimension_values("power"),
+                               trace["aggregate"].isel(batch=1).values)
+    assert curve.kdims[0].name == "time"
+
+
+def test_input_and_projection_vectors_split_into_head_lanes(trace):
+    sel = Selection(sample=1, query=5)
+    bars = views.input_vector(trace, sel)
+    np.testing.assert_allclose(bars.dimension_values("value"),
+                               trace["x"].isel(batch=1, position=5).values, rtol=1e-6)
+    q = views.projection_vector(trace, sel, "q")
+    rects = q.get(0)
+    assert list(np.unique(rects.dimension_values("head"))) == list(range(8))
+    assert len(set(rects.dimension_values("color"))) == 8
+    np.testing.assert_allclose(rects.dimension_values("value"),
+                               trace["q"].isel(batch=1, position=5).values.reshape(-1),
+                               rtol=1e-6)
+    lanes = q.get(1)
+    assert isinstance(lanes, hv.VSpans)
+
+
+def test_weight_heatmap(trace):
+    image = views.weight_heatmap(trace, "w_q")
+    assert image.dimension_values(2, flat=False).shape == (96, 96)
+    assert image.label.startswith("Wq")
+
+
+def test_value_aggregation_is_the_trace_context(trace):
+    sel = Selection(sample=2, head=4, query=11)
+    weights = views.aggregation_weights(trace, sel).get(0).dimension_values("value")
+    np.testing.assert_allclose(weights, trace["weights"].isel(batch=2, head=4, query=11).values,
+                               rtol=1e-5, atol=1e-7)
+    context = views.context_vector(trace, sel).dimension_values("value")
+    np.testing.assert_allclose(context, trace["context"].isel(batch=2, head=4, query=11).values,
+                               rtol=1e-4, atol=1e-6)
+    top = views.top_values(trace, sel)
+    assert len(set(top.dimension_values("key"))) == views.TOP_KEYS
+    best = int(np.argmax(weights))
+    assert top.dimension_values("key")[0].startswith(f"key {best} ")
+
+
+def test_merged_output_matches_trace_and_changes_without_a_head(trace):
+    sel = Selection(sample=1, query=3)
+    merged, output_all, output_enabled = views.merged_output(trace, sel)
+    np.testing.assert_allclose(output_all, trace["output"].isel(batch=1, position=3).values,
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(output_enabled, output_all)
+    assert views.output_change_ratio(trace, sel) == 0.0
+    off = sel.with_(enabled_heads=(0, 1, 2, 4, 5, 6, 7))
+    merged_off, _, output_off = views.merged_output(trace, off)
+    assert np.all(merged_off[36:48] == 0)
+    assert views.output_change_ratio(trace, off) > 0.01
+    title = views.output_change(trace, off).label
+    assert "changed" in title and "changed 0.0%" not in title
+
+
+def test_context_recomputed_for_another_mask(trace):
+    sel = Selection(sample=0, query=4, mask="none")
+    contexts = views.head_contexts(trace, sel)
+    weights = attnpanel.recompute_weights(trace, "none", batch=0).isel(query=4).values
+    expected = np.einsum("hs,hse->he", weights, trace["v"].isel(batch=0).values)
+    np.testing.assert_allclose(contexts, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_head_map_and_palette(trace):
+    image = views.head_map(trace, Selection(), 3)
+    assert image.group == "HeadMap"
+    palette = views.head_cmap(3)
+    assert len(palette) == 256 and palette[0] == "#ffffff"
+    assert palette[-1] == views.HEAD_COLORS[3]
+    assert views.head_cmap(3, enabled=False)[-1] == "#8a8a8a"
+
+
+def test_shape_table_lists_every_step_with_real_shapes(trace):
+    table = views.shape_table(trace)
+    steps = list(table.dimension_values("step"))
+    assert steps == ["input", "projections", "split", "scores", "scaled", "masked", "weights",
+                     "context", "merged", "output"]
+    shapes = dict(zip(steps, table.dimension_values("shape"), strict=True))
+    assert shapes["weights"] == f"(batch=3, head=8, query={LENGTH}, key={LENGTH})"
+    assert shapes["split"] == f"(batch=3, head=8, position={LENGTH}, head_dim=12)"
+    assert shapes["merged"] == f"(batch=3, position={LENGTH}, feature=96)"
+
+
+def test_views_name_the_missing_variable(weights_only):
+    sel = Selection()
+    for view in (views.input_vector, lambda ds, s: views.projection_vector(ds, s, "q"),
+                 views.context_vector, views.merged_output):
+        with pytest.raises(MissingVariable) as err:
+            view(weights_only, sel)
+        assert "`" in err.value.message
+    with pytest.raises(MissingVariable, match="`x`"):
+        views.input_vector(weights_only, sel)
+    with pytest.raises(MissingVariable, match="`w_q`"):
+        views.weight_heatmap(weights_only, "w_q")
+    with pytest.raises(MissingVariable, match="`q`"):
+        views.attention_values(weights_only, sel.with_(stage="raw"))
+    # the trace's own weights still show
+    values = views.attention_values(weights_only, sel)
+    assert np.isnan(np.diag(values)).all()
+    assert "not in trace" in " ".join(views.shape_table(weights_only).dimension_values("shape"))
