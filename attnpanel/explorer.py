@@ -45,6 +45,7 @@ HEAD_MAP_SIZE = 150
 SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads")
 IMAGE_PARAMS = {"sample", "head", "mask", "stage"}
 SECONDARY_DELAY_MS = 120
+QUERY_DELAY_MS = 30
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
 
 
@@ -235,19 +236,21 @@ class AttentionExplorer(pn.viewable.Viewer):
         # large matrix and the query markers go now, the other views later, so what the
         # user acts on repaints first. A new image takes the browser ~100 ms to map and
         # paint (software GL); the other views' updates would block that frame, so they
-        # wait that long. Pending views coalesce across fast events (a dragged slider).
-        for view in due:
-            if view.first:
-                self._refresh(view, sel)
-            else:
-                self._pending[id(view)] = view
+        # wait that long (a moved marker is cheap: 30 ms). Pending views coalesce across
+        # fast events (a dragged slider).
+        with pn.io.hold(doc):  # one message for all of them, not one per property
+            for view in due:
+                if view.first:
+                    self._refresh(view, sel)
+                else:
+                    self._pending[id(view)] = view
         if self._pending and not self._scheduled:
             self._scheduled = True
             callback = partial(self._refresh_pending, doc)
-            if changed & IMAGE_PARAMS:
-                doc.add_timeout_callback(callback, SECONDARY_DELAY_MS)
-            else:
-                doc.add_next_tick_callback(callback)
+            # A timeout, not the next tick: the held priority message is flushed on a
+            # next tick too and must go out before the other views are computed.
+            delay = SECONDARY_DELAY_MS if changed & IMAGE_PARAMS else QUERY_DELAY_MS
+            doc.add_timeout_callback(callback, delay)
 
     def _refresh_pending(self, doc) -> None:
         self._scheduled = False
@@ -492,7 +495,7 @@ class AttentionExplorer(pn.viewable.Viewer):
             image = image.opts(*views.options()).opts(
                 frame_width=HEAD_MAP_SIZE, frame_height=HEAD_MAP_SIZE, fontsize={"title": 10},
                 cmap=views.head_cmap(head, head in self.enabled_heads))
-            toggle = pn.widgets.Toggle(name=f"head {head}", value=head in self.enabled_heads,
+            toggle = pn.widgets.Toggle(label=f"head {head}", value=head in self.enabled_heads,
                                        width=HEAD_MAP_SIZE, margin=(0, 5),
                                        stylesheets=[_toggle_css(HEAD_COLORS[head])])
             toggle.param.watch(lambda event, head=head: self._toggle_head(head, event.new),
@@ -542,7 +545,7 @@ class AttentionExplorer(pn.viewable.Viewer):
             colormap=pn.widgets.Select.from_param(self.param.colormap, name="Colormap",
                                                   width=120),
         )
-        player = pn.widgets.Player(name="Stage player", start=0, end=len(STAGES) - 1,
+        player = pn.widgets.Player(label="Stage player", start=0, end=len(STAGES) - 1,
                                    value=STAGES.index(self.stage), interval=1200,
                                    loop_policy="loop", show_loop_controls=False, width=200,
                                    visible_buttons=["previous", "play", "pause", "next"])
@@ -569,7 +572,7 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def _build(self):
         ds = self.trace
-        title = ds.attrs.get("source", "trace").splitlines()[0][:100]
+        title = (str(ds.attrs.get("source", "")).strip() or "trace").splitlines()[0][:100]
         show = pn.widgets.Checkbox.from_param(self.param.show_appliances,
                                               name="show appliance truth",
                                               visible="appliance_power" in ds)

@@ -1,0 +1,200 @@
+"""AttentionExplorer driven headlessly: set params, check the Bokeh models it drew into."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import panel as pn
+import pytest
+import torch
+from bokeh.document import Document
+
+import attnpanel
+from attnpanel import views
+from attnpanel.explorer import AttentionExplorer
+
+LENGTH = 40
+
+
+def make_trace(n_batch=2):
+    torch.manual_seed(0)
+    layer = attnpanel.MultiHeadSelfAttention(d_model=96, n_heads=8, mask="diagonal")
+    time = np.datetime64("2025-06-02T06:00") + np.arange(LENGTH) * np.timedelta64(1, "m")
+    ds = attnpanel.trace(layer, torch.randn(n_batch, LENGTH, 96),
+                         time=time.astype("datetime64[ns]"))
+    rng = np.random.default_rng(0)
+    ds["aggregate"] = (("batch", "position"), rng.random((n_batch, LENGTH)).astype(np.float32))
+    ds["appliance_power"] = (("batch", "appliance", "position"),
+                             rng.random((n_batch, 2, LENGTH)).astype(np.float32))
+    return ds.assign_coords(appliance=["fridge", "kettle"])
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return make_trace()
+
+
+@pytest.fixture
+def explorer(trace):
+    explorer = AttentionExplorer(trace)
+    explorer.__panel__().get_root(Document())
+    return explorer
+
+
+def handles(explorer, pane, kind, group=""):
+    found = explorer._handles[pane]
+    key = next(k for k in found if k[0] == kind and (not group or k[1] == group))
+    return found[key][0]
+
+
+def shown_matrix(explorer):
+    return handles(explorer, "matrix", "Image", "Attention")["source"].data["image"][0]
+
+
+def test_parameters_follow_the_trace(explorer, trace):
+    assert explorer.param.sample.bounds == (0, 1)
+    assert explorer.param.query.bounds == (0, LENGTH - 1)
+    assert explorer.param.head.objects == list(range(8)) + ["mean"]
+    assert explorer.mask == "diagonal"
+    assert explorer.enabled_heads == list(range(8))
+    assert attnpanel.AttentionExplorer is AttentionExplorer
+    with pytest.raises(ValueError, match="at most 1"):
+        explorer.sample = 5
+
+
+def test_initial_params_are_applied(trace):
+    explorer = AttentionExplorer(trace, sample=1, head="mean", query=12, mask="causal")
+    assert explorer.selection == views.Selection(sample=1, head="mean", query=12, mask="causal",
+                                                 stage="softmax",
+                                                 enabled_heads=tuple(range(8)))
+
+
+def test_head_mask_stage_redraw_the_matrix(explorer, trace):
+    for change in (dict(head=3), dict(mask="causal"), dict(stage="raw"), dict(head="mean"),
+                   dict(sample=1)):
+        explorer.param.update(**change)
+        expected = views.attention_values(trace, explorer.selection)
+        np.testing.assert_array_equal(shown_matrix(explorer), expected, err_msg=str(change))
+    assert handles(explorer, "matrix", "Overlay")["plot"].title.text == (
+        "sample 1, mean of heads: raw scores q·k (mask causal)")
+    assert explorer.last_error == ""
+
+
+def test_masked_cells_are_nan_under_diagonal_mask(explorer):
+    explorer.param.update(mask="diagonal", stage="softmax", head=0)
+    image = shown_matrix(explorer)
+    assert np.isnan(np.diag(image)).all()
+    assert np.isfinite(image[~np.eye(LENGTH, dtype=bool)]).all()
+    mapper = handles(explorer, "matrix", "Image", "Attention")["color_mapper"]
+    assert mapper.low >= 0 and mapper.high <= 1  # the -1e4 fill never reaches the scale
+
+
+def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
+    explorer.query = 17
+    box = handles(explorer, "matrix", "HSpan")["glyph"]
+    assert (box.bottom, box.top) == (16.5, 17.5)
+    assert box.level == "overlay"
+    bars = handles(explorer, "aggregation weights", "Rectangles")["source"].data
+    np.testing.assert_allclose(bars["top"], trace["weights"].isel(batch=0, head=0, query=17),
+                               rtol=1e-5, atol=1e-7)
+    span = handles(explorer, "sequence", "VLine")["glyph"]
+    assert span.location == pytest.approx(
+        trace["time"].values[17].astype("datetime64[ms]").astype(np.int64))
+
+
+def test_tapping_the_curve_and_the_matrix_select_the_query(explorer, trace):
+    explorer._top_tap.event(x=trace["time"].values[23])
+    assert explorer.query == 23
+    explorer._taps[0].event(x=3.2, y=9.4)
+    assert explorer.query == 9
+
+
+def test_switching_heads_off_recomputes_the_output(explorer, trace):
+    explorer.query = 5
+    plot = handles(explorer, "output", "Overlay")["plot"]
+    assert "changed 0.0%" in plot.title.text
+    explorer._head_toggles[2].value = False
+    assert explorer.enabled_heads == [0, 1, 3, 4, 5, 6, 7]
+    assert "changed 0.0%" not in plot.title.text
+    bars = handles(explorer, "output", "Rectangles")["source"].data
+    _, _, expected = views.merged_output(trace, explorer.selection)
+    np.testing.assert_allclose(bars["value"], expected, rtol=1e-5)
+    head_map = handles(explorer, "head 2", "Image", "HeadMap")
+    assert head_map["plot"].title.text == "head 2 (off)"
+    assert head_map["color_mapper"].palette[-1] == "#8a8a8a"
+    explorer.enabled_heads = list(range(8))
+    assert explorer._head_toggles[2].value is True
+    assert "changed 0.0%" in plot.title.text
+
+
+def test_sample_change_moves_the_time_axis(explorer, trace):
+    trace_time = trace["time"]
+    assert trace_time.ndim == 1  # shared timestamps here: same axis for both samples
+    explorer.sample = 1
+    curve = handles(explorer, "sequence", "Curve", "Sequence")["source"].data
+    np.testing.assert_allclose(curve["power"], trace["aggregate"].isel(batch=1))
+
+
+def test_show_appliances_hides_their_curves(explorer):
+    found = explorer._handles["sequence"]
+    appliance_keys = [k for k in found if k[1] == "Sequence" and k[2] != "aggregate"]
+    assert len(appliance_keys) == 2
+    explorer.show_appliances = False
+    assert not any(found[k][0]["glyph_renderer"].visible for k in appliance_keys)
+    explorer.show_appliances = True
+    assert all(found[k][0]["glyph_renderer"].visible for k in appliance_keys)
+
+
+def test_player_and_colormap(explorer):
+    explorer._widgets["player"].value = 0
+    assert explorer.stage == "raw"
+    explorer.stage = "masked"
+    assert explorer._widgets["player"].value == 2
+    explorer.colormap = "viridis"
+    palette = handles(explorer, "matrix", "Image", "Attention")["color_mapper"].palette
+    assert palette[0].lower().startswith("#44")
+
+
+def test_side_by_side_shows_the_unmasked_matrix(explorer, trace):
+    explorer.param.update(side_by_side=True, head=1, stage="softmax", mask="diagonal")
+    unmasked = handles(explorer, "unmasked", "Image", "Attention")["source"].data["image"][0]
+    np.testing.assert_array_equal(
+        unmasked, views.attention_values(trace, explorer.selection.with_(mask="none")))
+    assert np.isfinite(unmasked).all()
+
+
+def test_a_failing_view_is_reported_and_the_session_goes_on(explorer, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    view = next(v for v in explorer._views if v.name == "context vector")
+    monkeypatch.setattr(view, "build", broken)
+    explorer.query = 30
+    assert "context vector" in explorer.last_error and "boom" in explorer.last_error
+    box = handles(explorer, "matrix", "HSpan")["glyph"]
+    assert box.bottom == 29.5  # the other views still updated
+
+
+def test_a_trace_without_some_variables_names_them(trace):
+    weights_only = attnpanel.build_trace(weights=trace["weights"].values, mask="diagonal")
+    explorer = AttentionExplorer(weights_only)
+    layout = explorer.__panel__()
+    layout.get_root(Document())
+    alerts = [a.object for a in layout.select(pn.pane.Alert)]
+    text = " ".join(alerts)
+    for name in ("`x`", "`q`", "`k`", "`v`", "`w_q`", "`w_k`", "`w_v`", "`w_o`"):
+        assert name in text, (name, alerts)
+    assert explorer.param.mask.objects == ["diagonal"]
+    explorer.param.update(head=4, query=6)
+    assert explorer.last_error == ""
+    np.testing.assert_array_equal(shown_matrix(explorer),
+                                  views.attention_values(weights_only, explorer.selection))
+
+
+def test_importing_attnpanel_does_not_import_panel():
+    code = ("import sys, attnpanel; assert 'panel' not in sys.modules; "
+            "assert 'holoviews' not in sys.modules; attnpanel.AttentionExplorer; "
+            "assert 'panel' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
