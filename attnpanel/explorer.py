@@ -68,6 +68,7 @@ class _Raster:
     bounds: tuple  # (left, bottom, right, top)
     group: str
     label: str
+    value_label: str = ""  # the colour bar's title
 
     def element(self, vdim: str = "value") -> hv.Image:
         return hv.Image(self.values[::-1], bounds=self.bounds, kdims=["key", "query"],
@@ -215,11 +216,11 @@ class AttentionExplorer(pn.viewable.Viewer):
     def _element(self, view: _View, sel: Selection):
         if view.raster is None:
             return view.build(sel)
-        values, label = view.build(sel)
+        values, label, *value_label = view.build(sel)
         rows, cols = values.shape
         raster, bounds = views.raster_values(values, (-0.5, -0.5, cols - 0.5, rows - 0.5),
                                              *view.raster)
-        return _Raster(raster, bounds, view.pane_group, label)
+        return _Raster(raster, bounds, view.pane_group, label, "".join(value_label))
 
     def _on_change(self, *events) -> None:
         changed = {event.name for event in events}
@@ -417,7 +418,8 @@ class AttentionExplorer(pn.viewable.Viewer):
         def build(sel):
             if mask_override is not None:
                 sel = sel.with_(mask=mask_override)
-            return views.attention_values(ds, sel, self.cache), views.matrix_title(ds, sel)
+            return (views.attention_values(ds, sel, self.cache), views.matrix_title(ds, sel),
+                    views.STAGE_LABELS[sel.stage])
 
         parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
         if mask_override is not None:
@@ -620,6 +622,9 @@ def _push(handles: dict, element):
             if element.group == "HeadMap":
                 low = 0.0
             mapper.low, mapper.high = low, high if high > low else low + 1e-9
+        colorbar = handles.get("colorbar")
+        if colorbar is not None and element.value_label:
+            colorbar.title = element.value_label
         return None
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")
@@ -629,7 +634,8 @@ def _push(handles: dict, element):
         data["width"] = old if old is not None and len(old) == len(values) else np.ones(
             len(values))
         source.data = {k: v for k, v in data.items() if k in source.data}
-        handles["y_range"].factors = list(dict.fromkeys(data["key"]))
+        # Reversed, as HoloViews lays them out with an inverted axis: most attended on top.
+        handles["y_range"].factors = [str(k) for k in dict.fromkeys(data["key"])][::-1]
         limit = float(np.abs(values).max()) or 1.0
         handles["color_mapper"].low, handles["color_mapper"].high = -limit, limit
         return None

@@ -79,6 +79,7 @@ def test_head_mask_stage_redraw_the_matrix(explorer, trace):
         np.testing.assert_array_equal(shown_matrix(explorer), expected, err_msg=str(change))
     assert handles(explorer, "matrix", "Overlay")["plot"].title.text == (
         "sample 1, mean of heads: raw scores q·k (mask causal)")
+    assert handles(explorer, "matrix", "Image", "Attention")["colorbar"].title == "raw scores q·k"
     assert explorer.last_error == ""
 
 
@@ -99,6 +100,9 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
     bars = handles(explorer, "aggregation weights", "Rectangles")["source"].data
     np.testing.assert_allclose(bars["top"], trace["weights"].isel(batch=0, head=0, query=17),
                                rtol=1e-5, atol=1e-7)
+    factors = handles(explorer, "top values", "HeatMap")["y_range"].factors
+    best = int(np.argmax(trace["weights"].isel(batch=0, head=0, query=17).values))
+    assert factors[-1].startswith(f"key {best} ")  # drawn at the top
     span = handles(explorer, "sequence", "VLine")["glyph"]
     assert span.location == pytest.approx(
         trace["time"].values[17].astype("datetime64[ms]").astype(np.int64))
