@@ -29,7 +29,7 @@ import xarray as xr
 from holoviews.plotting.util import process_cmap
 from panel.io.state import set_curdoc
 
-from attnpanel import views
+from attnpanel import explorer_model, model_views, views
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import STAGES
 from attnpanel.views import HEAD_COLORS, MissingVariable, Selection, StageCache
@@ -42,8 +42,8 @@ STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked",
                "softmax": "softmax"}
 MATRIX_SIZE = 520
 HEAD_MAP_SIZE = 150
-SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads")
-IMAGE_PARAMS = {"sample", "head", "mask", "stage"}
+SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads", "layer")
+IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
@@ -82,6 +82,9 @@ def _layer_key(element) -> tuple[str, str, str]:
         return "Image", element.group, ""
     label = element.label if element.group == "Sequence" else ""
     return type(element).__name__, element.group, label
+
+
+URL_PARAMS = ("sample", "head", "query", "mask", "stage")  # mirrored in the page URL
 
 
 @dataclass
@@ -127,21 +130,34 @@ class AttentionExplorer(pn.viewable.Viewer):
                                  doc="Show the matrix without a mask beside the masked one.")
     show_appliances = param.Boolean(default=True,
                                     doc="Overlay each appliance's ground truth on the top view.")
+    layer = param.Integer(default=0, bounds=(0, 0),
+                          doc="Layer shown, for a trace with a `layer` dim: every view follows.")
+    show_positional = param.Boolean(default=False, doc=(
+        "Show the sinusoidal positional encoding; on at start when the trace's attribute "
+        "`positional_encoding` is 'sinusoidal'."))
+    show_head_average = param.Boolean(default=False, doc=(
+        "Show the head average (what nn.MultiheadAttention returns) beside the head maps."))
     last_error = param.String(default="", doc="The last error a callback reported.")
 
     def __init__(self, trace: xr.Dataset, **params):
         if not isinstance(trace, xr.Dataset) or "weights" not in trace:
             raise ValueError("AttentionExplorer needs a trace: an xarray.Dataset with 'weights'")
+        self.layers = trace if "layer" in trace.dims else None  # every layer, for the model view
+        trace = explorer_model.current_layer(trace, params.get("layer", 0))
+        params.setdefault("show_positional", model_views.uses_sinusoidal(trace))
         self.trace = trace
-        self.cache = StageCache()
+        self.cache = StageCache() if self.layers is None else model_views.LayerCache()
         n_batch, n_heads = trace.sizes["batch"], trace.sizes["head"]
         masks = list(MASK_MODES) + (["custom"] if "mask" in trace else [])
         own_mask = trace.attrs.get("mask", "none")
         if "q" not in trace or "k" not in trace:
             masks = [own_mask]  # without q and k only the trace's own weights exist
-        late = {n: params.pop(n) for n in ("sample", "head", "query", "mask", "enabled_heads")
-                if n in params}
+        late = {n: params.pop(n) for n in ("sample", "head", "query", "mask", "enabled_heads",
+                                           "layer") if n in params}
         super().__init__(**params)
+        if self.layers is not None:
+            self.param.layer.bounds = (0, self.layers.sizes["layer"] - 1)
+            self.cache.layer = late.get("layer", 0)
         self.param.sample.bounds = (0, n_batch - 1)
         self.param.query.bounds = (0, trace.sizes["query"] - 1)
         self.param.head.objects = list(range(n_heads)) + ["mean"]
@@ -227,7 +243,9 @@ class AttentionExplorer(pn.viewable.Viewer):
         sel = self.selection
         if "enabled_heads" in changed:
             self._recolor_head_maps()
-        due = [v for v in self._views if v.parameters & changed]
+        if "layer" in changed:
+            explorer_model.switch_layer(self)  # every view reads the new layer
+        due = [v for v in self._views if v.parameters & changed or "layer" in changed]
         doc = pn.state.curdoc
         if doc is None or doc.session_context is None:
             for view in due:
@@ -342,6 +360,8 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def _top_view(self):
         ds = self.trace
+        if "token" in ds.coords:
+            return explorer_model.token_strip(self)
         curves = self._add("sequence view", lambda sel: views.sequence_curve(
             ds, sel, show_appliances=self.show_appliances), ["sample", "show_appliances"],
             "sequence")
@@ -433,7 +453,8 @@ class AttentionExplorer(pn.viewable.Viewer):
         plot = (image * marker).relabel(image.label).opts(*views.options()).opts(
             hv.opts.Image(frame_width=MATRIX_SIZE, frame_height=MATRIX_SIZE,
                           cmap=self.colormap, tools=["hover", "tap"],
-                          default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"]),
+                          default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
+                          **explorer_model.matrix_ticks(self)),
         )
         tap = hv.streams.Tap(source=plot, transient=True)
         tap.add_subscriber(self._on_matrix_tap)
@@ -499,7 +520,8 @@ class AttentionExplorer(pn.viewable.Viewer):
                 cmap=views.head_cmap(head, head in self.enabled_heads))
             toggle = pn.widgets.Toggle(label=f"head {head}", value=head in self.enabled_heads,
                                        width=HEAD_MAP_SIZE, margin=(0, 5),
-                                       stylesheets=[_toggle_css(HEAD_COLORS[head])])
+                                       stylesheets=[
+                                           _toggle_css(HEAD_COLORS[head % len(HEAD_COLORS)])])
             toggle.param.watch(lambda event, head=head: self._toggle_head(head, event.new),
                                "value")
             self._head_toggles.append(toggle)
@@ -508,7 +530,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         return pn.Column(
             pn.pane.Markdown("### Head comparison: softmax weights per head (switch a head "
                              "off to drop it from the merge)", margin=(0, 5)),
-            pn.Row(*cells, margin=0),
+            pn.Row(*cells, *explorer_model.head_average_cells(self), margin=0),
         )
 
     def _toggle_head(self, head: int, on: bool) -> None:
@@ -562,6 +584,7 @@ class AttentionExplorer(pn.viewable.Viewer):
             # explorer coalesces its own deferred updates instead.
             widget._debounce = 0
         return pn.Row(
+            *explorer_model.layer_widgets(self),
             *widgets.values(),
             player,
             pn.Column(pn.Spacer(height=18), side),
@@ -582,11 +605,13 @@ class AttentionExplorer(pn.viewable.Viewer):
         return pn.Column(
             pn.pane.Markdown(f"## attnpanel · {title}", margin=(0, 10)),
             self._controls(),
-            pn.Row(show, pn.pane.Markdown("Click the curve or a row of the matrix to pick the "
-                                          "query.", margin=(0, 10))),
+            pn.Row(show, *explorer_model.toggles(self),
+                   pn.pane.Markdown("Click the curve (or a token) or a row of the matrix to "
+                                    "pick the query.", margin=(0, 10))),
             self._top_view(),
             pn.Row(self._projection_column(), self._matrix_column(),
                    self._aggregation_column()),
+            *explorer_model.sections(self),
             self._head_comparison(),
             pn.pane.Markdown("### Head merge and output projection", margin=(0, 5)),
             self._merge_row(),
@@ -596,8 +621,41 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def __panel__(self):
         if self._layout is None:
+            self.sync_url()  # first, so that the layout is built on the linked selection
             self._layout = self._build()
         return self._layout
+
+    def sync_url(self) -> None:
+        """Mirror sample, head, query, mask and stage in the served page's URL.
+
+        A copied link then reopens the same view; outside a server this does nothing.
+        """
+        location = pn.state.location
+        if location is None:
+            return
+        location.sync(self, {name: name for name in URL_PARAMS})
+
+    def save(self, path, sample: int | None = None, size: int | None = None):
+        """Write a standalone HTML file that works offline: every head, every mask mode.
+
+        Parameters
+        ----------
+        path : str or Path
+            The HTML file to write.
+        sample : int, optional
+            The sample to export; defaults to the one shown.
+        size : int, optional
+            Display resolution of the stored maps (default ``attnpanel.export.DISPLAY``).
+
+        Returns
+        -------
+        Path
+        """
+        from attnpanel.export import DISPLAY, export_html
+
+        sample = self.sample if sample is None else sample
+        title = f"attnpanel · {str(self.trace.attrs.get('source', '')).splitlines()[0][:80]}"
+        return export_html(self.trace, path, sample=sample, size=size or DISPLAY, title=title)
 
 
 def _push(handles: dict, element):

@@ -11,6 +11,7 @@ explorer shows that message in the view's place.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -283,9 +284,18 @@ def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=N
                     group=image.group, label=image.label)
 
 
+def short_layer_name(name) -> str:
+    """A layer's module name cut to fit a title: its numbers (``encoder.layer.3.attn`` -> 3)."""
+    name = str(name)
+    numbers = re.findall(r"\d+", name)
+    return ".".join(numbers) if numbers and len(name) > 12 else name
+
+
 def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
-    """The attention matrix's title for a selection."""
+    """The attention matrix's title for a selection (naming the layer of a captured model)."""
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
+    if "layer" in ds.coords and ds["layer"].ndim == 0:
+        head = f"{head}, layer {short_layer_name(ds['layer'].item())}"
     return f"sample {sel.sample}, {head}: {STAGE_LABELS[sel.stage]} (mask {_mask_mode(ds, sel)})"
 
 

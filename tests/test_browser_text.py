@@ -1,0 +1,142 @@
+"""The explorer served on a real MiniLM trace (``apps/text.py``) in headless Chromium.
+
+A person clicks a token of the sentence and sees its row of the matrix boxed, switches
+the layer selector and sees the matrix change, and clicks a map of the model view to open
+it. Chromium missing makes the ``browser`` fixture fail, never skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+from served_app import ROOT, open_app, serve
+
+APP = ROOT / "apps" / "text.py"
+TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "because", "it", "was", "warm",
+          ".", "[SEP]"]
+STRIP = "sample 0: tokens"
+GREEN = (57, 255, 20)  # views.HIGHLIGHT
+
+
+def matrix_js() -> str:
+    return "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
+
+
+@pytest.fixture(scope="module")
+def app(browser, artifacts):
+    console: list = []
+    with serve(APP) as (url, _proc):
+        page = open_app(browser, url, console)
+        yield page, console
+        page.close()
+
+
+def shot(page, artifacts, name):
+    path = artifacts / f"browser_text_{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def matrix_hash(page) -> int:
+    return page.evaluate(f"attn.hash({matrix_js()})")
+
+
+def renderer_data(page, plot_js: str, glyph: str, line_color: str | None = None) -> list:
+    """The data sources of a plot's renderers with a given glyph type (and line colour)."""
+    return page.evaluate(
+        f"""(() => {{ const pv = {plot_js};
+             return [...pv.renderer_views.values()]
+               .filter((rv) => rv.model.glyph && rv.model.glyph.type === '{glyph}')
+               .filter((rv) => {'true' if line_color is None else
+                                f"rv.model.glyph.line_color.value === '{line_color}'"})
+               .map((rv) => {{ const d = rv.model.data_source.data; const out = {{}};
+                              for (const k of Object.keys(d)) out[k] = Array.from(d[k]);
+                              return out; }}); }})()""")
+
+
+def layer_label(page) -> str:
+    """The label the Layer selector shows."""
+    return page.evaluate(
+        "(() => { const w = attn.widget('Layer'); const o = w.options.find((o) => "
+        "(Array.isArray(o) ? o[0] : o) === w.value); return Array.isArray(o) ? o[1] : o; })()")
+
+
+def choose_layer(page, prefix: str) -> None:
+    """Pick the Layer option whose label starts with ``prefix``, as a user would."""
+    page.evaluate(
+        "(p) => { const w = attn.widget('Layer'); const o = w.options.find((o) => "
+        "(Array.isArray(o) ? o[1] : o).startsWith(p)); w.value = Array.isArray(o) ? o[0] : o; }",
+        prefix)
+
+
+def test_text_page_shows_tokens_layers_and_model_view(app, artifacts):
+    page, console = app
+    shot(page, artifacts, "loaded")
+    assert [m for m in console if m[0] in ("error", "pageerror")] == []
+    labels = renderer_data(page, f"attn.plot('{STRIP}')", "Text")
+    assert labels[0]["token"] == TOKENS
+    ticks = page.evaluate(
+        f"[...{matrix_js()}.model.below[0].major_label_overrides.entries()]")
+    assert [label for _, label in sorted(ticks)] == TOKENS
+    titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
+    assert any(t.startswith("model view: 6 layers x 12 heads") for t in titles)
+    assert any(t == "head 11" for t in titles), titles
+    assert page.get_by_text("Layer", exact=True).first.is_visible()
+    assert layer_label(page) == "0: encoder.layer.0.attention.self"
+
+
+def test_click_token_highlights_its_row(app, artifacts):
+    page, _ = app
+    before = matrix_hash(page)
+    # "cat" is position 2 of 13 on an axis from -0.5 to 12.5
+    point = page.evaluate(f"attn.frame_point(attn.plot('{STRIP}'), {2.5 / 13}, 0.5)")
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_function("attn.widget('Query').value === 2")
+    page.wait_for_function(
+        f"attn.plot('{STRIP}').model.title.text.includes(\"query 2 'cat'\")")
+    outline = renderer_data(page, f"attn.plot('{STRIP}')", "Quad", "#39ff14")
+    assert outline[0]["left"] == [pytest.approx(1.5)] and outline[0]["right"] == [
+        pytest.approx(2.5)]
+    row = page.evaluate(
+        f"(() => {{ const pv = {matrix_js()}; return [...pv.renderer_views.values()]"
+        ".filter((rv) => rv.model.type === 'BoxAnnotation' && Number.isFinite(rv.model.bottom))"
+        ".map((rv) => [rv.model.bottom, rv.model.top]) })()")
+    assert row == [[pytest.approx(1.5), pytest.approx(2.5)]]
+    page.wait_for_timeout(300)
+    # The green outline is painted on the token's left edge, not on its neighbours' boxes.
+    edge = page.evaluate(f"attn.rgba_at(attn.plot('{STRIP}'), 1.5, 0.25)")
+    assert abs(edge[0] - GREEN[0]) < 60 and edge[1] > 200 and edge[2] < 90, edge
+    away = page.evaluate(f"attn.rgba_at(attn.plot('{STRIP}'), 5.5, 0.25)")
+    assert away[1] < 200 or away[0] > 150, away
+    # The row box is painted over the matrix (its overlay canvas changes).
+    page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
+    shot(page, artifacts, "clicked_token")
+
+
+def test_layer_selector_switches_the_matrix(app, artifacts):
+    page, _ = app
+    before = matrix_hash(page)
+    choose_layer(page, "3: ")
+    page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
+    page.wait_for_function(
+        f"{matrix_js()}.model.title.text.includes(', layer 3: softmax weights')")
+    assert matrix_hash(page) != before
+    shot(page, artifacts, "layer_3")
+
+
+def test_model_view_click_opens_the_map(app, artifacts):
+    page, _ = app
+    before = matrix_hash(page)
+    # 12 heads across, 6 layers down: the centre of head 7, layer 5
+    point = page.evaluate(
+        f"attn.frame_point(attn.plot('model view'), {7.5 / 12}, {5.5 / 6})")
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_function(
+        "(() => { const w = attn.widget('Layer'); const o = w.options.find((o) => "
+        "(Array.isArray(o) ? o[0] : o) === w.value); "
+        "return (Array.isArray(o) ? o[1] : o).startsWith('5: '); })()")
+    page.wait_for_function("attn.widget('Head').value === 'head 7'")
+    page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
+    title = page.evaluate(f"{matrix_js()}.model.title.text")
+    assert title.startswith("sample 0, head 7, layer 5: "), title
+    shot(page, artifacts, "model_view_click")
