@@ -39,7 +39,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         one = ds if layer is None else ds.sel(layer=layer)
         if layer is not None:
             print(f"== layer {layer}")
-        print(describe(one, batch=args.sample))
+        print(describe(one, batch=args.sample, positions=args.positions))
 
 
 def _read_array(path: Path):
@@ -216,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print the shape table and what each head attends to")
     info.add_argument("trace", help="a saved trace (.nc or .zarr)")
     info.add_argument("--sample", type=int, default=0, help="which sample to summarise")
+    info.add_argument(
+        "--positions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="list, per position, the key each head attends to most (default: up to 64 positions)",
+    )
     info.set_defaults(func=cmd_info)
 
     trace = sub.add_parser(

@@ -115,8 +115,33 @@ def _labels(ds: xr.Dataset, batch: int) -> list[str]:
     return [str(i) for i in range(length)]
 
 
-def describe(ds: xr.Dataset, batch: int = 0) -> str:
-    """A plain-text report: attributes, the shape table and the per-head summary."""
+def top_keys(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
+    """For every query position, the key each head attends to most.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per position (its label as index), one column per head (``head N``),
+        each cell the label of the most attended key and its weight.
+    """
+    weights = np.asarray(ds["weights"].isel(batch=batch).values)
+    labels = _labels(ds, batch)
+    columns = {}
+    for head in range(weights.shape[0]):
+        top = weights[head].argmax(axis=1)
+        peak = weights[head].max(axis=1)
+        columns[f"head {int(ds['head'].values[head])}"] = [
+            f"{labels[k]} ({w:.2f})" for k, w in zip(top, peak, strict=True)
+        ]
+    return pd.DataFrame(columns, index=pd.Index(labels, name="query"))
+
+
+def describe(ds: xr.Dataset, batch: int = 0, positions: bool | None = None) -> str:
+    """A plain-text report: attributes, the shape table and the per-head summary.
+
+    ``positions`` adds, per query position, the key each head attends to most (by default
+    for sequences of at most 64 positions, such as sentences).
+    """
     attrs = ", ".join(f"{k}={v}" for k, v in ds.attrs.items() if k != "source")
     lines = [f"trace: {attrs}"]
     if ds.attrs.get("source"):
@@ -129,4 +154,6 @@ def describe(ds: xr.Dataset, batch: int = 0) -> str:
             f"top key at offset {row.top_offset:+d} for {row.top_offset_share:.0%} of queries, "
             f"entropy {row.entropy_vs_uniform:.2f} of uniform, most attended {row.most_attended}"
         )
+    if positions or (positions is None and ds.sizes["query"] <= 64):
+        lines += ["", "most attended key per query position:", top_keys(ds, batch).to_string()]
     return "\n".join(lines)

@@ -136,6 +136,11 @@ def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path):
     info = run_cli("info", str(out))
     assert info.returncode == 0, info.stderr
     assert info.stdout.count("== layer") == 6
+    assert info.stdout.count("most attended key per query position:") == 6  # a short text
+    last = ds.isel(layer=-1, batch=0, head=0)["weights"].values
+    row = next(line for line in info.stdout.splitlines()[::-1] if line.startswith("2:kettle"))
+    top = int(last[2].argmax())
+    assert row.split()[1] == f"{top}:{tokens[top]}"
 
 
 def test_trace_subcommand_needs_a_source(tmp_path):
