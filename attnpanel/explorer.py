@@ -27,9 +27,10 @@ import panel as pn
 import param
 import xarray as xr
 from holoviews.plotting.util import process_cmap
+from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
-from attnpanel import explorer_model, model_views, views
+from attnpanel import explorer_model, linked, model_views, views
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import STAGES
 from attnpanel.views import HEAD_COLORS, MissingVariable, Selection, StageCache
@@ -173,6 +174,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         self._unmasked = None
         self._pending: dict[int, _View] = {}
         self._scheduled = False
+        self.linked = linked.LinkedMaps(self)  # linked zoom and box select of the maps
         self.param.watch(self._on_change, list(SELECTION_PARAMS) + ["show_appliances"])
         self.param.watch(self._on_colormap, "colormap")
         self.param.watch(self._on_side_by_side, "side_by_side")
@@ -205,6 +207,7 @@ class AttentionExplorer(pn.viewable.Viewer):
             found = self._handles.setdefault(pane, {}).setdefault(key, [])
             if not any(h is plot.handles for h in found):
                 found.append(plot.handles)
+                self.linked.attach(plot, element)
 
         return hook
 
@@ -233,9 +236,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         if view.raster is None:
             return view.build(sel)
         values, label, *value_label = view.build(sel)
-        rows, cols = values.shape
-        raster, bounds = views.raster_values(values, (-0.5, -0.5, cols - 0.5, rows - 0.5),
-                                             *view.raster)
+        raster, bounds = self.linked.rasterize(view, values)  # the zoomed window, if any
         return _Raster(raster, bounds, view.pane_group, label, "".join(value_label))
 
     def _on_change(self, *events) -> None:
@@ -250,6 +251,10 @@ class AttentionExplorer(pn.viewable.Viewer):
         if doc is None or doc.session_context is None:
             for view in due:
                 self._refresh(view, sel)
+            if self._layout is not None:
+                # In a notebook, Bokeh models edited in place reach the page only when
+                # pushed (a server session syncs them by itself).
+                push_notebook(self._layout)
             return
         # Panel sends a change's model updates together when its callback returns: the
         # large matrix and the query markers go now, the other views later, so what the
@@ -308,8 +313,11 @@ class AttentionExplorer(pn.viewable.Viewer):
                     figures[id(figure)] = (figure, (min(lo, extent[0]), max(hi, extent[1])))
                 else:
                     figures.setdefault(id(figure), (figure, None))
+        # Appliance curves switched off are hidden, but only by a redraw of the curves
+        # themselves: the query marker shares their pane and must not hide them.
+        redrawn_sequence = any(key[1] == "Sequence" for key in present)
         for key, found in captured.items():
-            if key[1] == "Sequence" and key not in present:
+            if redrawn_sequence and key[1] == "Sequence" and key not in present:
                 for handles in found:
                     handles["glyph_renderer"].visible = False
         for figure, extent in figures.values():
@@ -459,7 +467,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         tap = hv.streams.Tap(source=plot, transient=True)
         tap.add_subscriber(self._on_matrix_tap)
         self._taps = getattr(self, "_taps", []) + [tap]
-        return self._render(plot, pane, margin=0)
+        return self._render(plot, pane, margin=0, linked_axes=True)  # zooms with the heads
 
     def _matrix_column(self):
         try:
@@ -531,6 +539,7 @@ class AttentionExplorer(pn.viewable.Viewer):
             pn.pane.Markdown("### Head comparison: softmax weights per head (switch a head "
                              "off to drop it from the merge)", margin=(0, 5)),
             pn.Row(*cells, *explorer_model.head_average_cells(self), margin=0),
+            *self.linked.section(),
         )
 
     def _toggle_head(self, head: int, on: bool) -> None:

@@ -70,8 +70,11 @@ def layer_widgets(explorer) -> list:
         return []
     names = model_views.layer_names(explorer.layers)
     select = pn.widgets.Select.from_param(
-        explorer.param.layer, name="Layer", width=230,
-        options={f"{i}: {name}": i for i, name in enumerate(names)})
+        explorer.param.layer,
+        name="Layer",
+        width=230,
+        options={f"{i}: {name}": i for i, name in enumerate(names)},
+    )
     select._debounce = 0  # a discrete change, sent at once (see AttentionExplorer._controls)
     explorer._widgets_extra["layer"] = select
     return [select]
@@ -79,10 +82,12 @@ def layer_widgets(explorer) -> list:
 
 def toggles(explorer) -> list:
     """Checkboxes of the positional-encoding view and of the head-average map."""
-    positional = pn.widgets.Checkbox.from_param(explorer.param.show_positional,
-                                                name="positional encoding")
-    average = pn.widgets.Checkbox.from_param(explorer.param.show_head_average,
-                                             name="head average beside the head maps")
+    positional = pn.widgets.Checkbox.from_param(
+        explorer.param.show_positional, name="positional encoding"
+    )
+    average = pn.widgets.Checkbox.from_param(
+        explorer.param.show_head_average, name="head average beside the head maps"
+    )
     explorer._widgets_extra.update(show_positional=positional, show_head_average=average)
     return [positional, average]
 
@@ -97,8 +102,7 @@ def matrix_ticks(explorer) -> dict:
 
 
 def _relabel_axes(explorer, *_events) -> None:
-    ticks = {int(k): v for k, v in model_views.token_ticks(explorer.trace,
-                                                           explorer.sample).items()}
+    ticks = {int(k): v for k, v in model_views.token_ticks(explorer.trace, explorer.sample).items()}
     for pane in ("matrix", "unmasked"):
         for handles in explorer._handles.get(pane, {}).get(("Image", "Attention", ""), []):
             for axis in ("xaxis", "yaxis"):
@@ -109,27 +113,46 @@ def _relabel_axes(explorer, *_events) -> None:
 def token_strip(explorer):
     """The top view of a text trace: clickable token boxes, the selected one outlined."""
     boxes = explorer._add(
-        "token strip", lambda sel: model_views.token_boxes(explorer.trace, sel, explorer.cache),
-        ["sample", "head", "query", "mask", "enabled_heads"], "tokens")
-    labels = explorer._add("token labels",
-                           lambda sel: model_views.token_labels(explorer.trace, sel),
-                           ["sample"], "tokens", title=False)
-    marker = explorer._add("token marker",
-                           lambda sel: model_views.selected_token(explorer.trace, sel),
-                           ["query"], "tokens", title=False, first=True)
+        "token strip",
+        lambda sel: model_views.token_boxes(explorer.trace, sel, explorer.cache),
+        ["sample", "head", "query", "mask", "enabled_heads"],
+        "tokens",
+    )
+    labels = explorer._add(
+        "token labels",
+        lambda sel: model_views.token_labels(explorer.trace, sel),
+        ["sample"],
+        "tokens",
+        title=False,
+    )
+    marker = explorer._add(
+        "token marker",
+        lambda sel: model_views.selected_token(explorer.trace, sel),
+        ["query"],
+        "tokens",
+        title=False,
+        first=True,
+    )
     n = explorer.trace.sizes["query"]
     plot = (boxes * labels * marker).relabel(boxes.label)
     plot = plot.opts(*views.options(), *model_views.options()).opts(
-        hv.opts.Rectangles(responsive=True, height=TOKEN_STRIP_HEIGHT, xaxis=None,
-                           xlim=(-0.5, n - 0.5), ylim=(-0.06, 1.06), fontsize={"title": 10}),
+        hv.opts.Rectangles(
+            responsive=True,
+            height=TOKEN_STRIP_HEIGHT,
+            xaxis=None,
+            xlim=(-0.5, n - 0.5),
+            ylim=(-0.06, 1.06),
+            fontsize={"title": 10},
+        ),
         hv.opts.Overlay(responsive=True, height=TOKEN_STRIP_HEIGHT),
     )
     tap = hv.streams.Tap(source=plot, transient=True)
     tap.add_subscriber(explorer._on_top_tap)  # x is the position: rounds to the token
     explorer._top_tap = tap
     explorer.param.watch(partial(_relabel_axes, explorer), ["sample", "layer"], precedence=1)
-    return explorer._render(plot, "tokens", sizing_mode="stretch_width",
-                            height=TOKEN_STRIP_HEIGHT + 10, margin=(0, 5))
+    return explorer._render(
+        plot, "tokens", sizing_mode="stretch_width", height=TOKEN_STRIP_HEIGHT + 10, margin=(0, 5)
+    )
 
 
 def head_average_cells(explorer) -> list:
@@ -138,20 +161,36 @@ def head_average_cells(explorer) -> list:
     try:
         image = explorer._add(
             "head average map",
-            lambda sel: (model_views.head_average_values(explorer.trace, sel, explorer.cache),
-                         "head average"),
-            ["sample", "mask"], "head average", raster=(size, size), group="HeadMap",
-            active=lambda: explorer.show_head_average).element("weight")
+            lambda sel: (
+                model_views.head_average_values(explorer.trace, sel, explorer.cache),
+                "head average",
+            ),
+            ["sample", "mask"],
+            "head average",
+            raster=(size, size),
+            group="HeadMap",
+            active=lambda: explorer.show_head_average,
+        ).element("weight")
     except (views.MissingVariable, ValueError) as err:
         return [explorer._missing(views.MissingVariable("weights", str(err)), size, size)]
     image = image.opts(*views.options()).opts(
-        frame_width=size, frame_height=size, fontsize={"title": 10}, cmap=HEAD_AVERAGE_COLORS)
-    note = pn.pane.Markdown("mean of all heads: what `nn.MultiheadAttention` returns",
-                            width=size, margin=(0, 5), styles={"font-size": "11px"})
-    explorer.param.watch(partial(_refresh_named, explorer, "head average map"),
-                         "show_head_average", precedence=1)
-    cell = pn.Column(explorer._render(image, "head average", linked_axes=True, margin=0), note,
-                     margin=(0, 0, 0, 15), visible=explorer.param.show_head_average)
+        frame_width=size, frame_height=size, fontsize={"title": 10}, cmap=HEAD_AVERAGE_COLORS
+    )
+    note = pn.pane.Markdown(
+        "mean of all heads: what `nn.MultiheadAttention` returns",
+        width=size,
+        margin=(0, 5),
+        styles={"font-size": "11px"},
+    )
+    explorer.param.watch(
+        partial(_refresh_named, explorer, "head average map"), "show_head_average", precedence=1
+    )
+    cell = pn.Column(
+        explorer._render(image, "head average", linked_axes=True, margin=0),
+        note,
+        margin=(0, 0, 0, 15),
+        visible=explorer.param.show_head_average,
+    )
     return [cell]
 
 
@@ -164,8 +203,9 @@ def _refresh_named(explorer, name: str, event) -> None:
 
 def _top_attended_table(explorer):
     table = model_views.top_attended(explorer.trace, explorer.selection, explorer.cache)
-    return table.opts(*model_views.options()).opts(width=520, height=min(
-        520, 40 + 26 * explorer.trace.sizes["query"]))
+    return table.opts(*model_views.options()).opts(
+        width=520, height=min(520, 40 + 26 * explorer.trace.sizes["query"])
+    )
 
 
 def top_attended_section(explorer) -> list:
@@ -185,32 +225,77 @@ def top_attended_section(explorer) -> list:
     return [pn.pane.Markdown("### Most-attended token per position", margin=(0, 5)), pane]
 
 
-def _model_view_element(explorer, sample: int):
+def _model_view_image(explorer, sample: int) -> hv.Image:
     n_layers = explorer.layers.sizes["layer"]
     n_heads = explorer.trace.sizes["head"]
-    width, height = MODEL_CELL * n_heads, MODEL_CELL * n_layers
-    image = model_views.model_view(explorer.layers, views.Selection(sample=sample), width,
-                                   height)
-    names = model_views.layer_names(explorer.layers)
-    return image.opts(*model_views.options()).opts(
-        frame_width=width, frame_height=height,
-        xticks=[(h, f"head {h}") for h in range(n_heads)],
-        yticks=[(i, f"{i}: {name}"[:40]) for i, name in enumerate(names)],
-        xaxis="top", clim=(0, 1))
+    return model_views.model_view(
+        explorer.layers, views.Selection(sample=sample), MODEL_CELL * n_heads, MODEL_CELL * n_layers
+    )
+
+
+def _marker_columns(explorer) -> dict:
+    marker = model_views.model_view_marker(
+        explorer.layer, explorer.head, explorer.trace.sizes["head"]
+    )
+    return {
+        "left": marker.dimension_values("x0"),
+        "right": marker.dimension_values("x1"),
+        "bottom": marker.dimension_values("y0"),
+        "top": marker.dimension_values("y1"),
+    }
+
+
+def _update_model_view(explorer, *events) -> None:
+    """Redraw the model view's image (a new sample) and its outline (a new layer or head)."""
+    found = explorer._handles.get("model view", {})
+    try:
+        if "sample" in {event.name for event in events}:
+            image = _model_view_image(explorer, explorer.sample)
+            left, bottom, right, top = image.bounds.lbrt()
+            for handles in found.get(("Image", "ModelView", ""), []):
+                # Rows by ascending y, as Bokeh's image glyph takes them.
+                handles["source"].data = dict(
+                    image=[image.dimension_values(2, flat=False)],
+                    x=[left],
+                    y=[bottom],
+                    dw=[right - left],
+                    dh=[top - bottom],
+                )
+                handles["plot"].title.text = image.label
+        for handles in found.get(("Rectangles", "Selected", ""), []):
+            handles["source"].data = _marker_columns(explorer)
+    except Exception as err:  # noqa: BLE001 - shown to the user; the session goes on
+        explorer._report(err, "updating the model view")
 
 
 def model_view_section(explorer) -> list:
     """Every layer x head map on one page (multi-layer traces); a click opens one above."""
     if explorer.layers is None:
         return []
-    image = hv.DynamicMap(lambda sample: _model_view_element(explorer, sample),
-                          streams=[hv.streams.Params(explorer, ["sample"])])
-    marker = hv.DynamicMap(lambda layer, head: model_views.model_view_marker(layer, head),
-                           streams=[hv.streams.Params(explorer, ["layer", "head"])])
     n_layers = explorer.layers.sizes["layer"]
     n_heads = explorer.trace.sizes["head"]
-    plot = (image * marker.opts(*model_views.options())).opts(hv.opts.Overlay(
-        title=f"model view: {n_layers} layers x {n_heads} heads (click a map to open it)"))
+    image = _model_view_image(explorer, explorer.sample)
+    marker = model_views.model_view_marker(
+        explorer.layer, explorer.head, explorer.trace.sizes["head"]
+    )
+    names = model_views.layer_names(explorer.layers)
+    width, height = MODEL_CELL * n_heads, MODEL_CELL * n_layers
+    plot = (
+        (image * marker)
+        .relabel(image.label)
+        .opts(*model_views.options())
+        .opts(
+            hv.opts.Image(
+                frame_width=width,
+                frame_height=height,
+                clim=(0, 1),
+                xaxis="top",
+                xticks=[(h, f"head {h}") for h in range(n_heads)],
+                yticks=[(i, f"{i}: {name}"[:40]) for i, name in enumerate(names)],
+            ),
+            hv.opts.Overlay(title="{label}"),
+        )
+    )
 
     def on_tap(x=None, y=None):
         if x is None or y is None:
@@ -223,14 +308,22 @@ def model_view_section(explorer) -> list:
             # Stream callbacks run outside the document lock (see _select_query).
             doc.add_next_tick_callback(partial(explorer.param.update, layer=layer, head=head))
 
-    tap = hv.streams.Tap(source=image, transient=True)
+    tap = hv.streams.Tap(source=plot, transient=True)
     tap.add_subscriber(on_tap)
     explorer._model_tap = tap
-    pane = pn.pane.HoloViews(plot, margin=(0, 5), linked_axes=False)
+    explorer.param.watch(
+        partial(_update_model_view, explorer), ["sample", "layer", "head"], precedence=1
+    )
+    pane = explorer._render(plot, "model view", margin=(0, 5))
     explorer._model_view = pane
-    return [pn.pane.Markdown("### Model view: every layer and head (captured softmax weights; "
-                             "click a map to open it in the attention matrix)",
-                             margin=(0, 5)), pane]
+    return [
+        pn.pane.Markdown(
+            "### Model view: every layer and head (captured softmax weights; "
+            "click a map to open it in the attention matrix)",
+            margin=(0, 5),
+        ),
+        pane,
+    ]
 
 
 def positional_section(explorer) -> list:
@@ -238,15 +331,21 @@ def positional_section(explorer) -> list:
     image = model_views.positional_encoding(explorer.trace)
     length, width = image.dimension_values(2, flat=False).shape
     image = image.opts(*model_views.options()).opts(
-        frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length)))
-    return [pn.Column(
-        pn.pane.Markdown("### Positional encoding (position x dimension)", margin=(0, 5)),
-        pn.pane.HoloViews(image, margin=(0, 5)),
-        visible=explorer.param.show_positional,
-    )]
+        frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length))
+    )
+    return [
+        pn.Column(
+            pn.pane.Markdown("### Positional encoding (position x dimension)", margin=(0, 5)),
+            pn.pane.HoloViews(image, margin=(0, 5)),
+            visible=explorer.param.show_positional,
+        )
+    ]
 
 
 def sections(explorer) -> list:
     """The sections added below the attention matrix, in layout order."""
-    return [*top_attended_section(explorer), *model_view_section(explorer),
-            *positional_section(explorer)]
+    return [
+        *top_attended_section(explorer),
+        *model_view_section(explorer),
+        *positional_section(explorer),
+    ]

@@ -125,13 +125,20 @@ def token_boxes(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     index = np.arange(n, dtype=np.float32)
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
     return hv.Rectangles(
-        (index - 0.48, np.zeros(n, np.float32), index + 0.48, np.ones(n, np.float32),
-         np.nan_to_num(weights), np.array(labels, dtype=object), np.array(_shade(weights))),
+        (
+            index - 0.48,
+            np.zeros(n, np.float32),
+            index + 0.48,
+            np.ones(n, np.float32),
+            np.nan_to_num(weights),
+            np.array(labels, dtype=object),
+            np.array(_shade(weights)),
+        ),
         kdims=["x0", "y0", "x1", "y1"],
         vdims=["weight", "token", "color"],
         group="Tokens",
         label=f"sample {sel.sample}: tokens, shaded by the weight of query {sel.query} "
-              f"'{labels[sel.query]}' ({head}); click a token to pick the query",
+        f"'{labels[sel.query]}' ({head}); click a token to pick the query",
         datatype=FAST_DATATYPE,
     )
 
@@ -140,15 +147,24 @@ def token_labels(ds: xr.Dataset, sel: Selection) -> hv.Labels:
     """The token texts at the centres of the token boxes (group ``Tokens``)."""
     labels = position_labels(ds, sel.sample)
     n = len(labels)
-    return hv.Labels((np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32),
-                      np.array(labels, dtype=object)), ["x", "y"], ["token"], group="Tokens")
+    return hv.Labels(
+        (
+            np.arange(n, dtype=np.float32),
+            np.full(n, 0.5, np.float32),
+            np.array(labels, dtype=object),
+        ),
+        ["x", "y"],
+        ["token"],
+        group="Tokens",
+    )
 
 
 def selected_token(ds: xr.Dataset, sel: Selection) -> hv.Rectangles:
     """The outline of the selected query's token box (group ``Selected``)."""
     q = float(sel.query)
-    return hv.Rectangles(([q - 0.5], [-0.08], [q + 0.5], [1.08]), group="Selected",
-                         datatype=FAST_DATATYPE)
+    return hv.Rectangles(
+        ([q - 0.5], [-0.08], [q + 0.5], [1.08]), group="Selected", datatype=FAST_DATATYPE
+    )
 
 
 def top_attended(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> hv.Table:
@@ -168,8 +184,13 @@ def top_attended(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None
         "attends most to": np.array([f"{labels[k]} ({k})" for k in best], dtype=object),
         "weight": np.round(matrix[rows, best].astype(np.float64), 4),
     }
-    return hv.Table(columns, kdims=["position"], vdims=["token", "attends most to", "weight"],
-                    group="TopAttended", label=f"most-attended token per position ({head})")
+    return hv.Table(
+        columns,
+        kdims=["position"],
+        vdims=["token", "attends most to", "weight"],
+        group="TopAttended",
+        label=f"most-attended token per position ({head})",
+    )
 
 
 def model_mosaic(ds: xr.Dataset, sel: Selection, gap: float = 0.12) -> xr.DataArray:
@@ -199,11 +220,16 @@ def model_mosaic(ds: xr.Dataset, sel: Selection, gap: float = 0.12) -> xr.DataAr
     for layer in range(n_layers):
         for head in range(n_heads):
             top, left = layer * rows + pad_q // 2, head * cols + pad_k // 2
-            grid[top:top + length, left:left + n_keys] = values[layer, head]
+            grid[top : top + length, left : left + n_keys] = values[layer, head]
     y = -0.5 + (np.arange(grid.shape[0]) + 0.5) / rows
     x = -0.5 + (np.arange(grid.shape[1]) + 0.5) / cols
-    return xr.DataArray(grid, dims=("row", "col"), coords={"row": y, "col": x},
-                        name="weights", attrs={"n_layers": n_layers, "n_heads": n_heads})
+    return xr.DataArray(
+        grid,
+        dims=("row", "col"),
+        coords={"row": y, "col": x},
+        name="weights",
+        attrs={"n_layers": n_layers, "n_heads": n_heads},
+    )
 
 
 def model_view(ds: xr.Dataset, sel: Selection, width: int = 1200, height: int = 600):
@@ -219,21 +245,29 @@ def model_view(ds: xr.Dataset, sel: Selection, width: int = 1200, height: int = 
     # axis is inverted: flip each map's rows so both read top-down.
     values = mosaic.values.reshape(n_layers, -1, mosaic.shape[1])[:, ::-1].reshape(mosaic.shape)
     raster, bounds = raster_values(values, bounds, width, height)
-    return hv.Image(raster[::-1], bounds=bounds, kdims=["head", "layer"],
-                    vdims=[hv.Dimension("weight")], group="ModelView",
-                    label=f"model view, sample {sel.sample}: {n_layers} layers x {n_heads} "
-                          "heads (click a map to open it above)")
+    return hv.Image(
+        raster[::-1],
+        bounds=bounds,
+        kdims=["head", "layer"],
+        vdims=[hv.Dimension("weight")],
+        group="ModelView",
+        label=f"model view, sample {sel.sample}: {n_layers} layers x {n_heads} "
+        "heads (click a map to open it above)",
+    )
 
 
-def model_view_marker(layer: int, head: int | str) -> hv.Rectangles:
+def model_view_marker(layer: int, head: int | str, n_heads: int) -> hv.Rectangles:
     """The outline of the selected (layer, head) map in the model view (group ``Selected``).
 
     ``head="mean"`` outlines the whole layer.
     """
     if head == "mean":
-        return hv.Rectangles(([-0.5], [layer - 0.5], [1e6], [layer + 0.5]), group="Selected")
-    return hv.Rectangles(([head - 0.5], [layer - 0.5], [head + 0.5], [layer + 0.5]),
-                         group="Selected")
+        return hv.Rectangles(
+            ([-0.5], [layer - 0.5], [n_heads - 0.5], [layer + 0.5]), group="Selected"
+        )
+    return hv.Rectangles(
+        ([head - 0.5], [layer - 0.5], [head + 0.5], [layer + 0.5]), group="Selected"
+    )
 
 
 def mosaic_cell(x: float, y: float, n_layers: int, n_heads: int) -> tuple[int, int]:
@@ -269,8 +303,11 @@ def positional_encoding(ds: xr.Dataset) -> hv.Image:
     """
     encoding = sinusoidal_encoding(int(ds.sizes["query"]), model_width(ds))
     length, width = encoding.shape
-    note = "used by this model" if uses_sinusoidal(ds) else (
-        "what a model of this size would add; this trace declares no positional encoding")
+    note = (
+        "used by this model"
+        if uses_sinusoidal(ds)
+        else ("what a model of this size would add; this trace declares no positional encoding")
+    )
     return hv.Image(
         encoding.values[::-1],
         bounds=(-0.5, -0.5, width - 0.5, length - 0.5),
@@ -281,8 +318,9 @@ def positional_encoding(ds: xr.Dataset) -> hv.Image:
     )
 
 
-def head_average_values(ds: xr.Dataset, sel: Selection,
-                        cache: StageCache | None = None) -> np.ndarray:
+def head_average_values(
+    ds: xr.Dataset, sel: Selection, cache: StageCache | None = None
+) -> np.ndarray:
     """The mean over all heads of the softmax weights, ``(query, key)`` float32.
 
     With the trace's own mask this is :func:`attnpanel.head_average` of its weights (what
@@ -297,21 +335,42 @@ def head_average_values(ds: xr.Dataset, sel: Selection,
             if blocked is not None:
                 values[blocked] = np.nan
         return values
-    return attention_values(ds, sel.with_(head="mean", stage="softmax", enabled_heads=None),
-                            cache)
+    return attention_values(ds, sel.with_(head="mean", stage="softmax", enabled_heads=None), cache)
 
 
 def options() -> list:
     """Styling of the elements made here (apply once with ``.opts(*options())``)."""
     return [
-        hv.opts.Rectangles("Tokens", color="color", line_color="#888888", tools=["hover"],
-                           show_grid=False, yaxis=None, toolbar=None, title="{label}"),
+        hv.opts.Rectangles(
+            "Tokens",
+            color="color",
+            line_color="#888888",
+            tools=["hover"],
+            show_grid=False,
+            yaxis=None,
+            toolbar=None,
+            title="{label}",
+        ),
         hv.opts.Labels("Tokens", text_font_size="11pt", text_color="black"),
         hv.opts.Rectangles("Selected", fill_alpha=0, line_color=HIGHLIGHT, line_width=4),
-        hv.opts.Image("ModelView", cmap="Greys", clipping_colors={"NaN": "white"},
-                      invert_yaxis=True, colorbar=True, tools=["hover", "tap"],
-                      title="{label}", toolbar="above"),
-        hv.opts.Image("Positional", cmap="RdBu_r", colorbar=True, invert_yaxis=True,
-                      tools=["hover"], title="{label}", toolbar="above"),
+        hv.opts.Image(
+            "ModelView",
+            cmap="Greys",
+            clipping_colors={"NaN": "white"},
+            invert_yaxis=True,
+            colorbar=True,
+            tools=["hover", "tap"],
+            title="{label}",
+            toolbar="above",
+        ),
+        hv.opts.Image(
+            "Positional",
+            cmap="RdBu_r",
+            colorbar=True,
+            invert_yaxis=True,
+            tools=["hover"],
+            title="{label}",
+            toolbar="above",
+        ),
         hv.opts.Table("TopAttended", title="{label}"),
     ]

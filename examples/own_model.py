@@ -8,9 +8,11 @@ returns), q, k and v recovered from ``in_proj_weight``, and its causal mask reco
 Highlights: ``capture(model, inputs)`` -> one Dataset with a ``layer`` dim ->
 ``attnpanel.save`` -> the explorer. Run::
 
-    python examples/own_model.py own_model_trace.nc
+    python examples/own_model.py own_model_trace.nc           # capture and save (fast)
+    python examples/own_model.py own_model_trace.nc --serve   # ... then explore it
 
-then open the saved trace in a notebook with
+``--serve`` opens the explorer on every captured layer (a ``Layer`` selector, the model
+view of all layers and heads, the sinusoidal encoding the model adds). In a notebook:
 ``attnpanel.AttentionExplorer(attnpanel.load("own_model_trace.nc"))``. A Hugging Face model
 works the same way: ``capture(model, **tokenizer(text, return_tensors="pt"),
 tokens=tokenizer)``.
@@ -18,7 +20,7 @@ tokens=tokenizer)``.
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 from torch import nn
@@ -47,18 +49,35 @@ class Forecaster(nn.Module):
         return self.head(hidden).squeeze(-1)  # (B, L)
 
 
-def main(path: str = "own_model_trace.nc") -> None:
+def explore(traces):
+    """The explorer on every captured layer (imports panel only when asked)."""
+    return attnpanel.AttentionExplorer(traces, head="mean", mask="causal")
+
+
+def main(path: str = "own_model_trace.nc", serve: bool = False):
+    """Capture the forecaster's attention, save its last layer; serve the explorer if asked."""
     torch.manual_seed(0)
     model = Forecaster()
     steps = torch.linspace(0, 12, LENGTH)
     series = torch.stack([torch.sin(steps), torch.cos(steps)])  # (B=2, L)
 
     traces = attnpanel.capture(model, series)
+    # The explorer shows the encoding at start when the trace says the model adds it.
+    traces.attrs["positional_encoding"] = "sinusoidal"
     print(traces)
     last = traces.sel(layer="encoder.layers.1.self_attn")
     attnpanel.save(last, path)
     print(f"saved layer {last['layer'].item()} ({last.attrs['mask']} mask) to {path}")
+    if serve:
+        import panel as pn
+
+        pn.serve(explore(traces), title="attnpanel · own model", show=False)
+    return traces
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", nargs="?", default="own_model_trace.nc", help="trace file")
+    parser.add_argument("--serve", action="store_true", help="serve the explorer on it")
+    args = parser.parse_args()
+    main(args.path, serve=args.serve)

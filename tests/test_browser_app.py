@@ -97,6 +97,13 @@ def test_click_top_curve_moves_row_and_aggregation(app, artifacts):
     assert marker == [pytest.approx(row - 0.5)]
     title = page.evaluate("attn.plot('weights of query').model.title.text")
     assert title.startswith(f"weights of query {row} ")
+    # the power curve itself stays drawn when the query marker moves
+    visible = page.evaluate(
+        "[...attn.plot('sample 0: aggregate').renderer_views.values()]"
+        ".filter((rv) => rv.model.type === 'GlyphRenderer' && rv.model.glyph.type === 'Line')"
+        ".map((rv) => rv.model.visible)"
+    )
+    assert visible and visible[0] is True, visible
     shot(page, artifacts, "clicked_curve")
 
 

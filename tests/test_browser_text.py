@@ -11,8 +11,21 @@ import pytest
 from served_app import ROOT, open_app, serve
 
 APP = ROOT / "apps" / "text.py"
-TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "because", "it", "was", "warm",
-          ".", "[SEP]"]
+TOKENS = [
+    "[CLS]",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "the",
+    "mat",
+    "because",
+    "it",
+    "was",
+    "warm",
+    ".",
+    "[SEP]",
+]
 STRIP = "sample 0: tokens"
 GREEN = (57, 255, 20)  # views.HIGHLIGHT
 
@@ -47,18 +60,24 @@ def renderer_data(page, plot_js: str, glyph: str, line_color: str | None = None)
         f"""(() => {{ const pv = {plot_js};
              return [...pv.renderer_views.values()]
                .filter((rv) => rv.model.glyph && rv.model.glyph.type === '{glyph}')
-               .filter((rv) => {'true' if line_color is None else
-                                f"rv.model.glyph.line_color.value === '{line_color}'"})
+               .filter((rv) => {
+            "true" if line_color is None else f"rv.model.glyph.line_color.value === '{line_color}'"
+        })
                .map((rv) => {{ const d = rv.model.data_source.data; const out = {{}};
                               for (const k of Object.keys(d)) out[k] = Array.from(d[k]);
-                              return out; }}); }})()""")
+                              return out; }}); }})()"""
+    )
 
 
-def layer_label(page) -> str:
-    """The label the Layer selector shows."""
-    return page.evaluate(
-        "(() => { const w = attn.widget('Layer'); const o = w.options.find((o) => "
-        "(Array.isArray(o) ? o[0] : o) === w.value); return Array.isArray(o) ? o[1] : o; })()")
+SHOWN_JS = (
+    "(t) => { const w = attn.widget(t); const o = w.options.find((o) => "
+    "(Array.isArray(o) ? o[0] : o) === w.value); return Array.isArray(o) ? o[1] : o; }"
+)
+
+
+def shown(page, title: str) -> str:
+    """The label a Select widget shows (its value may be an index)."""
+    return page.evaluate(SHOWN_JS, title)
 
 
 def choose_layer(page, prefix: str) -> None:
@@ -66,7 +85,8 @@ def choose_layer(page, prefix: str) -> None:
     page.evaluate(
         "(p) => { const w = attn.widget('Layer'); const o = w.options.find((o) => "
         "(Array.isArray(o) ? o[1] : o).startsWith(p)); w.value = Array.isArray(o) ? o[0] : o; }",
-        prefix)
+        prefix,
+    )
 
 
 def test_text_page_shows_tokens_layers_and_model_view(app, artifacts):
@@ -75,14 +95,13 @@ def test_text_page_shows_tokens_layers_and_model_view(app, artifacts):
     assert [m for m in console if m[0] in ("error", "pageerror")] == []
     labels = renderer_data(page, f"attn.plot('{STRIP}')", "Text")
     assert labels[0]["token"] == TOKENS
-    ticks = page.evaluate(
-        f"[...{matrix_js()}.model.below[0].major_label_overrides.entries()]")
+    ticks = page.evaluate(f"[...{matrix_js()}.model.below[0].major_label_overrides.entries()]")
     assert [label for _, label in sorted(ticks)] == TOKENS
     titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
-    assert any(t.startswith("model view: 6 layers x 12 heads") for t in titles)
+    assert any(t.startswith("model view, sample 0: 6 layers x 12 heads") for t in titles)
     assert any(t == "head 11" for t in titles), titles
     assert page.get_by_text("Layer", exact=True).first.is_visible()
-    assert layer_label(page) == "0: encoder.layer.0.attention.self"
+    assert shown(page, "Layer") == "0: encoder.layer.0.attention.self"
 
 
 def test_click_token_highlights_its_row(app, artifacts):
@@ -92,15 +111,16 @@ def test_click_token_highlights_its_row(app, artifacts):
     point = page.evaluate(f"attn.frame_point(attn.plot('{STRIP}'), {2.5 / 13}, 0.5)")
     page.mouse.click(point["x"], point["y"])
     page.wait_for_function("attn.widget('Query').value === 2")
-    page.wait_for_function(
-        f"attn.plot('{STRIP}').model.title.text.includes(\"query 2 'cat'\")")
+    page.wait_for_function(f"attn.plot('{STRIP}').model.title.text.includes(\"query 2 'cat'\")")
     outline = renderer_data(page, f"attn.plot('{STRIP}')", "Quad", "#39ff14")
     assert outline[0]["left"] == [pytest.approx(1.5)] and outline[0]["right"] == [
-        pytest.approx(2.5)]
+        pytest.approx(2.5)
+    ]
     row = page.evaluate(
         f"(() => {{ const pv = {matrix_js()}; return [...pv.renderer_views.values()]"
         ".filter((rv) => rv.model.type === 'BoxAnnotation' && Number.isFinite(rv.model.bottom))"
-        ".map((rv) => [rv.model.bottom, rv.model.top]) })()")
+        ".map((rv) => [rv.model.bottom, rv.model.top]) })()"
+    )
     assert row == [[pytest.approx(1.5), pytest.approx(2.5)]]
     page.wait_for_timeout(300)
     # The green outline is painted on the token's left edge, not on its neighbours' boxes.
@@ -118,8 +138,7 @@ def test_layer_selector_switches_the_matrix(app, artifacts):
     before = matrix_hash(page)
     choose_layer(page, "3: ")
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
-    page.wait_for_function(
-        f"{matrix_js()}.model.title.text.includes(', layer 3: softmax weights')")
+    page.wait_for_function(f"{matrix_js()}.model.title.text.includes(', layer 3: softmax weights')")
     assert matrix_hash(page) != before
     shot(page, artifacts, "layer_3")
 
@@ -128,15 +147,15 @@ def test_model_view_click_opens_the_map(app, artifacts):
     page, _ = app
     before = matrix_hash(page)
     # 12 heads across, 6 layers down: the centre of head 7, layer 5
-    point = page.evaluate(
-        f"attn.frame_point(attn.plot('model view'), {7.5 / 12}, {5.5 / 6})")
+    page.evaluate("attn.plot('model view').el.scrollIntoView()")
+    point = page.evaluate(f"attn.frame_point(attn.plot('model view'), {7.5 / 12}, {5.5 / 6})")
     page.mouse.click(point["x"], point["y"])
-    page.wait_for_function(
-        "(() => { const w = attn.widget('Layer'); const o = w.options.find((o) => "
-        "(Array.isArray(o) ? o[0] : o) === w.value); "
-        "return (Array.isArray(o) ? o[1] : o).startsWith('5: '); })()")
-    page.wait_for_function("attn.widget('Head').value === 'head 7'")
+    page.wait_for_function(f"({SHOWN_JS})('Layer').startsWith('5: ')")
+    page.wait_for_function(f"({SHOWN_JS})('Head') === 'head 7'")
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
     title = page.evaluate(f"{matrix_js()}.model.title.text")
     assert title.startswith("sample 0, head 7, layer 5: "), title
+    outline = renderer_data(page, "attn.plot('model view')", "Quad", "#39ff14")
+    assert (outline[0]["left"], outline[0]["bottom"]) == ([6.5], [4.5])
+    page.wait_for_function("attn.plot('weights of query').model.title.text.endsWith('(head 7)')")
     shot(page, artifacts, "model_view_click")

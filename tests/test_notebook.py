@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import socket
@@ -15,6 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from served_app import HELPERS_JS
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
@@ -101,19 +101,19 @@ def jupyterlab(tmp_path):
         server.kill()
 
 
-def _figure_hash(page) -> str:
-    figure = page.locator(".jp-OutputArea-output .bk-Figure").first
-    return hashlib.sha1(figure.screenshot()).hexdigest()
-
-
 def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifacts):
     context = browser.new_context(viewport={"width": 1600, "height": 1400})
     page = context.new_page()
+    console = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     outside = []
-    page.on(
-        "request",
-        lambda r: outside.append(r.url) if not r.url.startswith(jupyterlab) and not r.url.startswith("data:") else None,
-    )
+
+    def record(request):
+        # blob: and data: URLs never leave the browser; anything else must be the server's
+        if not request.url.startswith((jupyterlab, "blob:", "data:")):
+            outside.append(request.url)
+
+    page.on("request", record)
     try:
         page.goto(f"{jupyterlab}/lab/tree/walkthrough.ipynb", timeout=120_000)
         page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=120_000)
@@ -126,24 +126,30 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         )
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_selector(".jp-OutputArea-output .bk-Figure", timeout=240_000)
-        page.wait_for_function(
-            """() => { const w = window.jupyterapp.shell.currentWidget;
-                       return w.sessionContext.session.kernel.status === 'idle'; }""",
-            timeout=240_000,
-        )
+        # the last cell (the export) prints the file's size: then every cell has run
+        page.wait_for_selector(".jp-OutputArea-output:has-text('MiB')", timeout=240_000)
         page.wait_for_timeout(2000)
         errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
         assert errors.count() == 0 or "Traceback" not in errors.all_inner_texts()[0]
-        page.locator(".jp-OutputArea-output .bk-Figure").first.scroll_into_view_if_needed()
+        page.locator(".jp-OutputArea-output .bk-Figure").nth(8).scroll_into_view_if_needed()
         page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))
-        before = _figure_hash(page)
-        head = page.locator(".jp-OutputArea-output select").first
-        head.select_option(index=5)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _figure_hash(page) == before:
-            page.wait_for_timeout(250)
+        page.evaluate(HELPERS_JS)
+        matrix = "attn.plots().find((v) => /^sample \\d+, head /.test(v.model.title.text))"
+        assert page.evaluate(f"{matrix}.model.title.text").startswith("sample 0, head 3")
+        before = page.evaluate(f"attn.hash({matrix})")
+        # what picking "head 5" in the Head widget does: the widget's value changes in the page
+        page.evaluate(
+            """() => { const w = attn.widget('Head');
+                       const label = (o) => Array.isArray(o) ? o[1] : o;
+                       const option = w.options.find((o) => label(o) === 'head 5');
+                       w.value = Array.isArray(option) ? option[0] : option; }"""
+        )
+        page.wait_for_function(
+            f"() => {matrix}.model.title.text.startsWith('sample 0, head 5')", timeout=60_000
+        )
+        page.evaluate(f"(b) => attn.until_changed({matrix}, b, 30000)", before)
         page.screenshot(path=str(artifacts / "jupyterlab_explorer_changed.png"))
-        assert _figure_hash(page) != before, "the explorer did not react to the widget"
         assert outside == [], f"requests left the machine: {outside[:5]}"
     finally:
+        (artifacts / "jupyterlab_console.log").write_text("\n".join(console))
         context.close()

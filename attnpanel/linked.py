@@ -1,0 +1,356 @@
+"""Linked zoom and box selection across the attention matrix and the per-head maps.
+
+Every map of attention (the large matrix, the unmasked matrix beside it, the eight small
+head maps and the head average) shares one pair of Bokeh ranges (Panel's ``linked_axes``),
+so a zoom or pan on any of them moves all of them in the browser at once. The server then
+re-rasterizes the *visible window* of each map with datashader from the full array, at the
+map's own pixel size, and writes the images into the Bokeh models already on the page (the
+explorer's hot path): a zoomed map is never a magnified image. When the window holds no
+more cells than the map has pixels, the image is the array's slice itself, cell for cell.
+
+A box selection (drag on a small map, or the box-select tool of the matrix) marks the same
+region on every map and shows, per head, the share of attention mass inside it::
+
+    share[h] = sum(weights[h, rows, cols]) / sum(weights[h, rows, :])
+
+with ``rows`` the query positions and ``cols`` the key positions whose cells have their
+centre in the box, and ``weights`` the softmax weights of the shown sample and mask: the
+fraction of the selected queries' attention that goes to the selected keys (1 when they
+attend only inside the box).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from functools import partial
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+from bokeh.events import SelectionGeometry
+from bokeh.models import BoxAnnotation, BoxSelectTool, WheelZoomTool
+from panel.io.state import set_curdoc
+
+from attnpanel import views
+
+log = logging.getLogger(__name__)
+
+LINKED_GROUPS = ("Attention", "HeadMap")  # image groups whose maps zoom together
+ZOOM_DEBOUNCE_MS = 25  # a wheel zoom sends a range change per wheel step: act on the last
+BOX_COLOR = "#111111"
+SHARE_LABEL = "mass in box / mass of its queries"
+MASS_PANE = "mass share"
+
+
+def snap_window(bounds, shape, width: int, height: int, x_range, y_range):
+    """The part of a visible window to rasterize, snapped outwards to whole cells.
+
+    Parameters
+    ----------
+    bounds : tuple of float
+        ``(left, bottom, right, top)`` of the full grid.
+    shape : tuple of int
+        ``(rows, cols)`` of the grid.
+    width, height : int
+        Pixel size of the plot frame (for the whole visible window).
+    x_range, y_range : tuple of float
+        The visible window (either order: an inverted axis has ``start > end``).
+
+    Returns
+    -------
+    tuple or None
+        ``(width, height, x_range, y_range)`` to pass to ``views.raster_values``: the
+        window clipped to the grid and widened to cell edges, with the pixel size scaled to
+        the part of the frame it covers; ``None`` when no cell is visible.
+    """
+    left, bottom, right, top = bounds
+    rows, cols = shape
+    cell_x, cell_y = (right - left) / cols, (top - bottom) / rows
+    x0, x1 = sorted(float(v) for v in x_range)
+    y0, y1 = sorted(float(v) for v in y_range)
+    if x1 <= x0 or y1 <= y0:
+        return None
+    # Whole cells, so that a window holding fewer cells than pixels shows the cells exactly.
+    sx0 = left + cell_x * math.floor(round((max(x0, left) - left) / cell_x, 6))
+    sx1 = left + cell_x * math.ceil(round((min(x1, right) - left) / cell_x, 6))
+    sy0 = bottom + cell_y * math.floor(round((max(y0, bottom) - bottom) / cell_y, 6))
+    sy1 = bottom + cell_y * math.ceil(round((min(y1, top) - bottom) / cell_y, 6))
+    if sx1 <= sx0 or sy1 <= sy0:
+        return None
+    px = max(1, round(width * (sx1 - sx0) / (x1 - x0)))
+    py = max(1, round(height * (sy1 - sy0) / (y1 - y0)))
+    return px, py, (sx0, sx1), (sy0, sy1)
+
+
+def box_cells(x_range, y_range, n_query: int, n_key: int) -> tuple[slice, slice]:
+    """Query rows and key columns whose cell centres (integer positions) lie in a box."""
+    x0, x1 = sorted(float(v) for v in x_range)
+    y0, y1 = sorted(float(v) for v in y_range)
+    cols = slice(max(0, math.ceil(x0)), min(n_key, math.floor(x1) + 1))
+    rows = slice(max(0, math.ceil(y0)), min(n_query, math.floor(y1) + 1))
+    return rows, cols
+
+
+def mass_share(weights: np.ndarray, x_range, y_range) -> np.ndarray:
+    """Per head, the share of the box's query rows' attention mass that falls in the box.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray
+        ``(head, query, key)`` attention weights (masked entries 0).
+    x_range, y_range : tuple of float
+        The box in key (x) and query (y) coordinates; cells count when their centre is in it.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(head,)`` float64, ``sum(w[h, rows, cols]) / sum(w[h, rows, :])``; NaN for a head
+        whose selected rows carry no mass, and for a box without any cell centre.
+    """
+    n_heads, n_query, n_key = weights.shape
+    rows, cols = box_cells(x_range, y_range, n_query, n_key)
+    block = np.nan_to_num(np.asarray(weights[:, rows], dtype=np.float64))
+    if block.shape[1] == 0 or cols.start >= cols.stop:
+        return np.full(n_heads, np.nan)
+    inside = block[:, :, cols].sum(axis=(1, 2))
+    total = block.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, inside / np.where(total > 0, total, 1.0), np.nan)
+
+
+def mass_bars(ds, sel: views.Selection, cache, box) -> hv.Rectangles:
+    """The per-head mass-share bars (head colours, grey when off) for a box, or empty bars."""
+    n_heads = ds.sizes["head"]
+    heads = np.arange(n_heads)
+    colors = views._head_colors(heads, set(sel.enabled_heads) or None)
+    if box is None:
+        return views._bars(
+            np.zeros(n_heads),
+            colors,
+            "head",
+            SHARE_LABEL,
+            heads,
+            "box-select a region of a head map to compare the heads",
+        )
+    weights = views.stage_heads(ds, sel.with_(stage="softmax"), cache)
+    shares = mass_share(weights, *box)
+    rows, cols = box_cells(*box, weights.shape[1], weights.shape[2])
+    if cols.stop <= cols.start or rows.stop <= rows.start:
+        label = "the box holds no cell: draw a larger one"
+    else:
+        label = (
+            f"attention mass of queries {rows.start}-{rows.stop - 1} on keys "
+            f"{cols.start}-{cols.stop - 1}"
+        )
+    return views._bars(np.nan_to_num(shares), colors, "head", SHARE_LABEL, heads, label)
+
+
+class LinkedMaps:
+    """The linked zoom and box selection of one explorer's attention maps.
+
+    The explorer calls :meth:`attach` from its plot hook for every image it renders and
+    :meth:`raster_args` when it rasterizes one; everything else happens here.
+
+    Parameters
+    ----------
+    explorer : attnpanel.explorer.AttentionExplorer
+        The explorer whose maps are linked.
+    """
+
+    def __init__(self, explorer):
+        self.explorer = explorer
+        self.window: tuple | None = None  # ((x0, x1), (y0, y1)) as the ranges give them
+        self.box: tuple | None = None  # ((x0, x1), (y0, y1)) of the box selection
+        self.last_zoom_ms: float | None = None  # server time of the last linked zoom
+        self._figures: list = []
+        self._boxes: list = []
+        self._watched: set = set()
+        self._changed_at = 0.0
+        self._pending_window = None
+        self._scheduled = False
+        self._zooming = False
+
+    def attach(self, plot, element) -> None:
+        """Link a freshly rendered map: range callbacks, box select, box annotation."""
+        if not isinstance(element, hv.Image) or element.group not in LINKED_GROUPS:
+            return
+        figure = plot.state
+        if any(f is figure for f in self._figures):
+            return
+        self._figures.append(figure)
+        self._watch_ranges(figure)
+        # Panel's linked_axes swaps in the shared ranges after the hooks ran: follow them.
+        figure.on_change("x_range", partial(self._on_new_range, figure))
+        figure.on_change("y_range", partial(self._on_new_range, figure))
+        select = BoxSelectTool(
+            renderers=[plot.handles["glyph_renderer"]],
+            description="Box select: compare the heads' attention mass",
+        )
+        figure.add_tools(select)
+        if element.group == "HeadMap":
+            # The small maps show no toolbar: the wheel zooms and a drag draws the box.
+            figure.toolbar.active_drag = select
+            wheel = [t for t in figure.tools if isinstance(t, WheelZoomTool)]
+            if wheel:
+                figure.toolbar.active_scroll = wheel[0]
+        box = BoxAnnotation(
+            fill_alpha=0.08,
+            fill_color=BOX_COLOR,
+            line_color=BOX_COLOR,
+            line_width=2,
+            line_dash="dashed",
+            level="overlay",
+            visible=self.box is not None,
+            editable=False,
+        )
+        if self.box is not None:
+            box.left, box.right = self.box[0]
+            box.bottom, box.top = self.box[1]
+        figure.add_layout(box)
+        self._boxes.append(box)
+        figure.on_event(SelectionGeometry, self._on_select)
+
+    def _on_new_range(self, figure, attr, old, new) -> None:
+        self._watch_ranges(figure)
+
+    def _watch_ranges(self, figure) -> None:
+        for rng in (figure.x_range, figure.y_range):
+            if id(rng) not in self._watched:
+                self._watched.add(id(rng))
+                rng.on_change("start", partial(self._on_range, figure))
+                rng.on_change("end", partial(self._on_range, figure))
+
+    def rasterize(self, view, values: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """Rasterize a view's ``(rows, cols)`` array (rows by ascending y) for its plot.
+
+        A linked map shows the current window: only the window's cells (snapped to whole
+        cells) are passed to datashader, as a contiguous block, at the map's pixel size.
+        """
+        rows, cols = values.shape
+        bounds = (-0.5, -0.5, cols - 0.5, rows - 0.5)
+        snapped = None
+        if self.window is not None and view.pane_group in LINKED_GROUPS:
+            snapped = snap_window(bounds, values.shape, *view.raster, *self.window)
+        if snapped is None:
+            return views.raster_values(values, bounds, *view.raster)
+        width, height, (x0, x1), (y0, y1) = snapped
+        # A contiguous block: datashader's kernel for a strided slice of the full array is
+        # a second numba specialization (1.3 s to compile on the first zoom).
+        block = np.ascontiguousarray(
+            values[round(y0 + 0.5) : round(y1 + 0.5), round(x0 + 0.5) : round(x1 + 0.5)]
+        )
+        return views.raster_values(block, (x0, y0, x1, y1), width, height)
+
+    def _on_range(self, figure, attr, old, new) -> None:
+        window = (
+            (figure.x_range.start, figure.x_range.end),
+            (figure.y_range.start, figure.y_range.end),
+        )
+        if self._zooming or window == self.window or None in (*window[0], *window[1]):
+            return  # zoom() itself setting the ranges, or nothing new
+        doc = figure.document
+        if doc is None or doc.session_context is None:
+            self.zoom(*window)
+            return
+        # Debounced: a wheel zoom sends a change per wheel step and per range end.
+        self._changed_at = time.monotonic()
+        self._pending_window = window
+        if not self._scheduled:
+            self._scheduled = True
+            doc.add_timeout_callback(partial(self._debounced, doc), ZOOM_DEBOUNCE_MS)
+
+    def _debounced(self, doc) -> None:
+        wait_ms = ZOOM_DEBOUNCE_MS - 1000 * (time.monotonic() - self._changed_at)
+        if wait_ms > 1:
+            doc.add_timeout_callback(partial(self._debounced, doc), wait_ms)
+            return
+        self._scheduled = False
+        with set_curdoc(doc), pn.io.hold(doc):
+            self.zoom(*self._pending_window)
+
+    def zoom(self, x_range, y_range) -> None:
+        """Show the window ``x_range x y_range`` (key, query) on every linked map.
+
+        Every map's visible window is re-rasterized from the full array at its pixel size
+        and written into its rendered Bokeh image; ranges not shared are set to the window.
+        """
+        start = time.perf_counter()
+        self.window = (tuple(x_range), tuple(y_range))
+        self._zooming = True
+        try:
+            for figure in self._figures:
+                for rng, (lo, hi) in ((figure.x_range, x_range), (figure.y_range, y_range)):
+                    if (rng.start, rng.end) != (lo, hi):
+                        rng.start, rng.end = lo, hi
+        finally:
+            self._zooming = False
+        explorer = self.explorer
+        sel = explorer.selection
+        for view in explorer._views:
+            if view.raster is not None and view.pane_group in LINKED_GROUPS:
+                explorer._refresh(view, sel)
+        self.last_zoom_ms = 1000 * (time.perf_counter() - start)
+
+    def _on_select(self, event) -> None:
+        geometry = event.geometry or {}
+        if not event.final or geometry.get("type") != "rect":
+            return
+        self.select((geometry["x0"], geometry["x1"]), (geometry["y0"], geometry["y1"]))
+
+    def select(self, x_range, y_range) -> None:
+        """Mark the box ``x_range x y_range`` on every map and update the mass bars."""
+        self.box = (tuple(sorted(x_range)), tuple(sorted(y_range)))
+        for box in self._boxes:
+            box.update(
+                left=self.box[0][0],
+                right=self.box[0][1],
+                bottom=self.box[1][0],
+                top=self.box[1][1],
+                visible=True,
+            )
+        self._refresh_bars()
+
+    def clear(self, *_) -> None:
+        """Remove the box selection from every map."""
+        self.box = None
+        for box in self._boxes:
+            box.visible = False
+        self._refresh_bars()
+
+    def _refresh_bars(self) -> None:
+        for view in self.explorer._views:
+            if view.pane == MASS_PANE:
+                self.explorer._refresh(view, self.explorer.selection)
+
+    def section(self) -> list:
+        """The mass-share bars and a button clearing the box (for the head comparison)."""
+        explorer = self.explorer
+        ds = explorer.trace
+        try:
+            bars = explorer._add(
+                "mass share",
+                lambda sel: mass_bars(ds, sel, explorer.cache, self.box),
+                ["sample", "mask", "enabled_heads"],
+                MASS_PANE,
+            )
+        except views.MissingVariable as err:
+            return [explorer._missing(err, 420)]
+        bars = bars.opts(*views.options(420, 190)).opts(
+            hv.opts.Rectangles(
+                width=420, height=190, toolbar=None, fontsize={"title": 10}, ylim=(0, 1)
+            )
+        )
+        clear = pn.widgets.Button(label="Clear box", width=100, margin=(60, 5))
+        clear.on_click(self.clear)
+        note = pn.pane.Markdown(
+            "Wheel: zoom every map (re-rasterized at full resolution). Drag on a head map "
+            "(or use the matrix's box select): the share of each head's attention, from "
+            f"the box's queries, that goes to the box's keys ({SHARE_LABEL}).",
+            width=260,
+            styles={"font-size": "11px"},
+            margin=(20, 5),
+        )
+        pane = explorer._render(bars, MASS_PANE, width=430, height=200, margin=0)
+        return [pn.Row(pane, pn.Column(note, clear), margin=(5, 0))]

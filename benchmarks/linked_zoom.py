@@ -1,0 +1,215 @@
+"""Linked zoom across the attention matrix and the eight head maps: zoom event to repaint.
+
+Run: ``python benchmarks/linked_zoom.py [--repeats 8]``.
+
+Serves ``apps/main.py`` (the demo trace: 32 x 8 x 480 x 480) with ``panel serve`` and opens
+it in headless Chromium. Each zoom sets the shared x/y ranges of the maps (what the wheel
+and box zoom tools do), then, every animation frame, checks which maps' image data the
+server has re-rasterized and whether their canvases have repainted. It prints the medians
+over the zooms of:
+
+* ``total``: zoom to all nine maps repainted with their re-rasterized windows (the
+  acceptance number);
+* ``first data`` / ``all data``: zoom to the first and the last map's new image arriving
+  (debounce, round trip, server work), so ``total - all data`` is the browser's paint;
+* ``server``: the explorer's linked zoom measured in this process (re-rasterize the window
+  of the ten maps with datashader and write them into the Bokeh models), and how much of
+  it is datashader;
+* the naive baseline, measured in the same run: the matrix and eight head maps as HoloViews
+  ``rasterize``d ``DynamicMap``s, each ``RangeXY`` stream given the new window (what a
+  linked zoom triggers), and the ratio of its server time to the explorer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from served_app import open_app, serve  # noqa: E402
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# (x0, x1, y0, y1): key and query windows, each different from the one before.
+WINDOWS = [
+    (100, 340, 60, 300),
+    (150, 270, 200, 320),
+    (0, 480, 0, 480),
+    (300, 360, 20, 80),
+    (40, 200, 250, 410),
+    (-0.5, 479.5, -0.5, 479.5),
+    (210, 290, 120, 200),
+    (60, 420, 100, 460),
+]
+
+TIMED_ZOOM_JS = r"""
+async ([x0, x1, y0, y1]) => {
+  const imageOf = (pv) => [...pv.renderer_views.values()].find(
+    (r) => r.model.glyph && r.model.glyph.type === "Image");
+  const pvs = attn.plots().filter((pv) => imageOf(pv) && pv.el.offsetParent !== null &&
+    /^(sample \d+, |head \d)/.test(pv.model.title.text));
+  const sources = pvs.map((pv) => imageOf(pv).model.data_source);
+  const arrived = pvs.map(() => null);
+  const done = pvs.map(() => null);
+  const doc = pvs[0].model.document;
+  const listener = (ev) => {
+    const i = sources.indexOf(ev.model);
+    if (i >= 0 && arrived[i] === null) arrived[i] = performance.now();
+  };
+  doc.on_change(listener);
+  const frame = () => new Promise((resolve) => requestAnimationFrame(resolve));
+  const t0 = performance.now();
+  const m = pvs[1].model;  // a head map: the ranges are shared by every map
+  m.x_range.setv({start: x0, end: x1});
+  m.y_range.setv({start: y1, end: y0});  // the query axis is inverted
+  await frame();
+  await frame();
+  const magnified = pvs.map((pv) => attn.hash(pv));
+  const seen = pvs.map(() => 0);
+  while (done.some((d) => d === null) && performance.now() - t0 < 20000) {
+    await frame();
+    const now = performance.now();
+    pvs.forEach((pv, i) => {
+      if (done[i] !== null || arrived[i] === null) return;
+      seen[i] += 1;
+      // Repainted: the canvas differs from the magnified frame (or, where the new image
+      // happens to paint the same, the frame after its data arrived).
+      if (attn.hash(pv) !== magnified[i] || seen[i] > 1) done[i] = now;
+    });
+  }
+  doc.remove_on_change(listener);
+  if (done.some((d) => d === null)) throw new Error("a map was not re-rasterized");
+  return { maps: pvs.length, total: Math.max(...done) - t0,
+           first_data: Math.min(...arrived) - t0, all_data: Math.max(...arrived) - t0 };
+}
+"""
+
+
+def browser_zooms(repeats: int):
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with serve() as (url, _proc), sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+        )
+        console: list = []
+        page = open_app(browser, url, console)
+        page.evaluate(TIMED_ZOOM_JS, [0, 240, 0, 240])  # warm-up, not counted
+        page.wait_for_timeout(300)
+        for i in range(repeats):
+            out.append(page.evaluate(TIMED_ZOOM_JS, list(WINDOWS[i % len(WINDOWS)])))
+            page.wait_for_timeout(300)
+        errors = [m for m in console if m[0] in ("error", "pageerror")]
+        browser.close()
+    return out, errors
+
+
+def server_times(repeats: int):
+    """The explorer's linked zoom in process, and the naive rasterize/RangeXY baseline."""
+    import holoviews as hv
+    import panel as pn
+    from bokeh.document import Document
+    from holoviews.operation.datashader import rasterize
+
+    import attnpanel
+    from attnpanel import views
+    from attnpanel.explorer import AttentionExplorer
+
+    trace = attnpanel.demo()
+    explorer = AttentionExplorer(trace)
+    doc = Document()
+    doc.add_root(explorer.__panel__().get_root(doc))
+    explorer.linked.zoom((0, 240), (240, 0))  # warm-up
+    raster_time = [0.0]
+    original = views.raster_values
+
+    def timed_raster(*args, **kw):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kw)
+        finally:
+            raster_time[0] += time.perf_counter() - start
+
+    views.raster_values = timed_raster
+    mine, datashader_ms = [], []
+    try:
+        for i in range(repeats):
+            x0, x1, y0, y1 = WINDOWS[i % len(WINDOWS)]
+            raster_time[0] = 0.0
+            start = time.perf_counter()
+            explorer.linked.zoom((x0, x1), (y1, y0))
+            mine.append(1000 * (time.perf_counter() - start))
+            datashader_ms.append(1000 * raster_time[0])
+    finally:
+        views.raster_values = original
+
+    sel = explorer.selection
+    images = [views.attention_matrix(trace, sel)] + [
+        views.attention_matrix(trace, sel.with_(head=h)) for h in range(trace.sizes["head"])
+    ]
+    maps = [
+        rasterize(image).opts(width=520 if i == 0 else 150, height=520 if i == 0 else 150)
+        for i, image in enumerate(images)
+    ]
+    layout = pn.Row(*[pn.pane.HoloViews(m, linked_axes=True) for m in maps])
+    layout.get_root(Document())
+    streams = [s for m in maps for s in m.streams if isinstance(s, hv.streams.RangeXY)]
+    naive = []
+    for i in range(max(3, repeats // 2)):
+        x0, x1, y0, y1 = WINDOWS[i % len(WINDOWS)]
+        start = time.perf_counter()
+        for stream in streams:
+            stream.event(x_range=(x0, x1), y_range=(y0, y1))
+        naive.append(1000 * (time.perf_counter() - start))
+    return mine, datashader_ms, naive, len(streams)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=8, help="zooms to time")
+    args = parser.parse_args(argv)
+
+    print("measuring the server side in process ...", flush=True)
+    mine, datashader_ms, naive, n_streams = server_times(args.repeats)
+    print("measuring the served app in Chromium ...", flush=True)
+    zooms, errors = browser_zooms(args.repeats)
+
+    med = statistics.median
+    print()
+    print(
+        f"linked zoom, {zooms[0]['maps']} maps (matrix 520 px + head maps 150 px), demo "
+        f"480 x 480, {len(zooms)} zooms (medians, ms)"
+    )
+    print(
+        f"  zoom -> all maps repainted (Chromium):   {med(z['total'] for z in zooms):7.0f}"
+        f"   (min {min(z['total'] for z in zooms):.0f}, max "
+        f"{max(z['total'] for z in zooms):.0f})"
+    )
+    print(f"  zoom -> first map's new image arrives:   {med(z['first_data'] for z in zooms):7.0f}")
+    print(f"  zoom -> last map's new image arrives:    {med(z['all_data'] for z in zooms):7.0f}")
+    print(
+        f"  server: linked zoom of every map:        {med(mine):7.1f}"
+        f"   (datashader {med(datashader_ms):.1f})"
+    )
+    print(
+        f"  naive baseline: {n_streams} rasterize RangeXY DynamicMaps: {med(naive):7.0f}"
+        f"   ratio {med(naive) / med(mine):.1f}x"
+    )
+    if errors:
+        print(f"browser console errors: {errors}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Linked zoom and box selection of the attention maps, in the served explorer (Chromium).
+
+A wheel zoom over one small head map must move every map (the matrix and the eight head
+maps) and re-rasterize each one's visible window from the full array at its pixel size; a
+box drawn on one head map must be marked on every map and give per-head mass bars equal
+to a numpy computation on the trace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from served_app import open_app, serve
+
+import attnpanel
+from attnpanel import linked
+
+# Every linked map with its image: title, x/y range, image extent and shape, box annotation.
+MAPS_JS = r"""
+(valuesOf = null) => attn.plots().flatMap((pv) => {
+  const rv = [...pv.renderer_views.values()].find(
+    (r) => r.model.glyph && r.model.glyph.type === "Image");
+  if (!rv || !/^(sample \d+, |head \d)/.test(pv.model.title.text)) return [];
+  const d = rv.model.data_source.data;
+  const img = d.image[0];
+  const box = pv.model.center.find((a) => a.type === "BoxAnnotation" && a.level === "overlay");
+  return [{
+    title: pv.model.title.text,
+    x: [pv.model.x_range.start, pv.model.x_range.end],
+    y: [pv.model.y_range.start, pv.model.y_range.end],
+    extent: [d.x[0], d.y[0], d.dw[0], d.dh[0]],
+    shape: img.shape ? [...img.shape] : [img.length],
+    values: pv.model.title.text === valuesOf
+      ? Array.from(img, (v) => (Number.isNaN(v) ? null : v)) : null,
+    box: box ? [box.visible, box.left, box.right, box.bottom, box.top] : null,
+  }];
+})
+"""
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return attnpanel.demo()
+
+
+@pytest.fixture(scope="module")
+def app(browser):
+    console: list = []
+    with serve() as (url, _proc):
+        page = open_app(browser, url, console)
+        yield page, console
+        page.close()
+
+
+def maps(page, values_of: str | None = None) -> dict:
+    """The linked maps by title; ``values_of``: the title of a map whose pixels to read."""
+    return {m["title"].split(" (")[0]: m for m in page.evaluate(MAPS_JS, values_of)}
+
+
+def head_weights(trace, head: int, sample: int = 0) -> np.ndarray:
+    """What a head map shows: the trace's softmax weights, blocked cells NaN."""
+    weights = trace["weights"].values[sample, head].astype(np.float32).copy()
+    mask = trace.attrs.get("mask", "none")
+    if mask != "none":
+        from attnpanel.views import blocked_cells
+
+        blocked = blocked_cells(trace, mask)
+        if blocked is not None:
+            weights[blocked] = np.nan
+    return weights
+
+
+def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, artifacts):
+    page, console = app
+    before = maps(page)
+    heads = [t for t in before if t.startswith("head ") and t[5:].isdigit()]
+    assert len(heads) == trace.sizes["head"]
+    assert before["head 3"]["shape"] == [150, 150]  # 480 cells in 150 px: downsampled
+    target = page.evaluate(
+        "(() => { const p = attn.plot('head 2'); return attn.frame_point(p, 0.3, 0.6); })()"
+    )
+    page.mouse.move(target["x"], target["y"])
+    for _ in range(12):  # wheel steps until the window holds fewer cells than 150 pixels
+        page.mouse.wheel(0, -240)
+        page.wait_for_timeout(60)
+        span = page.evaluate(
+            "(() => { const r = attn.plot('head 2').model.x_range; "
+            "return Math.abs(r.end - r.start); })()"
+        )
+        if span < 120:
+            break
+    assert span < 120
+    # Wait until the server's re-rasterized windows arrived in every map.
+    page.wait_for_function(
+        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) < 150)",
+        timeout=20_000,
+        polling=100,
+    )
+    page.wait_for_timeout(300)
+    after = maps(page, "head 3")
+    page.screenshot(path=str(artifacts / "browser_linked_zoom.png"), full_page=True)
+    ranges = {(tuple(m["x"]), tuple(m["y"])) for m in after.values()}
+    assert len(ranges) == 1, ranges  # one shared window
+    ((x_range, y_range),) = ranges
+    assert x_range != tuple(before["head 3"]["x"])
+    for title, m in after.items():
+        left, bottom, width, height = m["extent"]
+        # The image covers the window snapped to whole cells, cell for cell.
+        assert left <= min(x_range) + 1e-9 and left + width >= max(x_range) - 1e-9, title
+        assert bottom <= min(y_range) + 1e-9 and bottom + height >= max(y_range) - 1e-9, title
+        assert m["shape"] == [round(height), round(width)], (title, m["shape"], m["extent"])
+    m = after["head 3"]
+    left, bottom, width, height = m["extent"]
+    c0, r0 = round(left + 0.5), round(bottom + 0.5)
+    expected = head_weights(trace, 3)[r0 : r0 + round(height), c0 : c0 + round(width)]
+    shown = np.array([np.nan if v is None else v for v in m["values"]], dtype=np.float32)
+    np.testing.assert_allclose(shown.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
+    # More detail than the magnified image: the full 150 px went to the window alone.
+    assert m["shape"][1] > 150 * width / 480
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []
+    page.evaluate(
+        "(() => { const p = attn.plot('head 2'); "
+        "p.model.x_range.setv({start: -0.5, end: 479.5}); "
+        "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
+    )
+    page.wait_for_function(
+        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) >= 479)",
+        timeout=20_000,
+        polling=100,
+    )
+    assert maps(page)["head 3"]["shape"] == [150, 150]
+
+
+def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifacts):
+    page, console = app
+    start = page.evaluate("attn.frame_point(attn.plot('head 5'), 0.25, 0.3)")
+    end = page.evaluate("attn.frame_point(attn.plot('head 5'), 0.6, 0.7)")
+    page.mouse.move(start["x"], start["y"])
+    page.mouse.down()
+    page.mouse.move((start["x"] + end["x"]) / 2, (start["y"] + end["y"]) / 2, steps=4)
+    page.mouse.move(end["x"], end["y"], steps=4)
+    page.mouse.up()
+    page.wait_for_function(
+        "() => { try { return attn.plot('attention mass of queries') !== null; } "
+        "catch (e) { return false; } }",
+        timeout=20_000,
+        polling=100,
+    )
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(artifacts / "browser_linked_box.png"), full_page=True)
+    boxes = {tuple(m["box"]) for m in maps(page).values()}
+    assert len(boxes) == 1, boxes  # the same box on every map
+    ((visible, left, right, bottom, top),) = boxes
+    assert visible and left < right and bottom < top
+    bars = page.evaluate(
+        "(() => { const pv = attn.plot('attention mass of queries'); "
+        "const rv = [...pv.renderer_views.values()].find((r) => r.model.data_source && "
+        "'top' in r.model.data_source.data); const d = rv.model.data_source.data; "
+        "return {top: Array.from(d.top), head: Array.from(d.head), "
+        "colors: Array.from(d.fill_color || d.color || []), "
+        "label: pv.model.left[0].axis_label}; })()"
+    )
+    weights = trace["weights"].values[0].astype(np.float64)  # (head, query, key)
+    rows, cols = linked.box_cells((left, right), (bottom, top), *weights.shape[1:])
+    inside = weights[:, rows, cols].sum(axis=(1, 2))
+    total = weights[:, rows, :].sum(axis=(1, 2))
+    np.testing.assert_allclose(bars["top"], inside / total, rtol=1e-4, atol=1e-6)
+    assert bars["head"] == list(range(trace.sizes["head"]))
+    assert bars["label"] == linked.SHARE_LABEL
+    assert 0 < min(bars["top"]) and max(bars["top"]) <= 1
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []

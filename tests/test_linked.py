@@ -1,0 +1,132 @@
+"""Linked zoom and box selection (``attnpanel.linked``): mass shares and windowed rasters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+from bokeh.document import Document
+
+from attnpanel import linked, views
+from attnpanel.explorer import AttentionExplorer
+
+
+def small_trace(n: int = 40, heads: int = 3) -> xr.Dataset:
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(2, heads, n, n))
+    weights = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    return xr.Dataset({"weights": (("batch", "head", "query", "key"), weights.astype(np.float32))})
+
+
+def test_mass_share_matches_a_hand_computation():
+    weights = np.zeros((2, 4, 4))
+    weights[0] = [
+        [0.5, 0.5, 0.0, 0.0],
+        [0.1, 0.2, 0.3, 0.4],
+        [0.25, 0.25, 0.25, 0.25],
+        [1.0, 0.0, 0.0, 0.0],
+    ]
+    weights[1] = np.eye(4)
+    # Keys 1-2 (cell centres 1, 2 in [0.6, 2.4]) of queries 1-2 (centres in [0.7, 2.2]).
+    share = linked.mass_share(weights, (0.6, 2.4), (2.2, 0.7))
+    # head 0: (0.2 + 0.3 + 0.25 + 0.25) / (1 + 1); head 1: (1 + 1) / 2
+    np.testing.assert_allclose(share, [0.5, 1.0])
+    # Query 3 only, keys 1-3: head 0 puts nothing there, head 1 all of its mass.
+    np.testing.assert_allclose(linked.mass_share(weights, (0.5, 3.5), (2.5, 3.5)), [0.0, 1.0])
+
+
+def test_mass_share_of_an_empty_box_or_a_massless_row_is_nan():
+    weights = np.zeros((1, 3, 3))
+    weights[0, 0] = [0.2, 0.3, 0.5]
+    assert np.isnan(linked.mass_share(weights, (0.2, 0.8), (0.2, 0.8))).all()  # no centre
+    assert np.isnan(linked.mass_share(weights, (0, 2), (1, 2))).all()  # rows carry no mass
+    assert linked.box_cells((-5, 99), (1.5, 1.6), 3, 3) == (slice(2, 2), slice(0, 3))
+
+
+def test_snap_window_clips_to_whole_cells_and_scales_the_pixels():
+    bounds, shape = (-0.5, -0.5, 479.5, 479.5), (480, 480)
+    # Window 100.2-219.7 in a 150 px frame: the cells 100..220 that it touches, on
+    # 150 px x 121 / 119.5.
+    width, height, x_range, y_range = linked.snap_window(
+        bounds, shape, 150, 150, (100.2, 219.7), (300.0, 180.0)
+    )
+    assert x_range == (99.5, 220.5) and width == 152
+    assert y_range == (179.5, 300.5) and height == 151
+    # Zoomed out past the data: only the data is rasterized, on its share of the frame.
+    width, height, x_range, y_range = linked.snap_window(
+        bounds, shape, 150, 150, (-480, 960), (-0.5, 479.5)
+    )
+    assert x_range == (-0.5, 479.5) and width == 50 and height == 150
+    assert linked.snap_window(bounds, shape, 150, 150, (600, 700), (0, 10)) is None
+
+
+@pytest.fixture(scope="module")
+def explorer():
+    ex = AttentionExplorer(small_trace())
+    doc = Document()
+    doc.add_root(ex.__panel__().get_root(doc))
+    return ex
+
+
+def images(ex) -> dict:
+    out = {}
+    for pane, found in ex._handles.items():
+        for key, handles in found.items():
+            # The head average is hidden (and not redrawn) until show_head_average.
+            if key[0] == "Image" and key[1] in linked.LINKED_GROUPS and pane != "head average":
+                out[pane] = handles[0]
+    return out
+
+
+def test_maps_share_ranges_and_a_zoom_rerasterizes_the_window(explorer):
+    maps = images(explorer)
+    assert {"matrix", "head 0", "head 1", "head 2"} <= set(maps)
+    figures = [h["plot"] for h in maps.values()]
+    assert len({id(f.x_range) for f in figures}) == 1  # one shared range: linked in the browser
+    assert len({id(f.y_range) for f in figures}) == 1
+    weights = explorer.trace["weights"].values[0]
+    explorer.linked.zoom((4.6, 20.2), (30.4, 10.0))
+    for pane, handles in maps.items():
+        data = handles["source"].data
+        assert (data["x"][0], data["y"][0], data["dw"][0], data["dh"][0]) == (4.5, 9.5, 16, 21)
+        if pane.startswith("head "):
+            # 16 x 21 cells in 150 px: the image is the array's window itself.
+            np.testing.assert_array_equal(data["image"][0], weights[int(pane[5:]), 10:31, 5:21])
+    assert figures[0].x_range.start == 4.6 and figures[0].y_range.end == 10.0
+    explorer.linked.zoom((-0.5, 39.5), (39.5, -0.5))
+    head = maps["head 1"]["source"].data["image"][0]
+    np.testing.assert_array_equal(head, weights[1])
+
+
+def test_windowed_raster_downsamples_with_datashader_when_cells_exceed_pixels():
+    values = np.arange(480 * 480, dtype=np.float32).reshape(480, 480)
+    view = type("View", (), {"raster": (150, 150), "pane_group": "HeadMap"})()
+    maps = linked.LinkedMaps(explorer=None)
+    maps.window = ((-0.5, 299.5), (-0.5, 299.5))
+    raster, bounds = maps.rasterize(view, values)
+    assert raster.shape == (150, 150) and bounds == (-0.5, -0.5, 299.5, 299.5)
+    expected = values[:300, :300].reshape(150, 2, 150, 2).mean(axis=(1, 3))
+    np.testing.assert_allclose(raster, expected, rtol=1e-6)
+    maps.window = ((99.5, 199.5), (9.5, 109.5))  # 100 cells <= 150 px: the slice itself
+    raster, bounds = maps.rasterize(view, values)
+    np.testing.assert_array_equal(raster, values[10:110, 100:200])
+    assert bounds == (99.5, 9.5, 199.5, 109.5)
+
+
+def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
+    explorer.linked.select((20.4, 5.2), (3.0, 12.6))
+    for box in explorer.linked._boxes:
+        assert box.visible and (box.left, box.right, box.bottom, box.top) == (5.2, 20.4, 3, 12.6)
+    bars = explorer._handles[linked.MASS_PANE][("Rectangles", "Vector", "")][0]
+    weights = explorer.trace["weights"].values[explorer.sample].astype(np.float64)
+    expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
+    np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
+    assert list(bars["source"].data["color"]) == list(views.HEAD_COLORS[:3])
+    assert bars["plot"].title.text == "attention mass of queries 3-12 on keys 6-20"
+    explorer.sample = 1  # the bars follow the sample
+    weights = explorer.trace["weights"].values[1].astype(np.float64)
+    expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
+    np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
+    explorer.linked.clear()
+    assert not any(box.visible for box in explorer.linked._boxes)
+    assert (bars["source"].data["top"] == 0).all()
