@@ -683,12 +683,9 @@ def _push(handles: dict, element):
         source.data = dict(image=[image], x=[left], y=[bottom], dw=[right - left],
                            dh=[top - bottom])
         mapper = handles.get("color_mapper")
-        finite = image[np.isfinite(image)]
-        if mapper is not None and finite.size:
-            low, high = float(finite.min()), float(finite.max())
-            if element.group == "HeadMap":
-                low = 0.0
-            mapper.low, mapper.high = low, high if high > low else low + 1e-9
+        if mapper is not None:
+            floor = 0.0 if element.group == "HeadMap" else None
+            mapper.low, mapper.high = views.color_limits(image, floor)
         colorbar = handles.get("colorbar")
         if colorbar is not None and element.value_label:
             colorbar.title = element.value_label

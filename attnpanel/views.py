@@ -275,13 +275,33 @@ def raster_values(values: np.ndarray, bounds, width: int, height: int, x_range=N
             (x_range[0], y_range[0], x_range[1], y_range[1]))
 
 
+COLOR_TOP_PERCENTILE = 99.5  # top of every map's colour scale
+
+
+def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float, float]:
+    """The colour scale of a map: its minimum (or ``floor``) to its 99.5th percentile.
+
+    A few sharp cells (a first query's weight of 1 under a causal mask) must not flatten
+    the rest of the map; hover still shows exact values, heavier cells take the top colour.
+    """
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return (0.0, 1.0)
+    low = float(finite.min()) if floor is None else floor
+    high = float(np.percentile(finite, COLOR_TOP_PERCENTILE))
+    if high <= low:
+        high = float(finite.max())
+    return (low, high if high > low else low + 1e-9)
+
+
 def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=None) -> hv.Image:
     """An ``hv.Image`` regridded by datashader to at most ``width x height`` (see
-    :func:`raster_values`)."""
+    :func:`raster_values`), with its colour limits set by :func:`color_limits`."""
     raster, bounds = raster_values(image.dimension_values(2, flat=False), image.bounds.lbrt(),
                                    width, height, x_range, y_range)
+    floor = 0.0 if image.group == "HeadMap" else None
     return hv.Image(raster[::-1], bounds=bounds, kdims=image.kdims, vdims=image.vdims,
-                    group=image.group, label=image.label)
+                    group=image.group, label=image.label).opts(clim=color_limits(raster, floor))
 
 
 def short_layer_name(name) -> str:

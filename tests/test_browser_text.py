@@ -155,7 +155,11 @@ def test_model_view_click_opens_the_map(app, artifacts):
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
     title = page.evaluate(f"{matrix_js()}.model.title.text")
     assert title.startswith("sample 0, head 7, layer 5: "), title
-    outline = renderer_data(page, "attn.plot('model view')", "Quad", "#39ff14")
-    assert (outline[0]["left"], outline[0]["bottom"]) == ([6.5], [4.5])
+    page.wait_for_function(
+        "[...attn.plot('model view').renderer_views.values()].some((rv) => rv.model.glyph && "
+        "rv.model.glyph.type === 'Quad' && rv.model.data_source.data.left[0] === 6.5 && "
+        "rv.model.data_source.data.bottom[0] === 4.5)",
+        timeout=10_000,
+    )
     page.wait_for_function("attn.plot('weights of query').model.title.text.endsWith('(head 7)')")
     shot(page, artifacts, "model_view_click")
