@@ -33,7 +33,9 @@ def cmd_info(args: argparse.Namespace) -> None:
 
     ds = _load_trace(args.trace)
     if not 0 <= args.sample < ds.sizes["batch"]:
-        raise CommandError(f"--sample {args.sample} is out of range: the trace has {ds.sizes['batch']} samples")
+        raise CommandError(
+            f"--sample {args.sample} is out of range: the trace has {ds.sizes['batch']} samples"
+        )
     layers = ds["layer"].values if "layer" in ds.dims else [None]
     for layer in layers:
         one = ds if layer is None else ds.sel(layer=layer)
@@ -81,7 +83,10 @@ def _read_layer(path: Path, n_heads: int | None, mask: str | None):
     state = checkpoint.get("state_dict", checkpoint)
     if "wq.weight" not in state:
         keys = ", ".join(list(state)[:6])
-        raise CommandError(f"{path} has no 'wq.weight' (keys: {keys}); expected a MultiHeadSelfAttention state dict")
+        raise CommandError(
+            f"{path} has no 'wq.weight' (keys: {keys}); "
+            "expected a MultiHeadSelfAttention state dict"
+        )
     config.setdefault("d_model", state["wq.weight"].shape[1])
     config["bias"] = "wq.bias" in state
     if n_heads is not None:
@@ -94,7 +99,9 @@ def _read_layer(path: Path, n_heads: int | None, mask: str | None):
         layer = MultiHeadSelfAttention(**config)
         layer.load_state_dict(state)
     except (ValueError, RuntimeError, TypeError) as error:
-        raise CommandError(f"cannot build the layer from {path}: {str(error).splitlines()[0]}") from error
+        raise CommandError(
+            f"cannot build the layer from {path}: {str(error).splitlines()[0]}"
+        ) from error
     return layer
 
 
@@ -113,7 +120,9 @@ def _trace_hugging_face(model_dir: Path, text: str):
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as error:
-        raise CommandError(f"cannot load a Hugging Face model from {model_dir}: {str(error).splitlines()[0]}") from error
+        raise CommandError(
+            f"cannot load a Hugging Face model from {model_dir}: {str(error).splitlines()[0]}"
+        ) from error
     encoded = tokenizer(text, return_tensors="pt")
     return capture(model, **encoded, tokens=tokenizer)
 
@@ -145,7 +154,9 @@ def cmd_trace(args: argparse.Namespace) -> None:
                 raise CommandError(str(error).splitlines()[0]) from error
         progress.update()
         if isinstance(ds, list):
-            raise CommandError("the model's layers differ in shape: save them one by one from Python")
+            raise CommandError(
+                "the model's layers differ in shape: save them one by one from Python"
+            )
         try:
             written = save(ds, args.output)
         except ValueError as error:
@@ -229,9 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("--checkpoint", help="MultiHeadSelfAttention state dict (.pt)")
     trace.add_argument("--input", help="input array (batch, length, d_model): .npy or .pt")
-    trace.add_argument("--model", help="a local Hugging Face model directory (instead of --checkpoint)")
+    trace.add_argument(
+        "--model", help="a local Hugging Face model directory (instead of --checkpoint)"
+    )
     trace.add_argument("--text", help="the text to run the Hugging Face model on")
-    trace.add_argument("-o", "--output", required=True, help="where to save the trace (.nc or .zarr)")
+    trace.add_argument(
+        "-o", "--output", required=True, help="where to save the trace (.nc or .zarr)"
+    )
     trace.add_argument("--heads", type=int, help="number of heads, if the checkpoint lacks it")
     trace.add_argument("--mask", choices=["none", "diagonal", "causal"], help="override the mask")
     trace.set_defaults(func=cmd_trace)

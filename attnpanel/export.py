@@ -27,8 +27,8 @@ from bokeh.models import (
     Div,
     HoverTool,
     LinearColorMapper,
-    Range1d,
     RadioButtonGroup,
+    Range1d,
     Select,
 )
 from bokeh.plotting import figure
@@ -42,7 +42,16 @@ MASKED = 255
 SMALL = 120  # frame of each head's small map, in pixels
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
 TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
-HEAD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+HEAD_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+)
 
 
 def _palette(n: int = LEVELS + 1) -> list[str]:
@@ -130,7 +139,8 @@ async function show() {
   for (let h = 0; h < small_sources.length; h++) fill(small_sources[h], flats[h]);
   const [low, top] = payload.scales[mask][head];
   state.data = {low: [low], top: [top]};
-  main_title.text = `Head ${head} · mask ${mask} · softmax (colour scale ${low.toPrecision(2)} to ${top.toPrecision(3)})`;
+  const scale = `${low.toPrecision(2)} to ${top.toPrecision(3)}`;
+  main_title.text = `Head ${head} · mask ${mask} · softmax (colour scale ${scale})`;
   colorbar.change.emit();
   document.body.dataset.attnpanelView = `${mask}/${head}`;
 }
@@ -165,7 +175,9 @@ def export_html(
     Path
     """
     if not 0 <= sample < ds.sizes["batch"]:
-        raise ValueError(f"sample {sample} is out of range: the trace has {ds.sizes['batch']} samples")
+        raise ValueError(
+            f"sample {sample} is out of range: the trace has {ds.sizes['batch']} samples"
+        )
     payload = export_maps(ds, sample, size)
     length, n, heads = payload["length"], payload["n"], ds.sizes["head"]
     x_range = Range1d(-0.5, length - 0.5)

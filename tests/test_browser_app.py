@@ -52,9 +52,24 @@ def test_page_loads_without_console_errors(app, artifacts):
     shot(page, artifacts, "loaded")
     assert errors == []
     titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
-    for expected in ("sample 0: aggregate power", "input x[", "Wq", "Wk", "Wv", "Q[", "K[",
-                     "V[", "weights of query", "value vectors", "context of query",
-                     "head 0", "head 7", "head merge", "Wo", "output Wo"):
+    for expected in (
+        "sample 0: aggregate power",
+        "input x[",
+        "Wq",
+        "Wk",
+        "Wv",
+        "Q[",
+        "K[",
+        "V[",
+        "weights of query",
+        "value vectors",
+        "context of query",
+        "head 0",
+        "head 7",
+        "head merge",
+        "Wo",
+        "output Wo",
+    ):
         assert any(t.startswith(expected) for t in titles), (expected, titles)
     labels = page.evaluate(
         "attn.views().filter((v) => v.model && 'title' in v.model && "
@@ -109,8 +124,13 @@ def test_click_top_curve_moves_row_and_aggregation(app, artifacts):
 
 @pytest.mark.parametrize(
     ("title", "value"),
-    [("Head", "head 3"), ("Mask", "causal"), ("Stage", "raw scores"),
-     ("Head", "mean of heads"), ("Sample", 5)],
+    [
+        ("Head", "head 3"),
+        ("Mask", "causal"),
+        ("Stage", "raw scores"),
+        ("Head", "mean of heads"),
+        ("Sample", 5),
+    ],
 )
 def test_controls_change_matrix_pixels(app, artifacts, title, value):
     page, _ = app

@@ -11,9 +11,14 @@ from served_app import open_app, serve
 def test_url_reopens_the_same_view_and_follows_changes(browser, artifacts):
     console: list = []
     with serve() as (url, _proc):
-        page = open_app(browser, f"{url}?sample=2&head=3&query=120&mask=causal&stage=scaled", console)
+        page = open_app(
+            browser, f"{url}?sample=2&head=3&query=120&mask=causal&stage=scaled", console
+        )
         try:
-            title = page.evaluate("attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text)).model.title.text")
+            title = page.evaluate(
+                "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
+                ".model.title.text"
+            )
             assert title.startswith("sample 2, head 3"), title
             assert "causal" in title and "scaled" in title, title
             marker = page.evaluate("attn.plot('sample 2').model.title.text")
@@ -28,6 +33,4 @@ def test_url_reopens_the_same_view_and_follows_changes(browser, artifacts):
             assert [m for m in console if m[0] in ("error", "pageerror")] == []
         finally:
             page.close()
-        shared = browser.new_page(viewport={"width": 1600, "height": 1300})
-        shared.close()
     assert re.match(r"http://127\.0\.0\.1:\d+/main", url)

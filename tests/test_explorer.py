@@ -22,12 +22,15 @@ def make_trace(n_batch=2):
     torch.manual_seed(0)
     layer = attnpanel.MultiHeadSelfAttention(d_model=96, n_heads=8, mask="diagonal")
     time = np.datetime64("2025-06-02T06:00") + np.arange(LENGTH) * np.timedelta64(1, "m")
-    ds = attnpanel.trace(layer, torch.randn(n_batch, LENGTH, 96),
-                         time=time.astype("datetime64[ns]"))
+    ds = attnpanel.trace(
+        layer, torch.randn(n_batch, LENGTH, 96), time=time.astype("datetime64[ns]")
+    )
     rng = np.random.default_rng(0)
     ds["aggregate"] = (("batch", "position"), rng.random((n_batch, LENGTH)).astype(np.float32))
-    ds["appliance_power"] = (("batch", "appliance", "position"),
-                             rng.random((n_batch, 2, LENGTH)).astype(np.float32))
+    ds["appliance_power"] = (
+        ("batch", "appliance", "position"),
+        rng.random((n_batch, 2, LENGTH)).astype(np.float32),
+    )
     return ds.assign_coords(appliance=["fridge", "kettle"])
 
 
@@ -66,19 +69,30 @@ def test_parameters_follow_the_trace(explorer, trace):
 
 def test_initial_params_are_applied(trace):
     explorer = AttentionExplorer(trace, sample=1, head="mean", query=12, mask="causal")
-    assert explorer.selection == views.Selection(sample=1, head="mean", query=12, mask="causal",
-                                                 stage="softmax",
-                                                 enabled_heads=tuple(range(8)))
+    assert explorer.selection == views.Selection(
+        sample=1,
+        head="mean",
+        query=12,
+        mask="causal",
+        stage="softmax",
+        enabled_heads=tuple(range(8)),
+    )
 
 
 def test_head_mask_stage_redraw_the_matrix(explorer, trace):
-    for change in (dict(head=3), dict(mask="causal"), dict(stage="raw"), dict(head="mean"),
-                   dict(sample=1)):
+    for change in (
+        dict(head=3),
+        dict(mask="causal"),
+        dict(stage="raw"),
+        dict(head="mean"),
+        dict(sample=1),
+    ):
         explorer.param.update(**change)
         expected = views.attention_values(trace, explorer.selection)
         np.testing.assert_array_equal(shown_matrix(explorer), expected, err_msg=str(change))
     assert handles(explorer, "matrix", "Overlay")["plot"].title.text == (
-        "sample 1, mean of heads: raw scores q·k (mask causal)")
+        "sample 1, mean of heads: raw scores q·k (mask causal)"
+    )
     assert handles(explorer, "matrix", "Image", "Attention")["colorbar"].title == "raw scores q·k"
     assert explorer.last_error == ""
 
@@ -98,14 +112,16 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
     assert (box.bottom, box.top) == (16.5, 17.5)
     assert box.level == "overlay"
     bars = handles(explorer, "aggregation weights", "Rectangles")["source"].data
-    np.testing.assert_allclose(bars["top"], trace["weights"].isel(batch=0, head=0, query=17),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        bars["top"], trace["weights"].isel(batch=0, head=0, query=17), rtol=1e-5, atol=1e-7
+    )
     factors = handles(explorer, "top values", "HeatMap")["y_range"].factors
     best = int(np.argmax(trace["weights"].isel(batch=0, head=0, query=17).values))
     assert factors[-1].startswith(f"key {best} ")  # drawn at the top
     span = handles(explorer, "sequence", "VLine")["glyph"]
     assert span.location == pytest.approx(
-        trace["time"].values[17].astype("datetime64[ms]").astype(np.int64))
+        trace["time"].values[17].astype("datetime64[ms]").astype(np.int64)
+    )
 
 
 def test_tapping_the_curve_and_the_matrix_select_the_query(explorer, trace):
@@ -165,7 +181,8 @@ def test_side_by_side_shows_the_unmasked_matrix(explorer, trace):
     explorer.param.update(side_by_side=True, head=1, stage="softmax", mask="diagonal")
     unmasked = handles(explorer, "unmasked", "Image", "Attention")["source"].data["image"][0]
     np.testing.assert_array_equal(
-        unmasked, views.attention_values(trace, explorer.selection.with_(mask="none")))
+        unmasked, views.attention_values(trace, explorer.selection.with_(mask="none"))
+    )
     assert np.isfinite(unmasked).all()
 
 
@@ -193,12 +210,15 @@ def test_a_trace_without_some_variables_names_them(trace):
     assert explorer.param.mask.objects == ["diagonal"]
     explorer.param.update(head=4, query=6)
     assert explorer.last_error == ""
-    np.testing.assert_array_equal(shown_matrix(explorer),
-                                  views.attention_values(weights_only, explorer.selection))
+    np.testing.assert_array_equal(
+        shown_matrix(explorer), views.attention_values(weights_only, explorer.selection)
+    )
 
 
 def test_importing_attnpanel_does_not_import_panel():
-    code = ("import sys, attnpanel; assert 'panel' not in sys.modules; "
-            "assert 'holoviews' not in sys.modules; attnpanel.AttentionExplorer; "
-            "assert 'panel' in sys.modules")
+    code = (
+        "import sys, attnpanel; assert 'panel' not in sys.modules; "
+        "assert 'holoviews' not in sys.modules; attnpanel.AttentionExplorer; "
+        "assert 'panel' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -36,18 +36,24 @@ def test_maps_cover_every_head_and_mask_and_mark_masked_cells(trace_480):
     assert payload["masks"] == ["none", "diagonal", "causal"]
     for mask in payload["masks"]:
         assert len(payload["maps"][mask]) == 8
-    diagonal = np.frombuffer(zlib.decompress(base64.b64decode(payload["maps"]["diagonal"][3])), np.uint8)
+    diagonal = np.frombuffer(
+        zlib.decompress(base64.b64decode(payload["maps"]["diagonal"][3])), np.uint8
+    )
     diagonal = diagonal.reshape(480, 480)
     assert (np.diag(diagonal) == MASKED).all()
     assert (diagonal[~np.eye(480, dtype=bool)] <= LEVELS).all()
-    causal = np.frombuffer(zlib.decompress(base64.b64decode(payload["maps"]["causal"][0])), np.uint8)
+    causal = np.frombuffer(
+        zlib.decompress(base64.b64decode(payload["maps"]["causal"][0])), np.uint8
+    )
     causal = causal.reshape(480, 480)
     assert (causal[np.triu_indices(480, 1)] == MASKED).all()
     assert (causal[np.tril_indices(480)] <= LEVELS).all()
 
 
 def test_long_sequences_are_reduced_by_the_mean():
-    weights = attnpanel.trace(attnpanel.MultiHeadSelfAttention(16, 2, mask="none"), torch.randn(1, 96, 16))
+    weights = attnpanel.trace(
+        attnpanel.MultiHeadSelfAttention(16, 2, mask="none"), torch.randn(1, 96, 16)
+    )
     one = weights["weights"].isel(batch=0, head=0)
     reduced = display_resolution(one, 48)
     expected = one.values.reshape(48, 2, 48, 2).mean(axis=(1, 3))
@@ -100,7 +106,9 @@ def _canvas_hash(page) -> str:
 
 
 @pytest.mark.parametrize("length", [480, 4096])
-def test_export_is_small_self_contained_and_switchable_offline(length, browser, artifacts, tmp_path):
+def test_export_is_small_self_contained_and_switchable_offline(
+    length, browser, artifacts, tmp_path
+):
     torch.manual_seed(2)
     ds = _trace(length)
     path = export_html(ds, tmp_path / f"report_{length}.html")

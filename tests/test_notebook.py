@@ -71,10 +71,18 @@ def jupyterlab(tmp_path):
     shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
     port = _free_port()
     command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-        f"--ServerApp.root_dir={tmp_path}", "--IdentityProvider.token=",
-        "--ServerApp.password=", "--LabApp.expose_app_in_browser=True",
-        "--ServerApp.disable_check_xsrf=True", "--LabApp.news_url=",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--ServerApp.root_dir={tmp_path}",
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        "--LabApp.expose_app_in_browser=True",
+        "--ServerApp.disable_check_xsrf=True",
+        "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--allow-root",
     ]
@@ -116,7 +124,9 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
     page.on("request", record)
     try:
         page.goto(f"{jupyterlab}/lab/tree/walkthrough.ipynb", timeout=120_000)
-        page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=120_000)
+        page.wait_for_function(
+            "window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=120_000
+        )
         page.wait_for_function(
             """() => { const w = window.jupyterapp.shell.currentWidget;
                        return w && w.sessionContext && w.sessionContext.session
@@ -129,7 +139,9 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         # the last cell (the export) prints the file's size: then every cell has run
         page.wait_for_selector(".jp-OutputArea-output:has-text('MiB')", timeout=240_000)
         page.wait_for_timeout(2000)
-        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        errors = page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+        )
         assert errors.count() == 0 or "Traceback" not in errors.all_inner_texts()[0]
         page.locator(".jp-OutputArea-output .bk-Figure").nth(8).scroll_into_view_if_needed()
         page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))

@@ -50,8 +50,9 @@ def test_masked_stage_uses_nan_not_fill_so_colours_keep_their_range(trace):
 def test_raw_and_scaled_stages_are_q_dot_k(trace):
     raw = views.attention_values(trace, Selection(sample=0, head=1, stage="raw"))
     scaled = views.attention_values(trace, Selection(sample=0, head=1, stage="scaled"))
-    np.testing.assert_allclose(raw, trace["scores"].isel(batch=0, head=1).values, rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        raw, trace["scores"].isel(batch=0, head=1).values, rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_allclose(scaled, raw * trace.attrs["scale"], rtol=1e-5, atol=1e-6)
 
 
@@ -85,8 +86,10 @@ def test_attention_matrix_orientation_and_rasterized_keeps_full_resolution(trace
     assert np.isnan(image[5, 0])
     raster = views.rasterized(image, 500, 500)
     assert raster.dimension_values(2, flat=False).shape == (LENGTH, LENGTH)
-    np.testing.assert_array_equal(np.isnan(raster.dimension_values(2, flat=False)),
-                                  np.isnan(image.dimension_values(2, flat=False)))
+    np.testing.assert_array_equal(
+        np.isnan(raster.dimension_values(2, flat=False)),
+        np.isnan(image.dimension_values(2, flat=False)),
+    )
     small = views.rasterized(image, 8, 8)
     assert small.dimension_values(2, flat=False).shape == (8, 8)
 
@@ -103,23 +106,27 @@ def test_query_and_position_markers(trace):
 def test_sequence_curve_shows_aggregate_power(trace):
     overlay = views.sequence_curve(trace, Selection(sample=1))
     curve = overlay.get(0)
-    np.testing.assert_allclose(curve.dimension_values("power"),
-                               trace["aggregate"].isel(batch=1).values)
+    np.testing.assert_allclose(
+        curve.dimension_values("power"), trace["aggregate"].isel(batch=1).values
+    )
     assert curve.kdims[0].name == "time"
 
 
 def test_input_and_projection_vectors_split_into_head_lanes(trace):
     sel = Selection(sample=1, query=5)
     bars = views.input_vector(trace, sel)
-    np.testing.assert_allclose(bars.dimension_values("value"),
-                               trace["x"].isel(batch=1, position=5).values, rtol=1e-6)
+    np.testing.assert_allclose(
+        bars.dimension_values("value"), trace["x"].isel(batch=1, position=5).values, rtol=1e-6
+    )
     q = views.projection_vector(trace, sel, "q")
     rects = q.get(0)
     assert list(np.unique(rects.dimension_values("head"))) == list(range(8))
     assert len(set(rects.dimension_values("color"))) == 8
-    np.testing.assert_allclose(rects.dimension_values("value"),
-                               trace["q"].isel(batch=1, position=5).values.reshape(-1),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        rects.dimension_values("value"),
+        trace["q"].isel(batch=1, position=5).values.reshape(-1),
+        rtol=1e-6,
+    )
     lanes = q.get(1)
     assert isinstance(lanes, hv.VSpans)
 
@@ -133,11 +140,13 @@ def test_weight_heatmap(trace):
 def test_value_aggregation_is_the_trace_context(trace):
     sel = Selection(sample=2, head=4, query=11)
     weights = views.aggregation_weights(trace, sel).get(0).dimension_values("value")
-    np.testing.assert_allclose(weights, trace["weights"].isel(batch=2, head=4, query=11).values,
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        weights, trace["weights"].isel(batch=2, head=4, query=11).values, rtol=1e-5, atol=1e-7
+    )
     context = views.context_vector(trace, sel).dimension_values("value")
-    np.testing.assert_allclose(context, trace["context"].isel(batch=2, head=4, query=11).values,
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        context, trace["context"].isel(batch=2, head=4, query=11).values, rtol=1e-4, atol=1e-6
+    )
     top = views.top_values(trace, sel)
     assert len(set(top.dimension_values("key"))) == views.TOP_KEYS
     best = int(np.argmax(weights))
@@ -147,8 +156,9 @@ def test_value_aggregation_is_the_trace_context(trace):
 def test_merged_output_matches_trace_and_changes_without_a_head(trace):
     sel = Selection(sample=1, query=3)
     merged, output_all, output_enabled = views.merged_output(trace, sel)
-    np.testing.assert_allclose(output_all, trace["output"].isel(batch=1, position=3).values,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        output_all, trace["output"].isel(batch=1, position=3).values, rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_allclose(output_enabled, output_all)
     assert views.output_change_ratio(trace, sel) == 0.0
     off = sel.with_(enabled_heads=(0, 1, 2, 4, 5, 6, 7))
@@ -179,8 +189,18 @@ def test_head_map_and_palette(trace):
 def test_shape_table_lists_every_step_with_real_shapes(trace):
     table = views.shape_table(trace)
     steps = list(table.dimension_values("step"))
-    assert steps == ["input", "projections", "split", "scores", "scaled", "masked", "weights",
-                     "context", "merged", "output"]
+    assert steps == [
+        "input",
+        "projections",
+        "split",
+        "scores",
+        "scaled",
+        "masked",
+        "weights",
+        "context",
+        "merged",
+        "output",
+    ]
     shapes = dict(zip(steps, table.dimension_values("shape"), strict=True))
     assert shapes["weights"] == f"(batch=3, head=8, query={LENGTH}, key={LENGTH})"
     assert shapes["split"] == f"(batch=3, head=8, position={LENGTH}, head_dim=12)"
@@ -189,8 +209,12 @@ def test_shape_table_lists_every_step_with_real_shapes(trace):
 
 def test_views_name_the_missing_variable(weights_only):
     sel = Selection()
-    for view in (views.input_vector, lambda ds, s: views.projection_vector(ds, s, "q"),
-                 views.context_vector, views.merged_output):
+    for view in (
+        views.input_vector,
+        lambda ds, s: views.projection_vector(ds, s, "q"),
+        views.context_vector,
+        views.merged_output,
+    ):
         with pytest.raises(MissingVariable) as err:
             view(weights_only, sel)
         assert "`" in err.value.message
