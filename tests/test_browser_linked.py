@@ -32,7 +32,9 @@ MAPS_JS = r"""
     shape: img.shape ? [...img.shape] : [img.length],
     values: pv.model.title.text === valuesOf
       ? Array.from(img, (v) => (Number.isNaN(v) ? null : v)) : null,
-    box: box ? [box.visible, box.left, box.right, box.bottom, box.top] : null,
+    // Numbers only: an unset side is a Bokeh model (the frame's edge), not a coordinate.
+    box: box ? [box.visible, ...[box.left, box.right, box.bottom, box.top].map(
+      (v) => (typeof v === "number" ? v : null))] : null,
   }];
 })
 """
