@@ -39,8 +39,7 @@ log = logging.getLogger(__name__)
 hv.Store.set_current_backend("bokeh")
 
 COLORMAPS = ("coolwarm", "RdBu_r", "bwr", "fire", "viridis")
-STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked",
-               "softmax": "softmax"}
+STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked", "softmax": "softmax"}
 MATRIX_SIZE = 520
 HEAD_MAP_SIZE = 150
 SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads", "layer")
@@ -72,8 +71,14 @@ class _Raster:
     value_label: str = ""  # the colour bar's title
 
     def element(self, vdim: str = "value") -> hv.Image:
-        return hv.Image(self.values[::-1], bounds=self.bounds, kdims=["key", "query"],
-                        vdims=[vdim], group=self.group, label=self.label)
+        return hv.Image(
+            self.values[::-1],
+            bounds=self.bounds,
+            kdims=["key", "query"],
+            vdims=[vdim],
+            group=self.group,
+            label=self.label,
+        )
 
 
 def _layer_key(element) -> tuple[str, str, str]:
@@ -116,28 +121,52 @@ class AttentionExplorer(pn.viewable.Viewer):
     """
 
     sample = param.Integer(default=0, bounds=(0, 0), doc="Sample (batch index) shown.")
-    head = param.Selector(default=0, objects=[0, "mean"],
-                          doc='Head of the large matrix, or "mean" of the enabled heads.')
+    head = param.Selector(
+        default=0,
+        objects=[0, "mean"],
+        doc='Head of the large matrix, or "mean" of the enabled heads.',
+    )
     query = param.Integer(default=0, bounds=(0, 0), doc="Selected query position.")
-    mask = param.Selector(default="none", objects=list(MASK_MODES),
-                          doc="Mask mode; weights are recomputed live from q and k.")
-    stage = param.Selector(default="softmax", objects=list(STAGES),
-                           doc="Stage of the score-to-weight pipeline in the large matrix.")
-    enabled_heads = param.ListSelector(default=[], objects=[],
-                                       doc="Heads kept in the merge and the output.")
-    colormap = param.Selector(default="coolwarm", objects=list(COLORMAPS),
-                              doc="Colour map of the large matrix (low to high).")
-    side_by_side = param.Boolean(default=False,
-                                 doc="Show the matrix without a mask beside the masked one.")
-    show_appliances = param.Boolean(default=True,
-                                    doc="Overlay each appliance's ground truth on the top view.")
-    layer = param.Integer(default=0, bounds=(0, 0),
-                          doc="Layer shown, for a trace with a `layer` dim: every view follows.")
-    show_positional = param.Boolean(default=False, doc=(
-        "Show the sinusoidal positional encoding; on at start when the trace's attribute "
-        "`positional_encoding` is 'sinusoidal'."))
-    show_head_average = param.Boolean(default=False, doc=(
-        "Show the head average (what nn.MultiheadAttention returns) beside the head maps."))
+    mask = param.Selector(
+        default="none",
+        objects=list(MASK_MODES),
+        doc="Mask mode; weights are recomputed live from q and k.",
+    )
+    stage = param.Selector(
+        default="softmax",
+        objects=list(STAGES),
+        doc="Stage of the score-to-weight pipeline in the large matrix.",
+    )
+    enabled_heads = param.ListSelector(
+        default=[], objects=[], doc="Heads kept in the merge and the output."
+    )
+    colormap = param.Selector(
+        default="coolwarm",
+        objects=list(COLORMAPS),
+        doc="Colour map of the large matrix (low to high).",
+    )
+    side_by_side = param.Boolean(
+        default=False, doc="Show the matrix without a mask beside the masked one."
+    )
+    show_appliances = param.Boolean(
+        default=True, doc="Overlay each appliance's ground truth on the top view."
+    )
+    layer = param.Integer(
+        default=0,
+        bounds=(0, 0),
+        doc="Layer shown, for a trace with a `layer` dim: every view follows.",
+    )
+    show_positional = param.Boolean(
+        default=False,
+        doc=(
+            "Show the sinusoidal positional encoding; on at start when the trace's attribute "
+            "`positional_encoding` is 'sinusoidal'."
+        ),
+    )
+    show_head_average = param.Boolean(
+        default=False,
+        doc=("Show the head average (what nn.MultiheadAttention returns) beside the head maps."),
+    )
     last_error = param.String(default="", doc="The last error a callback reported.")
 
     def __init__(self, trace: xr.Dataset, **params):
@@ -153,8 +182,11 @@ class AttentionExplorer(pn.viewable.Viewer):
         own_mask = trace.attrs.get("mask", "none")
         if "q" not in trace or "k" not in trace:
             masks = [own_mask]  # without q and k only the trace's own weights exist
-        late = {n: params.pop(n) for n in ("sample", "head", "query", "mask", "enabled_heads",
-                                           "layer") if n in params}
+        late = {
+            n: params.pop(n)
+            for n in ("sample", "head", "query", "mask", "enabled_heads", "layer")
+            if n in params
+        }
         super().__init__(**params)
         if self.layers is not None:
             self.param.layer.bounds = (0, self.layers.sizes["layer"] - 1)
@@ -182,8 +214,14 @@ class AttentionExplorer(pn.viewable.Viewer):
     @property
     def selection(self) -> Selection:
         """The current selection as a plain value (what the views read)."""
-        return Selection(sample=self.sample, head=self.head, query=self.query, mask=self.mask,
-                         stage=self.stage, enabled_heads=tuple(sorted(self.enabled_heads)))
+        return Selection(
+            sample=self.sample,
+            head=self.head,
+            query=self.query,
+            mask=self.mask,
+            stage=self.stage,
+            enabled_heads=tuple(sorted(self.enabled_heads)),
+        )
 
     def _report(self, err: BaseException, where: str) -> None:
         """Show an error as a notification and log it; the session goes on."""
@@ -214,8 +252,10 @@ class AttentionExplorer(pn.viewable.Viewer):
     def _render(self, element, pane: str, **pane_kw):
         """Style an element once, hook every layer and wrap it in a HoloViews pane."""
         hook = self._capture(pane)
-        kinds = {type(layer).__name__ for layer in
-                 (element if isinstance(element, hv.Overlay) else [element])}
+        kinds = {
+            type(layer).__name__
+            for layer in (element if isinstance(element, hv.Overlay) else [element])
+        }
         hooks = [getattr(hv.opts, kind)(hooks=[hook]) for kind in kinds]
         if isinstance(element, hv.Overlay):
             hooks.append(hv.opts.Overlay(hooks=[hook]))
@@ -223,11 +263,20 @@ class AttentionExplorer(pn.viewable.Viewer):
         pane_kw.setdefault("linked_axes", False)
         return pn.pane.HoloViews(element, **pane_kw)
 
-    def _add(self, name, build, parameters, pane, raster=None, title=True, active=None,
-             group="", first=False):
+    def _add(
+        self,
+        name,
+        build,
+        parameters,
+        pane,
+        raster=None,
+        title=True,
+        active=None,
+        group="",
+        first=False,
+    ):
         """Register a hot-path view and return its first element (already rasterized)."""
-        view = _View(name, build, frozenset(parameters), pane, raster, title, active, group,
-                     first)
+        view = _View(name, build, frozenset(parameters), pane, raster, title, active, group, first)
         element = self._element(view, self.selection)
         self._views.append(view)
         return element
@@ -337,8 +386,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         for head in range(self.trace.sizes["head"]):
             enabled = head in self.enabled_heads
             palette = views.head_cmap(head, enabled)
-            for handles in self._handles.get(f"head {head}", {}).get(("Image", "HeadMap", ""),
-                                                                      []):
+            for handles in self._handles.get(f"head {head}", {}).get(("Image", "HeadMap", ""), []):
                 handles["color_mapper"].palette = palette
                 handles["plot"].title.text = f"head {head}" + ("" if enabled else " (off)")
         for head, toggle in enumerate(getattr(self, "_head_toggles", [])):
@@ -351,8 +399,9 @@ class AttentionExplorer(pn.viewable.Viewer):
                     self._refresh(view, self.selection)
 
     def _missing(self, err: MissingVariable, width: int, height: int = 80):
-        return pn.pane.Alert(err.message, alert_type="warning", width=width,
-                             min_height=height, margin=5)
+        return pn.pane.Alert(
+            err.message, alert_type="warning", width=width, min_height=height, margin=5
+        )
 
     def _bars(self, name, build, parameters, width, height):
         """A bar-chart view, or an alert naming the variable it lacks."""
@@ -362,34 +411,51 @@ class AttentionExplorer(pn.viewable.Viewer):
             return self._missing(err, width)
         element = element.opts(*views.options(width, height))
         small = dict(width=width, height=height, toolbar=None, fontsize={"title": 10})
-        element = element.opts(hv.opts.Rectangles(**small), hv.opts.Curve(**small),
-                               hv.opts.HeatMap(**small, colorbar=False))
+        element = element.opts(
+            hv.opts.Rectangles(**small),
+            hv.opts.Curve(**small),
+            hv.opts.HeatMap(**small, colorbar=False),
+        )
         return self._render(element, name, width=width + 10, height=height + 10, margin=0)
 
     def _top_view(self):
         ds = self.trace
         if "token" in ds.coords:
             return explorer_model.token_strip(self)
-        curves = self._add("sequence view", lambda sel: views.sequence_curve(
-            ds, sel, show_appliances=self.show_appliances), ["sample", "show_appliances"],
-            "sequence")
+        curves = self._add(
+            "sequence view",
+            lambda sel: views.sequence_curve(ds, sel, show_appliances=self.show_appliances),
+            ["sample", "show_appliances"],
+            "sequence",
+        )
         # Every appliance curve is drawn once; switching them off hides their renderers.
         curves = views.sequence_curve(ds, self.selection, show_appliances=True)
-        marker = self._add("position marker", lambda sel: views.position_marker(ds, sel),
-                           ["sample", "query"], "sequence", title=False, first=True)
+        marker = self._add(
+            "position marker",
+            lambda sel: views.position_marker(ds, sel),
+            ["sample", "query"],
+            "sequence",
+            title=False,
+            first=True,
+        )
         colors = ["black"] + list(views.APPLIANCE_COLORS)
         for i, curve in enumerate(curves):
-            curve.opts(color=colors[i % len(colors)], line_width=1.6 if i == 0 else 1,
-                       visible=i == 0 or self.show_appliances)
+            curve.opts(
+                color=colors[i % len(colors)],
+                line_width=1.6 if i == 0 else 1,
+                visible=i == 0 or self.show_appliances,
+            )
         plot = (curves * marker).relabel(curves.label).opts(*views.options())
-        plot = plot.opts(hv.opts.Curve(responsive=True, height=210),
-                         hv.opts.Overlay(responsive=True, height=210, show_legend=True,
-                                         legend_position="right"))
+        plot = plot.opts(
+            hv.opts.Curve(responsive=True, height=210),
+            hv.opts.Overlay(responsive=True, height=210, show_legend=True, legend_position="right"),
+        )
         tap = hv.streams.Tap(source=plot, transient=True)
         tap.add_subscriber(self._on_top_tap)
         self._top_tap = tap
-        return self._render(plot, "sequence", sizing_mode="stretch_width", height=220,
-                            margin=(0, 5))
+        return self._render(
+            plot, "sequence", sizing_mode="stretch_width", height=220, margin=(0, 5)
+        )
 
     def _on_top_tap(self, x=None, y=None):
         if x is None:
@@ -420,8 +486,15 @@ class AttentionExplorer(pn.viewable.Viewer):
         ds = self.trace
         width = 330
         items = [pn.pane.Markdown("### Q/K/V projection", margin=(0, 5))]
-        items.append(self._bars("input vector", lambda sel: views.input_vector(ds, sel),
-                                ["sample", "query"], width, 125))
+        items.append(
+            self._bars(
+                "input vector",
+                lambda sel: views.input_vector(ds, sel),
+                ["sample", "query"],
+                width,
+                125,
+            )
+        )
         heatmaps = []
         for name in ("w_q", "w_k", "w_v"):
             try:
@@ -430,14 +503,26 @@ class AttentionExplorer(pn.viewable.Viewer):
                 heatmaps.append(self._missing(err, 105, 110))
                 continue
             image = image.opts(*views.options()).opts(
-                width=112, height=118, colorbar=False, xaxis=None, yaxis=None, toolbar=None,
-                fontsize={"title": 9})
+                width=112,
+                height=118,
+                colorbar=False,
+                xaxis=None,
+                yaxis=None,
+                toolbar=None,
+                fontsize={"title": 9},
+            )
             heatmaps.append(self._render(image, name, width=114, height=120, margin=1))
         items.append(pn.Row(*heatmaps, margin=0))
         for name in ("q", "k", "v"):
-            items.append(self._bars(f"{name.upper()} vector",
-                                    lambda sel, name=name: views.projection_vector(ds, sel, name),
-                                    ["sample", "query"], width, 112))
+            items.append(
+                self._bars(
+                    f"{name.upper()} vector",
+                    lambda sel, name=name: views.projection_vector(ds, sel, name),
+                    ["sample", "query"],
+                    width,
+                    112,
+                )
+            )
         return pn.Column(*items, width=width + 15)
 
     def _matrix(self, pane: str, mask_override=None, active=None):
@@ -446,23 +531,49 @@ class AttentionExplorer(pn.viewable.Viewer):
         def build(sel):
             if mask_override is not None:
                 sel = sel.with_(mask=mask_override)
-            return (views.attention_values(ds, sel, self.cache), views.matrix_title(ds, sel),
-                    views.STAGE_LABELS[sel.stage])
+            return (
+                views.attention_values(ds, sel, self.cache),
+                views.matrix_title(ds, sel),
+                views.STAGE_LABELS[sel.stage],
+            )
 
         parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
         if mask_override is not None:
             parameters.discard("mask")
-        image = self._add("attention matrix", build, parameters, pane,
-                          raster=(MATRIX_SIZE, MATRIX_SIZE), active=active, group="Attention",
-                          first=True)
+        image = self._add(
+            "attention matrix",
+            build,
+            parameters,
+            pane,
+            raster=(MATRIX_SIZE, MATRIX_SIZE),
+            active=active,
+            group="Attention",
+            first=True,
+        )
         image = image.element(views.STAGE_LABELS[self.stage])
-        marker = self._add("query marker", lambda sel: views.query_marker(ds, sel), ["query"],
-                           pane, title=False, active=active, first=True)
-        plot = (image * marker).relabel(image.label).opts(*views.options()).opts(
-            hv.opts.Image(frame_width=MATRIX_SIZE, frame_height=MATRIX_SIZE,
-                          cmap=self.colormap, tools=["hover", "tap"],
-                          default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
-                          **explorer_model.matrix_ticks(self)),
+        marker = self._add(
+            "query marker",
+            lambda sel: views.query_marker(ds, sel),
+            ["query"],
+            pane,
+            title=False,
+            active=active,
+            first=True,
+        )
+        plot = (
+            (image * marker)
+            .relabel(image.label)
+            .opts(*views.options())
+            .opts(
+                hv.opts.Image(
+                    frame_width=MATRIX_SIZE,
+                    frame_height=MATRIX_SIZE,
+                    cmap=self.colormap,
+                    tools=["hover", "tap"],
+                    default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
+                    **explorer_model.matrix_ticks(self),
+                ),
+            )
         )
         tap = hv.streams.Tap(source=plot, transient=True)
         tap.add_subscriber(self._on_matrix_tap)
@@ -479,10 +590,10 @@ class AttentionExplorer(pn.viewable.Viewer):
             if not side_by_side:
                 return pn.Spacer(width=0)
             if self._unmasked is None:
-                self._unmasked = self._matrix("unmasked", mask_override="none",
-                                              active=lambda: self.side_by_side)
-            return pn.Column(pn.pane.Markdown("**without mask**", margin=(0, 5)),
-                             self._unmasked)
+                self._unmasked = self._matrix(
+                    "unmasked", mask_override="none", active=lambda: self.side_by_side
+                )
+            return pn.Column(pn.pane.Markdown("**without mask**", margin=(0, 5)), self._unmasked)
 
         return pn.Row(
             pn.Column(pn.pane.Markdown("### Attention matrix", margin=(0, 5)), main),
@@ -495,13 +606,23 @@ class AttentionExplorer(pn.viewable.Viewer):
         params = ["sample", "head", "query", "mask", "enabled_heads"]
         return pn.Column(
             pn.pane.Markdown("### Value aggregation", margin=(0, 5)),
-            self._bars("aggregation weights",
-                       lambda sel: views.aggregation_weights(ds, sel, self.cache), params,
-                       width, 180),
-            self._bars("top values", lambda sel: views.top_values(ds, sel, self.cache),
-                       params, width, 190),
-            self._bars("context vector", lambda sel: views.context_vector(ds, sel, self.cache),
-                       params, width, 140),
+            self._bars(
+                "aggregation weights",
+                lambda sel: views.aggregation_weights(ds, sel, self.cache),
+                params,
+                width,
+                180,
+            ),
+            self._bars(
+                "top values", lambda sel: views.top_values(ds, sel, self.cache), params, width, 190
+            ),
+            self._bars(
+                "context vector",
+                lambda sel: views.context_vector(ds, sel, self.cache),
+                params,
+                width,
+                140,
+            ),
             width=width + 15,
         )
 
@@ -515,29 +636,43 @@ class AttentionExplorer(pn.viewable.Viewer):
                 image = self._add(
                     f"head {head} map",
                     lambda sel, head=head: (
-                        views.attention_values(ds, sel.with_(head=head, stage="softmax"),
-                                               self.cache),
-                        f"head {head}" + ("" if head in self.enabled_heads else " (off)")),
-                    ["sample", "mask"], pane, raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
-                    group="HeadMap").element("weight")
+                        views.attention_values(
+                            ds, sel.with_(head=head, stage="softmax"), self.cache
+                        ),
+                        f"head {head}" + ("" if head in self.enabled_heads else " (off)"),
+                    ),
+                    ["sample", "mask"],
+                    pane,
+                    raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
+                    group="HeadMap",
+                ).element("weight")
             except MissingVariable as err:
                 cells.append(self._missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE))
                 continue
             image = image.opts(*views.options()).opts(
-                frame_width=HEAD_MAP_SIZE, frame_height=HEAD_MAP_SIZE, fontsize={"title": 10},
-                cmap=views.head_cmap(head, head in self.enabled_heads))
-            toggle = pn.widgets.Toggle(label=f"head {head}", value=head in self.enabled_heads,
-                                       width=HEAD_MAP_SIZE, margin=(0, 5),
-                                       stylesheets=[
-                                           _toggle_css(HEAD_COLORS[head % len(HEAD_COLORS)])])
-            toggle.param.watch(lambda event, head=head: self._toggle_head(head, event.new),
-                               "value")
+                frame_width=HEAD_MAP_SIZE,
+                frame_height=HEAD_MAP_SIZE,
+                fontsize={"title": 10},
+                cmap=views.head_cmap(head, head in self.enabled_heads),
+            )
+            toggle = pn.widgets.Toggle(
+                label=f"head {head}",
+                value=head in self.enabled_heads,
+                width=HEAD_MAP_SIZE,
+                margin=(0, 5),
+                stylesheets=[_toggle_css(HEAD_COLORS[head % len(HEAD_COLORS)])],
+            )
+            toggle.param.watch(lambda event, head=head: self._toggle_head(head, event.new), "value")
             self._head_toggles.append(toggle)
-            cells.append(pn.Column(self._render(image, pane, linked_axes=True, margin=0),
-                                   toggle, margin=0))
+            cells.append(
+                pn.Column(self._render(image, pane, linked_axes=True, margin=0), toggle, margin=0)
+            )
         return pn.Column(
-            pn.pane.Markdown("### Head comparison: softmax weights per head (switch a head "
-                             "off to drop it from the merge)", margin=(0, 5)),
+            pn.pane.Markdown(
+                "### Head comparison: softmax weights per head (switch a head "
+                "off to drop it from the merge)",
+                margin=(0, 5),
+            ),
             pn.Row(*cells, *explorer_model.head_average_cells(self), margin=0),
             *self.linked.section(),
         )
@@ -550,18 +685,28 @@ class AttentionExplorer(pn.viewable.Viewer):
     def _merge_row(self):
         ds = self.trace
         params = ["sample", "query", "mask", "enabled_heads"]
-        merge = self._bars("head merge", lambda sel: views.head_merge(ds, sel, self.cache),
-                           params, 430, 170)
+        merge = self._bars(
+            "head merge", lambda sel: views.head_merge(ds, sel, self.cache), params, 430, 170
+        )
         try:
-            wo = views.weight_heatmap(ds, "w_o").opts(*views.options()).opts(
-                width=190, height=170, colorbar=False, toolbar=None)
+            wo = (
+                views.weight_heatmap(ds, "w_o")
+                .opts(*views.options())
+                .opts(width=190, height=170, colorbar=False, toolbar=None)
+            )
             wo = self._render(wo, "w_o", width=200, margin=0)
         except MissingVariable as err:
             wo = self._missing(err, 190)
-        output = self._bars("output", lambda sel: views.output_change(ds, sel, self.cache),
-                            params, 480, 170)
-        return pn.Row(merge, pn.pane.Markdown("## →", margin=(60, 5)), wo,
-                      pn.pane.Markdown("## →", margin=(60, 5)), output)
+        output = self._bars(
+            "output", lambda sel: views.output_change(ds, sel, self.cache), params, 480, 170
+        )
+        return pn.Row(
+            merge,
+            pn.pane.Markdown("## →", margin=(60, 5)),
+            wo,
+            pn.pane.Markdown("## →", margin=(60, 5)),
+            output,
+        )
 
     def _controls(self):
         n_heads = self.trace.sizes["head"]
@@ -569,23 +714,32 @@ class AttentionExplorer(pn.viewable.Viewer):
         head_options["mean of heads"] = "mean"
         widgets = dict(
             sample=pn.widgets.IntSlider.from_param(self.param.sample, name="Sample", width=180),
-            head=pn.widgets.Select.from_param(self.param.head, name="Head", options=head_options,
-                                              width=140),
+            head=pn.widgets.Select.from_param(
+                self.param.head, name="Head", options=head_options, width=140
+            ),
             query=pn.widgets.IntSlider.from_param(self.param.query, name="Query", width=260),
             mask=pn.widgets.Select.from_param(self.param.mask, name="Mask", width=120),
-            stage=pn.widgets.Select.from_param(self.param.stage, name="Stage",
-                                               options=STAGE_NAMES, width=130),
-            colormap=pn.widgets.Select.from_param(self.param.colormap, name="Colormap",
-                                                  width=120),
+            stage=pn.widgets.Select.from_param(
+                self.param.stage, name="Stage", options=STAGE_NAMES, width=130
+            ),
+            colormap=pn.widgets.Select.from_param(self.param.colormap, name="Colormap", width=120),
         )
-        player = pn.widgets.Player(label="Stage player", start=0, end=len(STAGES) - 1,
-                                   value=STAGES.index(self.stage), interval=1200,
-                                   loop_policy="loop", show_loop_controls=False, width=200,
-                                   visible_buttons=["previous", "play", "pause", "next"])
+        player = pn.widgets.Player(
+            label="Stage player",
+            start=0,
+            end=len(STAGES) - 1,
+            value=STAGES.index(self.stage),
+            interval=1200,
+            loop_policy="loop",
+            show_loop_controls=False,
+            width=200,
+            visible_buttons=["previous", "play", "pause", "next"],
+        )
         player.param.watch(lambda e: self.param.update(stage=STAGES[e.new]), "value")
         self.param.watch(lambda e: setattr(player, "value", STAGES.index(e.new)), "stage")
-        side = pn.widgets.Checkbox.from_param(self.param.side_by_side,
-                                              name="masked and unmasked side by side")
+        side = pn.widgets.Checkbox.from_param(
+            self.param.side_by_side, name="masked and unmasked side by side"
+        )
         self._widgets = dict(widgets, player=player, side_by_side=side)
         for widget in widgets.values():
             # Panel waits 50 ms after a widget change for more (Reactive._debounce), a third
@@ -601,25 +755,31 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def _shape_table(self):
         table = views.shape_table(self.trace).opts(width=1000, height=320)
-        return pn.Column(pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
-                         pn.pane.HoloViews(table, width=1010))
+        return pn.Column(
+            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
+            pn.pane.HoloViews(table, width=1010),
+        )
 
     def _build(self):
         ds = self.trace
         title = (str(ds.attrs.get("source", "")).strip() or "trace").splitlines()[0][:100]
-        show = pn.widgets.Checkbox.from_param(self.param.show_appliances,
-                                              name="show appliance truth",
-                                              visible="appliance_power" in ds)
+        show = pn.widgets.Checkbox.from_param(
+            self.param.show_appliances, name="show appliance truth", visible="appliance_power" in ds
+        )
         self._widgets_extra = dict(show_appliances=show)
         return pn.Column(
             pn.pane.Markdown(f"## attnpanel · {title}", margin=(0, 10)),
             self._controls(),
-            pn.Row(show, *explorer_model.toggles(self),
-                   pn.pane.Markdown("Click the curve (or a token) or a row of the matrix to "
-                                    "pick the query.", margin=(0, 10))),
+            pn.Row(
+                show,
+                *explorer_model.toggles(self),
+                pn.pane.Markdown(
+                    "Click the curve (or a token) or a row of the matrix to pick the query.",
+                    margin=(0, 10),
+                ),
+            ),
             self._top_view(),
-            pn.Row(self._projection_column(), self._matrix_column(),
-                   self._aggregation_column()),
+            pn.Row(self._projection_column(), self._matrix_column(), self._aggregation_column()),
             *explorer_model.sections(self),
             self._head_comparison(),
             pn.pane.Markdown("### Head merge and output projection", margin=(0, 5)),
@@ -680,8 +840,9 @@ def _push(handles: dict, element):
     if isinstance(element, _Raster):
         left, bottom, right, top = element.bounds
         image = element.values
-        source.data = dict(image=[image], x=[left], y=[bottom], dw=[right - left],
-                           dh=[top - bottom])
+        source.data = dict(
+            image=[image], x=[left], y=[bottom], dw=[right - left], dh=[top - bottom]
+        )
         mapper = handles.get("color_mapper")
         if mapper is not None:
             floor = 0.0 if element.group == "HeadMap" else None
@@ -692,11 +853,14 @@ def _push(handles: dict, element):
         return None
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")
-        data = {"dim": element.dimension_values("dim"), "key": element.dimension_values("key"),
-                "zvalues": values, "value": values}
+        data = {
+            "dim": element.dimension_values("dim"),
+            "key": element.dimension_values("key"),
+            "zvalues": values,
+            "value": values,
+        }
         old = source.data.get("width")
-        data["width"] = old if old is not None and len(old) == len(values) else np.ones(
-            len(values))
+        data["width"] = old if old is not None and len(old) == len(values) else np.ones(len(values))
         source.data = {k: v for k, v in data.items() if k in source.data}
         # Reversed, as HoloViews lays them out with an inverted axis: most attended on top.
         handles["y_range"].factors = [str(k) for k in dict.fromkeys(data["key"])][::-1]

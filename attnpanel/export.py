@@ -32,10 +32,29 @@ from bokeh.models import (
     Select,
 )
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
+from bokeh.resources import Resources
 
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import attention_stage, trace_mask
+
+
+class _SelfContained(Resources):
+    """Bokeh's inline resources without the script and style URLs of other libraries' models.
+
+    Bokeh adds the ``__javascript__`` and ``__css__`` of every model class registered in the
+    process, used or not; once panel is imported that includes relative URLs such as
+    panel's ``es-module-shims``, which a file opened from disk cannot load. The export uses
+    Bokeh models only, so those URLs are dropped.
+    """
+
+    def _collect_external_resources(self, resource_attr):
+        return []
+
+    def clone(self, *, components=None):
+        return _SelfContained(
+            mode="inline", components=components if components is not None else self.components
+        )
+
 
 LEVELS = 254  # quantisation levels for visible cells; 255 marks a masked cell (black)
 MASKED = 255
@@ -266,7 +285,7 @@ def export_html(
     document = Document()
     document.add_root(layout)
     document.js_on_event("document_ready", callback)
-    html = file_html(document, resources=INLINE, title=title)
+    html = file_html(document, resources=_SelfContained(mode="inline"), title=title)
     path = Path(path)
     path.write_text(html, encoding="utf-8")
     return path

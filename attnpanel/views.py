@@ -181,9 +181,7 @@ def stage_heads(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     return cache.get(("stage", sel.sample, mask, sel.stage), compute)
 
 
-def attention_values(
-    ds: xr.Dataset, sel: Selection, cache: StageCache | None = None
-) -> np.ndarray:
+def attention_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> np.ndarray:
     """The ``(query, key)`` array shown by the attention matrix, float32.
 
     For the masked and softmax stages, blocked cells are NaN, so they are drawn in the
@@ -231,8 +229,9 @@ def attention_matrix(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
     )
 
 
-def raster_values(values: np.ndarray, bounds, width: int, height: int, x_range=None,
-                  y_range=None) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+def raster_values(
+    values: np.ndarray, bounds, width: int, height: int, x_range=None, y_range=None
+) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """Regrid a cell-centred grid to at most ``width x height`` pixels with datashader.
 
     Every cell of the full array contributes (``mean`` when several cells share a pixel);
@@ -263,16 +262,20 @@ def raster_values(values: np.ndarray, bounds, width: int, height: int, x_range=N
     cell_x, cell_y = (x1 - x0) / n_cols, (y1 - y0) / n_rows
     grid = xr.DataArray(
         values,
-        coords={"y": y0 + cell_y * (0.5 + np.arange(n_rows)),
-                "x": x0 + cell_x * (0.5 + np.arange(n_cols))},
+        coords={
+            "y": y0 + cell_y * (0.5 + np.arange(n_rows)),
+            "x": x0 + cell_x * (0.5 + np.arange(n_cols)),
+        },
         dims=("y", "x"),
     )
     cols = max(1, min(int(width), int(np.ceil((x_range[1] - x_range[0]) / cell_x))))
     rows = max(1, min(int(height), int(np.ceil((y_range[1] - y_range[0]) / cell_y))))
     canvas = dsh.Canvas(plot_width=cols, plot_height=rows, x_range=x_range, y_range=y_range)
     raster = canvas.raster(grid, agg="mean")
-    return (np.asarray(raster.values, dtype=np.float32),
-            (x_range[0], y_range[0], x_range[1], y_range[1]))
+    return (
+        np.asarray(raster.values, dtype=np.float32),
+        (x_range[0], y_range[0], x_range[1], y_range[1]),
+    )
 
 
 COLOR_TOP_PERCENTILE = 99.5  # top of every map's colour scale
@@ -297,11 +300,18 @@ def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float,
 def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=None) -> hv.Image:
     """An ``hv.Image`` regridded by datashader to at most ``width x height`` (see
     :func:`raster_values`), with its colour limits set by :func:`color_limits`."""
-    raster, bounds = raster_values(image.dimension_values(2, flat=False), image.bounds.lbrt(),
-                                   width, height, x_range, y_range)
+    raster, bounds = raster_values(
+        image.dimension_values(2, flat=False), image.bounds.lbrt(), width, height, x_range, y_range
+    )
     floor = 0.0 if image.group == "HeadMap" else None
-    return hv.Image(raster[::-1], bounds=bounds, kdims=image.kdims, vdims=image.vdims,
-                    group=image.group, label=image.label).opts(clim=color_limits(raster, floor))
+    return hv.Image(
+        raster[::-1],
+        bounds=bounds,
+        kdims=image.kdims,
+        vdims=image.vdims,
+        group=image.group,
+        label=image.label,
+    ).opts(clim=color_limits(raster, floor))
 
 
 def short_layer_name(name) -> str:
@@ -348,24 +358,42 @@ def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True)
     if "aggregate" in ds:
         power = ds["aggregate"].isel(batch=sel.sample).values
         ydim = hv.Dimension("power", label="power", unit="W")
-        curves.append(hv.Curve((xs, power), xdim, ydim, group="Sequence", label="aggregate",
-                               datatype=FAST_DATATYPE))
+        curves.append(
+            hv.Curve(
+                (xs, power), xdim, ydim, group="Sequence", label="aggregate", datatype=FAST_DATATYPE
+            )
+        )
         if show_appliances and "appliance_power" in ds:
             per_appliance = ds["appliance_power"].isel(batch=sel.sample)
             for i, name in enumerate(per_appliance["appliance"].values):
-                curves.append(hv.Curve((xs, per_appliance.isel(appliance=i).values), xdim, ydim,
-                                       group="Sequence", label=str(name),
-                                       datatype=FAST_DATATYPE))
+                curves.append(
+                    hv.Curve(
+                        (xs, per_appliance.isel(appliance=i).values),
+                        xdim,
+                        ydim,
+                        group="Sequence",
+                        label=str(name),
+                        datatype=FAST_DATATYPE,
+                    )
+                )
         title = f"sample {sel.sample}: aggregate power (click to pick the query)"
     elif "x" in ds:
         norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
-        curves.append(hv.Curve((xs, norm), xdim, ("norm", "‖x‖"), group="Sequence",
-                               label="input norm"))
+        curves.append(
+            hv.Curve((xs, norm), xdim, ("norm", "‖x‖"), group="Sequence", label="input norm")
+        )
         title = f"sample {sel.sample}: input vector norm per position"
     else:
         received = ds["weights"].isel(batch=sel.sample).mean(("head", "query")).values
-        curves.append(hv.Curve((xs, received), xdim, ("attention", "attention received"),
-                               group="Sequence", label="attention received"))
+        curves.append(
+            hv.Curve(
+                (xs, received),
+                xdim,
+                ("attention", "attention received"),
+                group="Sequence",
+                label="attention received",
+            )
+        )
         title = f"sample {sel.sample}: attention each position receives"
     return hv.Overlay(curves, label=title)
 
@@ -390,15 +418,23 @@ def position_from_x(ds: xr.Dataset, sel: Selection, x) -> int:
     return int(np.clip(round(float(x)), 0, len(xs) - 1))
 
 
-def _bars(values: np.ndarray, colors, xlabel: str, ylabel: str, heads=None,
-          label: str = "") -> hv.Rectangles:
+def _bars(
+    values: np.ndarray, colors, xlabel: str, ylabel: str, heads=None, label: str = ""
+) -> hv.Rectangles:
     """One rectangle per entry of a vector (group ``Vector``), coloured per entry."""
     n = len(values)
     index = np.arange(n, dtype=np.float32)
     values = np.asarray(values, dtype=np.float32)
     zeros = np.zeros(n, dtype=np.float32)
-    columns = (index - 0.45, np.minimum(zeros, values), index + 0.45, np.maximum(zeros, values),
-               values, np.zeros(n, dtype=int) if heads is None else heads, np.asarray(colors))
+    columns = (
+        index - 0.45,
+        np.minimum(zeros, values),
+        index + 0.45,
+        np.maximum(zeros, values),
+        values,
+        np.zeros(n, dtype=int) if heads is None else heads,
+        np.asarray(colors),
+    )
     return hv.Rectangles(
         columns,
         kdims=[hv.Dimension("x0", label=xlabel), hv.Dimension("y0", label=ylabel), "x1", "y1"],
@@ -410,8 +446,10 @@ def _bars(values: np.ndarray, colors, xlabel: str, ylabel: str, heads=None,
 
 
 def _head_colors(heads: np.ndarray, enabled=None) -> list[str]:
-    return [HEAD_COLORS[h % len(HEAD_COLORS)] if enabled is None or h in enabled else "#c8c8c8"
-            for h in heads]
+    return [
+        HEAD_COLORS[h % len(HEAD_COLORS)] if enabled is None or h in enabled else "#c8c8c8"
+        for h in heads
+    ]
 
 
 def _lanes(n_heads: int, head_dim: int) -> hv.VSpans:
@@ -424,8 +462,13 @@ def input_vector(ds: xr.Dataset, sel: Selection) -> hv.Rectangles:
     """The ``d_model`` input vector ``x`` at the selected position, as bars."""
     require(ds, "x", "input vector view")
     values = ds["x"].isel(batch=sel.sample, position=sel.query).values
-    return _bars(values, ["#444444"] * len(values), "feature", "x",
-                 label=f"input x[{sel.query}]: {len(values)} features")
+    return _bars(
+        values,
+        ["#444444"] * len(values),
+        "feature",
+        "x",
+        label=f"input x[{sel.query}]: {len(values)} features",
+    )
 
 
 def weight_heatmap(ds: xr.Dataset, name: str) -> hv.Image:
@@ -476,8 +519,10 @@ def aggregation_weights(
     weights = _selected_weights(ds, sel, cache)
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
     bars = _bars(weights, ["#b2182b"] * len(weights), "key", "weight")
-    return hv.Overlay([bars, hv.VLine(sel.query, group="Marker")],
-                      label=f"weights of query {sel.query} over {len(weights)} keys ({head})")
+    return hv.Overlay(
+        [bars, hv.VLine(sel.query, group="Marker")],
+        label=f"weights of query {sel.query} over {len(weights)} keys ({head})",
+    )
 
 
 def _values_for(ds: xr.Dataset, sel: Selection) -> np.ndarray:
@@ -489,22 +534,31 @@ def _values_for(ds: xr.Dataset, sel: Selection) -> np.ndarray:
     return v[int(sel.head)]
 
 
-def top_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None,
-               top: int = TOP_KEYS) -> hv.HeatMap:
+def top_values(
+    ds: xr.Dataset, sel: Selection, cache: StageCache | None = None, top: int = TOP_KEYS
+) -> hv.HeatMap:
     """The value vectors of the ``top`` most-attended keys of the selected query."""
     weights = _selected_weights(ds, sel, cache)
     values = _values_for(ds, sel)
     order = np.argsort(weights, kind="stable")[::-1][:top]
     n_dims = values.shape[1]
-    labels = np.repeat([f"key {key} w={weights[key]:.3f}"
-                        for rank, key in enumerate(order)], n_dims)
-    table = pd.DataFrame({
-        "dim": np.tile(np.arange(n_dims), len(order)),
-        "key": labels,
-        "value": values[order].reshape(-1).astype(np.float32),
-    })
-    return hv.HeatMap(table, kdims=["dim", "key"], vdims=["value"], group="Values",
-                      label=f"value vectors of the {len(order)} most-attended keys")
+    labels = np.repeat(
+        [f"key {key} w={weights[key]:.3f}" for rank, key in enumerate(order)], n_dims
+    )
+    table = pd.DataFrame(
+        {
+            "dim": np.tile(np.arange(n_dims), len(order)),
+            "key": labels,
+            "value": values[order].reshape(-1).astype(np.float32),
+        }
+    )
+    return hv.HeatMap(
+        table,
+        kdims=["dim", "key"],
+        vdims=["value"],
+        group="Values",
+        label=f"value vectors of the {len(order)} most-attended keys",
+    )
 
 
 def context_vector(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None):
@@ -573,8 +627,9 @@ def head_merge(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) 
     enabled = _enabled(ds, sel)
     keep = np.array([h in enabled for h in range(n_heads)], dtype=np.float32)[:, None]
     heads = np.repeat(np.arange(n_heads), head_dim)
-    bars = _bars((contexts * keep).reshape(-1), _head_colors(heads, enabled), "feature",
-                 "merged", heads)
+    bars = _bars(
+        (contexts * keep).reshape(-1), _head_colors(heads, enabled), "feature", "merged", heads
+    )
     off = n_heads - len(enabled)
     note = f", {off} head{'s' if off != 1 else ''} off" if off else ""
     title = f"head merge at query {sel.query}: {n_heads} × {head_dim} → {n_heads * head_dim}{note}"
@@ -590,17 +645,23 @@ def output_change(ds: xr.Dataset, sel: Selection, cache: StageCache | None = Non
     _, output_all, output_enabled = merged_output(ds, sel, cache)
     change = output_change_ratio(ds, sel, cache)
     bars = _bars(output_enabled, ["#2166ac"] * len(output_enabled), "feature", "output")
-    reference = hv.Curve((np.arange(len(output_all)), output_all.astype(np.float32)),
-                         "x0", "y0", group="Reference", label="all heads",
-                         datatype=FAST_DATATYPE)
+    reference = hv.Curve(
+        (np.arange(len(output_all)), output_all.astype(np.float32)),
+        "x0",
+        "y0",
+        group="Reference",
+        label="all heads",
+        datatype=FAST_DATATYPE,
+    )
     return hv.Overlay(
         [bars, reference],
         label=f"output Wo · merged at query {sel.query}: changed {100 * change:.1f}% of ‖y‖",
     )
 
 
-def head_map(ds: xr.Dataset, sel: Selection, head: int, cache: StageCache | None = None,
-             enabled: bool = True) -> hv.Image:
+def head_map(
+    ds: xr.Dataset, sel: Selection, head: int, cache: StageCache | None = None, enabled: bool = True
+) -> hv.Image:
     """One head's softmax weights as a small map (group ``HeadMap``).
 
     The explorer colours it from white to the head's colour, grey when the head is off.
@@ -620,7 +681,7 @@ def head_map(ds: xr.Dataset, sel: Selection, head: int, cache: StageCache | None
 def head_cmap(head: int, enabled: bool = True, n: int = 256) -> list[str]:
     """White to the head's colour (grey when off), ``n`` steps: a head's small-map palette."""
     end = HEAD_COLORS[head % len(HEAD_COLORS)] if enabled else "#8a8a8a"
-    rgb = np.array([int(end[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+    rgb = np.array([int(end[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
     steps = np.linspace(0.0, 1.0, n)[:, None]
     colors = np.round(255 + steps * (rgb - 255)).astype(int)
     return ["#{:02x}{:02x}{:02x}".format(*c) for c in colors]
@@ -651,17 +712,28 @@ def shape_table(ds: xr.Dataset) -> hv.Table:
     from_qk = " (from q, k)" if "q" in ds else " (needs q, k)"
     rows = [
         ("input", "x", shape_of("x")),
-        ("projections", "x·Wqᵀ, x·Wkᵀ, x·Wvᵀ", computed(bld) + " each" if can_project
-         else shape_of("w_q")),
+        (
+            "projections",
+            "x·Wqᵀ, x·Wkᵀ, x·Wvᵀ",
+            computed(bld) + " each" if can_project else shape_of("w_q"),
+        ),
         ("split", "(B, L, D) → (B, H, L, E)", shape_of("q")),
         ("scores", "q·kᵀ", shape_of("scores") if "scores" in ds else attn + from_qk),
         ("scaled", f"× scale = {ds.attrs.get('scale', float('nan')):.4g}", attn + from_qk),
         ("masked", f"fill −1e4 where blocked (mask {mask})", attn + from_qk),
         ("weights", "softmax over key", shape_of("weights")),
         ("context", "weights · v", shape_of("context")),
-        ("merged", "(B, H, L, E) → (B, L, D)",
-         computed(dict(batch=batch, position=length, feature=(n_heads or 0) * (head_dim or 0)
-                       if head_dim else None))),
+        (
+            "merged",
+            "(B, H, L, E) → (B, L, D)",
+            computed(
+                dict(
+                    batch=batch,
+                    position=length,
+                    feature=(n_heads or 0) * (head_dim or 0) if head_dim else None,
+                )
+            ),
+        ),
         ("output", "merged · Woᵀ", shape_of("output")),
     ]
     table = pd.DataFrame(rows, columns=["step", "operation", "shape"])
@@ -677,22 +749,51 @@ def options(width: int = 400, height: int = 160) -> list:
     """
     common = dict(title="{label}", toolbar="above", show_grid=True)
     return [
-        hv.opts.Rectangles("Vector", color="color", line_color=None, tools=["hover"],
-                           width=width, height=height, show_legend=False, **common),
+        hv.opts.Rectangles(
+            "Vector",
+            color="color",
+            line_color=None,
+            tools=["hover"],
+            width=width,
+            height=height,
+            show_legend=False,
+            **common,
+        ),
         hv.opts.VSpans("Lanes", color="#000000", alpha=0.06, line_color=None),
         hv.opts.VLine("Marker", color=HIGHLIGHT, line_width=3, alpha=0.9),
-        hv.opts.HSpan("Marker", color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT,
-                      line_width=1.5),
+        hv.opts.HSpan(
+            "Marker", color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5
+        ),
         hv.opts.Curve("Reference", color="black", line_width=1.2, interpolation="steps-mid"),
         hv.opts.Curve("Sequence", line_width=1, tools=["hover"], **common),
-        hv.opts.Image("Attention", cmap="coolwarm", clipping_colors={"NaN": "black"},
-                      colorbar=True, tools=["hover"], invert_yaxis=True, title="{label}",
-                      toolbar="above"),
-        hv.opts.Image("HeadMap", clipping_colors={"NaN": "#222222"}, invert_yaxis=True,
-                      xaxis=None, yaxis=None, toolbar=None, title="{label}"),
-        hv.opts.Image("Weight", cmap="RdBu_r", invert_yaxis=True, tools=["hover"],
-                      title="{label}"),
-        hv.opts.HeatMap("Values", cmap="RdBu_r", tools=["hover"], colorbar=True,
-                        invert_yaxis=True, title="{label}", toolbar="above"),
+        hv.opts.Image(
+            "Attention",
+            cmap="coolwarm",
+            clipping_colors={"NaN": "black"},
+            colorbar=True,
+            tools=["hover"],
+            invert_yaxis=True,
+            title="{label}",
+            toolbar="above",
+        ),
+        hv.opts.Image(
+            "HeadMap",
+            clipping_colors={"NaN": "#222222"},
+            invert_yaxis=True,
+            xaxis=None,
+            yaxis=None,
+            toolbar=None,
+            title="{label}",
+        ),
+        hv.opts.Image("Weight", cmap="RdBu_r", invert_yaxis=True, tools=["hover"], title="{label}"),
+        hv.opts.HeatMap(
+            "Values",
+            cmap="RdBu_r",
+            tools=["hover"],
+            colorbar=True,
+            invert_yaxis=True,
+            title="{label}",
+            toolbar="above",
+        ),
         hv.opts.Overlay(title="{label}", show_legend=False),
     ]

@@ -38,8 +38,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from served_app import open_app, peak_rss_mb, rss_mb, serve  # noqa: E402
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
 CHANGES = {
     "head": ("Head", [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)], "head"),
@@ -65,8 +71,9 @@ def browser_latencies(repeats: int):
 
     results = {}
     with serve() as (url, proc), sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+        )
         console: list = []
         page = open_app(browser, url, console)
         rss_loaded = rss_mb(proc.pid)
@@ -82,9 +89,13 @@ def browser_latencies(repeats: int):
                     patches.append(timing["to_patch"])
                 if name == "query":
                     # the bars repaint in the tick after the matrix: time from the change
-                    aggregation.append(timing["total"] + page.evaluate(
-                        "(b) => attn.until_changed(attn.plot('weights of query'), b)",
-                        bars_before))
+                    aggregation.append(
+                        timing["total"]
+                        + page.evaluate(
+                            "(b) => attn.until_changed(attn.plot('weights of query'), b)",
+                            bars_before,
+                        )
+                    )
                 page.wait_for_timeout(150)  # let the deferred views land before the next change
             results[name] = dict(total=totals, patch=patches, aggregation=aggregation)
         page.wait_for_timeout(1000)
@@ -140,16 +151,22 @@ def server_times(repeats: int):
     state = Selection()
 
     def image(head, **kw):
-        sel = views.Selection(sample=state.sample, head=state.head if head is None else head,
-                              mask=state.mask, stage=state.stage if head is None else "softmax")
+        sel = views.Selection(
+            sample=state.sample,
+            head=state.head if head is None else head,
+            mask=state.mask,
+            stage=state.stage if head is None else "softmax",
+        )
         return views.attention_matrix(trace, sel)  # no cache: the naive way recomputes
 
-    maps = [hv.DynamicMap(lambda head=h, **kw: image(head, **kw),
-                          streams=[hv.streams.Params(state, ["sample", "head", "mask",
-                                                             "stage"])])
-            for h in [None] + list(range(trace.sizes["head"]))]
-    layout = pn.Row(*[pn.pane.HoloViews(rasterize(m).opts(width=300, height=300))
-                      for m in maps])
+    maps = [
+        hv.DynamicMap(
+            lambda head=h, **kw: image(head, **kw),
+            streams=[hv.streams.Params(state, ["sample", "head", "mask", "stage"])],
+        )
+        for h in [None] + list(range(trace.sizes["head"]))
+    ]
+    layout = pn.Row(*[pn.pane.HoloViews(rasterize(m).opts(width=300, height=300)) for m in maps])
     layout.get_root(Document())
     for name in ("head", "mask", "stage"):
         out[name]["baseline"] = _time_updates(state, name, max(3, repeats // 3))
@@ -166,8 +183,10 @@ def main(argv=None) -> None:
     print("measuring the served app in Chromium ...", flush=True)
     browser, memory, errors = browser_latencies(args.repeats)
 
-    header = (f"{'change':<8}{'n':>4}{'median ms':>11}{'p95 ms':>9}{'to patch':>10}"
-              f"{'server first':>14}{'server all':>12}{'naive base':>12}{'ratio':>7}")
+    header = (
+        f"{'change':<8}{'n':>4}{'median ms':>11}{'p95 ms':>9}{'to patch':>10}"
+        f"{'server first':>14}{'server all':>12}{'naive base':>12}{'ratio':>7}"
+    )
     print()
     print("event -> repainted matrix canvas (Chromium, demo 32 x 8 x 480 x 480)")
     print(header)
@@ -175,16 +194,22 @@ def main(argv=None) -> None:
         srv = server[name]
         base = statistics.median(srv["baseline"]) if "baseline" in srv else float("nan")
         mine = statistics.median(srv["all"])
-        print(f"{name:<8}{len(timing['total']):>4}{statistics.median(timing['total']):>11.0f}"
-              f"{percentile(timing['total'], 95):>9.0f}"
-              f"{statistics.median(timing['patch']) if timing['patch'] else float('nan'):>10.0f}"
-              f"{statistics.median(srv['first']):>14.1f}{mine:>12.1f}{base:>12.0f}"
-              f"{base / mine:>7.1f}")
+        print(
+            f"{name:<8}{len(timing['total']):>4}{statistics.median(timing['total']):>11.0f}"
+            f"{percentile(timing['total'], 95):>9.0f}"
+            f"{statistics.median(timing['patch']) if timing['patch'] else float('nan'):>10.0f}"
+            f"{statistics.median(srv['first']):>14.1f}{mine:>12.1f}{base:>12.0f}"
+            f"{base / mine:>7.1f}"
+        )
     agg = browser["query"]["aggregation"]
-    print(f"query -> aggregation bars repainted: median {statistics.median(agg):.0f} ms, "
-          f"p95 {percentile(agg, 95):.0f} ms")
-    print(f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['now']:.0f} MiB after "
-          f"the run, peak {memory['peak']:.0f} MiB (one session)")
+    print(
+        f"query -> aggregation bars repainted: median {statistics.median(agg):.0f} ms, "
+        f"p95 {percentile(agg, 95):.0f} ms"
+    )
+    print(
+        f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['now']:.0f} MiB after "
+        f"the run, peak {memory['peak']:.0f} MiB (one session)"
+    )
     if errors:
         print(f"browser console errors: {errors}")
 

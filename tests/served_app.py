@@ -116,11 +116,28 @@ def serve(app: Path = APP, timeout: float = 240.0):
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)
     log = open(ROOT / "artifacts" / f"serve-{port}.log", "w")  # noqa: SIM115 - closed below
-    cmd = [sys.executable, "-m", "panel", "serve", str(app), "--port", str(port),
-           "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{port}",
-           "--num-procs", "1"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=dict(os.environ, BOKEH_PY_LOG_LEVEL="info"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "panel",
+        "serve",
+        str(app),
+        "--port",
+        str(port),
+        "--address",
+        "127.0.0.1",
+        "--allow-websocket-origin",
+        f"127.0.0.1:{port}",
+        "--num-procs",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=dict(os.environ, BOKEH_PY_LOG_LEVEL="info"),
+    )
     url = f"http://127.0.0.1:{port}/{app.stem}"
     try:
         deadline = time.monotonic() + timeout

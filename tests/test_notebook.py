@@ -147,7 +147,10 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))
         page.evaluate(HELPERS_JS)
         matrix = "attn.plots().find((v) => /^sample \\d+, head /.test(v.model.title.text))"
-        assert page.evaluate(f"{matrix}.model.title.text").startswith("sample 0, head 3")
+        # the notebook's own `explorer.param.update(head=3, ...)` reaches the page as a push
+        page.wait_for_function(
+            f"() => {matrix}.model.title.text.startsWith('sample 0, head 3')", timeout=60_000
+        )
         before = page.evaluate(f"attn.hash({matrix})")
         # what picking "head 5" in the Head widget does: the widget's value changes in the page
         page.evaluate(
