@@ -673,7 +673,8 @@ class AttentionExplorer(pn.viewable.Viewer):
                 "off to drop it from the merge)",
                 margin=(0, 5),
             ),
-            pn.Row(*cells, *explorer_model.head_average_cells(self), margin=0),
+            # wraps onto a second line for models with more heads than fit (MiniLM has 12)
+            pn.FlexBox(*cells, *explorer_model.head_average_cells(self), margin=0),
             *self.linked.section(),
         )
 
@@ -754,11 +755,12 @@ class AttentionExplorer(pn.viewable.Viewer):
         )
 
     def _shape_table(self):
-        table = views.shape_table(self.trace).opts(width=1000, height=320)
-        return pn.Column(
-            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
-            pn.pane.HoloViews(table, width=1010),
-        )
+        def table(mask):
+            return views.shape_table(self.trace, mask=mask).opts(width=1000, height=320)
+
+        self._shapes = pn.pane.HoloViews(table(self.mask), width=1010)
+        self.param.watch(lambda event: setattr(self._shapes, "object", table(event.new)), "mask")
+        return pn.Column(pn.pane.Markdown("### Shapes of every step", margin=(0, 5)), self._shapes)
 
     def _build(self):
         ds = self.trace
@@ -886,8 +888,10 @@ def _push(handles: dict, element):
 def _toggle_css(color: str) -> str:
     """Stylesheet filling a head's toggle button with the head's colour while it is on."""
     # !important: Panel's own button stylesheets load after this one.
+    red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    text = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 150 else "white"
     return (
-        f":host .bk-btn.bk-active {{ background-color: {color} !important; color: white "
+        f":host .bk-btn.bk-active {{ background-color: {color} !important; color: {text} "
         f"!important; border-color: {color} !important; }}"
         f":host .bk-btn {{ border: 2px solid {color} !important; }}"
     )

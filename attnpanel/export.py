@@ -36,6 +36,7 @@ from bokeh.resources import Resources
 
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import attention_stage, trace_mask
+from attnpanel.views import HEAD_COLORS  # the explorer's head colours
 
 
 class _SelfContained(Resources):
@@ -61,16 +62,6 @@ MASKED = 255
 SMALL = 120  # frame of each head's small map, in pixels
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
 TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
-HEAD_COLORS = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#17becf",
-)
 
 
 def _palette(n: int = LEVELS + 1) -> list[str]:
@@ -243,7 +234,6 @@ def export_html(
     for head in range(heads):
         fig, source = matrix_figure(SMALL, "pan,wheel_zoom,box_zoom,reset")
         fig.title.text = f"head {head}"
-        fig.title.text_color = HEAD_COLORS[head % len(HEAD_COLORS)]
         fig.outline_line_color = HEAD_COLORS[head % len(HEAD_COLORS)]
         fig.outline_line_width = 3
         fig.axis.visible = False

@@ -10,52 +10,72 @@ import pandas as pd
 import xarray as xr
 
 
-def shape_table(ds: xr.Dataset) -> pd.DataFrame:
+def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
     """The operation and real shape of every step of the attention for a trace.
 
     Parameters
     ----------
     ds : xarray.Dataset
         A trace.
+    mask : str, optional
+        The mask mode named in the masking step; by default the trace's own.
 
     Returns
     -------
     pandas.DataFrame
-        Columns ``step``, ``operation``, ``shape``, ``variable``; a step whose variable the
-        trace lacks shows ``"missing"`` as its shape.
+        Columns ``step``, ``operation`` and ``shape``, one row per step from the input to the
+        output. A shape names its dims, e.g. ``(batch=32, head=8, query=480, key=480)``; a
+        step whose variable the trace lacks says which (``not in trace (no `x`)``), and
+        steps recomputed from ``q`` and ``k`` say so.
     """
-    batch, heads, length = ds.sizes["batch"], ds.sizes["head"], ds.sizes["query"]
+    sizes = ds.sizes
+    batch, length = sizes.get("batch"), sizes.get("query")
+    n_heads = sizes.get("head")
     d_model = ds.attrs.get("d_model")
     head_dim = ds.attrs.get("head_dim")
-    d = "D" if d_model is None else d_model
-    e = "E" if head_dim is None else head_dim
-    scale = ds.attrs.get("scale")
-    scale_text = "scale" if scale is None else f"{scale:.4g}"
-    mask = ds.attrs.get("mask", "none")
+    mask = mask or ds.attrs.get("mask", "none")
+
+    def shape_of(name, fallback=None):
+        if name in ds:
+            return "(" + ", ".join(f"{d}={sizes[d]}" for d in ds[name].dims) + ")"
+        return fallback or f"not in trace (no `{name}`)"
+
+    def computed(dims):
+        if any(v is None for v in dims.values()):
+            return "unknown"
+        return "(" + ", ".join(f"{d}={v}" for d, v in dims.items()) + ")"
+
+    bld = dict(batch=batch, position=length, feature=d_model)
+    can_project = "x" in ds and "w_q" in ds
+    attn = computed(dict(batch=batch, head=n_heads, query=length, key=length))
+    from_qk = " (from q, k)" if "q" in ds else " (needs q, k)"
     rows = [
-        ("input", "x", "x", (batch, length, d)),
-        ("projections", "x @ Wq.T, x @ Wk.T, x @ Wv.T", "w_q", (batch, length, d)),
-        ("split into heads", f"view {heads} x {e}, transpose", "q", (batch, heads, length, e)),
-        ("scores", "q @ k.T", "scores", (batch, heads, length, length)),
-        ("scaled", f"scores * {scale_text}", "scores", (batch, heads, length, length)),
-        ("masked", f"{mask} mask, fill -1e4", "q", (batch, heads, length, length)),
-        ("weights", "softmax over keys, masked = 0", "weights", (batch, heads, length, length)),
-        ("context", "weights @ v", "context", (batch, heads, length, e)),
-        ("merged", "transpose, concat heads", "context", (batch, length, d)),
-        ("output", "merged @ Wo.T", "output", (batch, length, d)),
+        ("input", "x", shape_of("x")),
+        (
+            "projections",
+            "x·Wqᵀ, x·Wkᵀ, x·Wvᵀ",
+            computed(bld) + " each" if can_project else shape_of("w_q"),
+        ),
+        ("split", "(B, L, D) → (B, H, L, E)", shape_of("q")),
+        ("scores", "q·kᵀ", shape_of("scores") if "scores" in ds else attn + from_qk),
+        ("scaled", f"× scale = {ds.attrs.get('scale', float('nan')):.4g}", attn + from_qk),
+        ("masked", f"fill −1e4 where blocked (mask {mask})", attn + from_qk),
+        ("weights", "softmax over key", shape_of("weights")),
+        ("context", "weights · v", shape_of("context")),
+        (
+            "merged",
+            "(B, H, L, E) → (B, L, D)",
+            computed(
+                dict(
+                    batch=batch,
+                    position=length,
+                    feature=(n_heads or 0) * (head_dim or 0) if head_dim else None,
+                )
+            ),
+        ),
+        ("output", "merged · Woᵀ", shape_of("output")),
     ]
-    records = []
-    for step, operation, variable, shape in rows:
-        known = variable in ds
-        records.append(
-            {
-                "step": step,
-                "operation": operation,
-                "shape": " x ".join(map(str, shape)) if known else "missing",
-                "variable": variable,
-            }
-        )
-    return pd.DataFrame.from_records(records)
+    return pd.DataFrame(rows, columns=["step", "operation", "shape"])
 
 
 def head_summary(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:

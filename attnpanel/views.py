@@ -18,10 +18,12 @@ from dataclasses import dataclass, field, replace
 
 import datashader as dsh
 import holoviews as hv
+import holoviews.plotting.bokeh  # noqa: F401  (registers the backend that .opts below needs)
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from attnpanel import summary
 from attnpanel.trace import STAGES, attention_stage, trace_mask
 
 HEAD_COLORS = (
@@ -687,56 +689,13 @@ def head_cmap(head: int, enabled: bool = True, n: int = 256) -> list[str]:
     return ["#{:02x}{:02x}{:02x}".format(*c) for c in colors]
 
 
-def shape_table(ds: xr.Dataset) -> hv.Table:
-    """Every step of the layer with its operation and its real shape in this trace."""
-    sizes = ds.sizes
-    batch, length = sizes.get("batch"), sizes.get("query")
-    n_heads = sizes.get("head")
-    d_model = ds.attrs.get("d_model")
-    head_dim = ds.attrs.get("head_dim")
-    mask = ds.attrs.get("mask", "none")
+def shape_table(ds: xr.Dataset, mask: str | None = None) -> hv.Table:
+    """Every step of the layer with its operation and its real shape in this trace.
 
-    def shape_of(name, fallback=None):
-        if name in ds:
-            return "(" + ", ".join(f"{d}={sizes[d]}" for d in ds[name].dims) + ")"
-        return fallback or f"not in trace (no `{name}`)"
-
-    def computed(dims):
-        if any(v is None for v in dims.values()):
-            return "unknown"
-        return "(" + ", ".join(f"{d}={v}" for d, v in dims.items()) + ")"
-
-    bld = dict(batch=batch, position=length, feature=d_model)
-    can_project = "x" in ds and "w_q" in ds
-    attn = computed(dict(batch=batch, head=n_heads, query=length, key=length))
-    from_qk = " (from q, k)" if "q" in ds else " (needs q, k)"
-    rows = [
-        ("input", "x", shape_of("x")),
-        (
-            "projections",
-            "x·Wqᵀ, x·Wkᵀ, x·Wvᵀ",
-            computed(bld) + " each" if can_project else shape_of("w_q"),
-        ),
-        ("split", "(B, L, D) → (B, H, L, E)", shape_of("q")),
-        ("scores", "q·kᵀ", shape_of("scores") if "scores" in ds else attn + from_qk),
-        ("scaled", f"× scale = {ds.attrs.get('scale', float('nan')):.4g}", attn + from_qk),
-        ("masked", f"fill −1e4 where blocked (mask {mask})", attn + from_qk),
-        ("weights", "softmax over key", shape_of("weights")),
-        ("context", "weights · v", shape_of("context")),
-        (
-            "merged",
-            "(B, H, L, E) → (B, L, D)",
-            computed(
-                dict(
-                    batch=batch,
-                    position=length,
-                    feature=(n_heads or 0) * (head_dim or 0) if head_dim else None,
-                )
-            ),
-        ),
-        ("output", "merged · Woᵀ", shape_of("output")),
-    ]
-    table = pd.DataFrame(rows, columns=["step", "operation", "shape"])
+    The table of :func:`attnpanel.summary.shape_table` (also what ``attnpanel info``
+    prints); ``mask`` names the mask mode shown, by default the trace's own.
+    """
+    table = summary.shape_table(ds, mask=mask)
     return hv.Table(table, kdims=["step"], vdims=["operation", "shape"])
 
 

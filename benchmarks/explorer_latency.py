@@ -36,16 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from served_app import open_app, peak_rss_mb, rss_mb, serve  # noqa: E402
+from served_app import launch_chromium, open_app, peak_rss_mb, rss_mb, serve  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
 CHANGES = {
     "head": ("Head", [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)], "head"),
@@ -71,9 +63,7 @@ def browser_latencies(repeats: int):
 
     results = {}
     with serve() as (url, proc), sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
+        browser = launch_chromium(p)
         console: list = []
         page = open_app(browser, url, console)
         rss_loaded = rss_mb(proc.pid)

@@ -31,16 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from served_app import open_app, serve  # noqa: E402
+from served_app import launch_chromium, open_app, serve  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # (x0, x1, y0, y1): key and query windows, each different from the one before.
 WINDOWS = [
     (100, 340, 60, 300),
@@ -104,9 +96,7 @@ def browser_zooms(repeats: int):
 
     out = []
     with serve() as (url, _proc), sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
+        browser = launch_chromium(p)
         console: list = []
         page = open_app(browser, url, console)
         page.evaluate(TIMED_ZOOM_JS, [0, 240, 0, 240])  # warm-up, not counted

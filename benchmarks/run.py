@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 CASES = {
     # name: (group, description)
@@ -219,6 +220,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--no-memory", action="store_true", help="skip the memory processes")
     parser.add_argument("--memory-of", choices=list(CASES), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="then run the browser benchmarks too (explorer_latency.py, linked_zoom.py)",
+    )
     args = parser.parse_args(argv)
     shape = Shape(args.batch, args.length, args.d_model, args.heads)
     if args.memory_of:  # a child process: one case's memory, JSON out
@@ -231,6 +237,10 @@ def main(argv: list[str] | None = None) -> str:
     times = measure_times(args.cases, shape, args.repeats)
     text = table(times, memory, shape)
     print(text)
+    if args.all:
+        for script in ("explorer_latency.py", "linked_zoom.py"):
+            print(f"\n== {script}", flush=True)
+            subprocess.run([sys.executable, str(Path(__file__).with_name(script))], check=True)
     return text
 
 

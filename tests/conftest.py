@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import param
 import pytest
 import torch
+from served_app import CHROMIUM, launch_chromium
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
-CHROMIUM = os.environ.get("ATTNPANEL_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 param.parameterized.warnings_as_exceptions = True
 
@@ -43,6 +34,6 @@ def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}: install Debian's chromium package")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = launch_chromium(p)
         yield browser
         browser.close()

@@ -17,6 +17,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "apps" / "main.py"
+CHROMIUM = os.environ.get("ATTNPANEL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def launch_chromium(playwright):
+    """Debian's Chromium, headless, with the flags every test and benchmark uses."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+
 
 # Bokeh's JS helpers installed into the page as window.attn.
 HELPERS_JS = r"""

@@ -64,7 +64,7 @@ def test_info_prints_shape_table_and_heads(saved_trace, capsys):
     path, ds = saved_trace
     assert main(["info", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "2 x 4 x 12 x 12" in text  # the scores / weights shape
+    assert "(batch=2, head=4, query=12, key=12)" in text  # the scores / weights shape
     for head in range(4):
         assert f"head {head}:" in text
     top = ds["weights"].isel(batch=0, head=0).values.argmax(axis=1) - np.arange(12)
