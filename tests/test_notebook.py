@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -65,6 +66,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_jupyterlab_finds_the_pyviz_extension():
+    """Panel's two-way comms in JupyterLab need pyviz_comms' lab extension on the Jupyter path.
+
+    Without it the explorer still draws but neither widget changes nor pushes from the kernel
+    arrive (seen in a venv made with --system-site-packages: the base prefix's
+    share/jupyter is not on the venv's Jupyter path).
+    """
+    from jupyter_core.paths import jupyter_path
+
+    found = [p for p in jupyter_path("labextensions") if (Path(p) / "@pyviz").is_dir()]
+    assert found, f"@pyviz/jupyterlab_pyviz is in none of {jupyter_path('labextensions')}"
+
+
 @pytest.fixture
 def jupyterlab(tmp_path):
     """A JupyterLab server on localhost with the walkthrough in its root; no token."""
@@ -109,6 +123,12 @@ def jupyterlab(tmp_path):
         server.kill()
 
 
+_PYVIZ_STATE = """() => JSON.stringify({
+    loaded: typeof window.PyViz, comms: Object.keys((window.PyViz || {}).comms || {}),
+    managers: Object.keys(window.PyViz || {}),
+})"""
+
+
 def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifacts):
     context = browser.new_context(viewport={"width": 1600, "height": 1400})
     page = context.new_page()
@@ -122,6 +142,10 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
             outside.append(request.url)
 
     page.on("request", record)
+    page.on(
+        "response",
+        lambda r: console.append(f"http {r.status}: {r.url}") if r.status >= 400 else None,
+    )
     try:
         page.goto(f"{jupyterlab}/lab/tree/walkthrough.ipynb", timeout=120_000)
         page.wait_for_function(
@@ -177,5 +201,7 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         page.screenshot(path=str(artifacts / "jupyterlab_explorer_changed.png"))
         assert outside == [], f"requests left the machine: {outside[:5]}"
     finally:
+        with contextlib.suppress(Exception):
+            console.append("PyViz: " + page.evaluate(_PYVIZ_STATE))
         (artifacts / "jupyterlab_console.log").write_text("\n".join(console))
         context.close()
