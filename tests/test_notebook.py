@@ -171,9 +171,12 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))
         page.evaluate(HELPERS_JS)
         matrix = "attn.plots().find((v) => /^sample \\d+, head /.test(v.model.title.text))"
-        # The page shows the explorer the notebook built (cell 9's `param.update` may land
-        # before JupyterLab has rendered the output: Panel's comm drops such early pushes).
-        assert page.evaluate(f"{matrix}.model.title.text").startswith("sample 0, head ")
+        # the notebook's own `explorer.param.update(head=3, mask="causal", ...)` reaches the page
+        page.wait_for_function(
+            f"""() => {{ const t = {matrix}.model.title.text;
+                        return t.startsWith('sample 0, head 3') && t.includes('mask causal'); }}""",
+            timeout=60_000,
+        )
         before = page.evaluate(f"attn.hash({matrix})")
         # what picking "head 5" in the Head widget does: the widget's value changes in the page
         page.evaluate(
