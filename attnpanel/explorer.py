@@ -295,6 +295,8 @@ class AttentionExplorer(pn.viewable.Viewer):
             self._recolor_head_maps()
         if "layer" in changed:
             explorer_model.switch_layer(self)  # every view reads the new layer
+        if "mask" in changed:
+            self._update_shape_table()
         due = [v for v in self._views if v.parameters & changed or "layer" in changed]
         doc = pn.state.curdoc
         if doc is None or doc.session_context is None:
@@ -755,12 +757,26 @@ class AttentionExplorer(pn.viewable.Viewer):
         )
 
     def _shape_table(self):
-        def table(mask):
-            return views.shape_table(self.trace, mask=mask).opts(width=1000, height=320)
+        def keep_source(plot, element):
+            self._shape_source = plot.handles["source"]
 
-        self._shapes = pn.pane.HoloViews(table(self.mask), width=1010)
-        self.param.watch(lambda event: setattr(self._shapes, "object", table(event.new)), "mask")
-        return pn.Column(pn.pane.Markdown("### Shapes of every step", margin=(0, 5)), self._shapes)
+        table = views.shape_table(self.trace, mask=self.mask)
+        table = table.opts(width=1000, height=320, hooks=[keep_source])
+        return pn.Column(
+            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
+            pn.pane.HoloViews(table, width=1010),
+        )
+
+    def _update_shape_table(self) -> None:
+        """Name the mask shown in the table's masking step: a patch of one column, in place
+        (re-rendering the table would re-lay out the page, ~1 s in Chromium)."""
+        source = getattr(self, "_shape_source", None)
+        if source is None:
+            return
+        table = views.shape_table(self.trace, mask=self.mask)
+        operations = list(table.dimension_values("operation"))
+        if list(source.data["operation"]) != operations:
+            source.data = {**source.data, "operation": operations}
 
     def _build(self):
         ds = self.trace

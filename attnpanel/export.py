@@ -59,6 +59,7 @@ class _SelfContained(Resources):
 
 LEVELS = 254  # quantisation levels for visible cells; 255 marks a masked cell (black)
 MASKED = 255
+MASKED_SHARE = 0.4  # a reduced cell is drawn masked from this share of masked area
 SMALL = 120  # frame of each head's small map, in pixels
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
 TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
@@ -72,9 +73,12 @@ def _palette(n: int = LEVELS + 1) -> list[str]:
 
 
 def display_resolution(weights: xr.DataArray, size: int) -> np.ndarray:
-    """Reduce a ``(query, key)`` map to at most ``size`` x ``size`` cells (mean per cell).
+    """Reduce a ``(query, key)`` map to at most ``size`` x ``size`` cells.
 
-    Masked cells must be NaN; a display cell is NaN only when all its cells are masked.
+    Masked cells must be NaN. A display cell holds the mean of its visible cells, and is
+    masked (NaN) when at least ``MASKED_SHARE`` of its area is masked: a masked diagonal
+    stays a visible black line as long as a pixel covers no more than about 2.5 positions,
+    and the picture does not darken a whole band of pixels around it.
     """
     length = weights.sizes["query"]
     if length <= size:
@@ -86,8 +90,11 @@ def display_resolution(weights: xr.DataArray, size: int) -> np.ndarray:
         y_range=(-0.5, length - 0.5),
     )
     grid = weights.rename(query="y", key="x").astype(np.float64)
-    reduced = canvas.raster(grid, agg="mean", downsample_method="mean")
-    return np.asarray(reduced.values, dtype=np.float32)
+    reduced = np.asarray(canvas.raster(grid, agg="mean", downsample_method="mean").values)
+    masked = grid.isnull().astype(np.float64)
+    share = np.asarray(canvas.raster(masked, agg="mean", downsample_method="mean").values)
+    reduced[share >= MASKED_SHARE] = np.nan
+    return reduced.astype(np.float32)
 
 
 def _encode(values: np.ndarray) -> tuple[str, tuple[float, float]]:

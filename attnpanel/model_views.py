@@ -328,7 +328,9 @@ def head_average_values(
     recomputed weights. Blocked cells are NaN, as in the matrix.
     """
     if _mask_mode(ds, sel) == ds.attrs.get("mask", "none"):
-        values = np.array(head_average(ds).isel(batch=sel.sample).values, dtype=np.float32)
+        # one sample first: the mean over the whole batch would hold 32 x 480 x 480 temporaries
+        one = ds["weights"].isel(batch=sel.sample)
+        values = np.array(head_average(one).values, dtype=np.float32)
         mask = ds.attrs.get("mask", "none")
         if mask != "none":
             blocked = blocked_cells(ds, mask)

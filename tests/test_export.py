@@ -60,6 +60,21 @@ def test_long_sequences_are_reduced_by_the_mean():
     np.testing.assert_allclose(reduced, expected, rtol=1e-5)
 
 
+def test_a_masked_diagonal_stays_visible_when_reduced():
+    ds = attnpanel.trace(
+        attnpanel.MultiHeadSelfAttention(16, 2, mask="diagonal"), torch.randn(1, 480, 16)
+    )
+    one = ds["weights"].isel(batch=0, head=1)
+    one = one.where(one > 0)  # masked cells as NaN, as the export passes them
+    reduced = display_resolution(one, 400)
+    assert reduced.shape == (400, 400)
+    assert np.isnan(np.diag(reduced)).all(), "the masked diagonal must stay black"
+    far = np.abs(np.subtract.outer(np.arange(400), np.arange(400))) >= 2
+    assert np.isfinite(reduced[far]).all(), "only the diagonal's pixels are masked"
+    visible = ~np.isnan(reduced)
+    assert 0 < reduced[visible].min() and reduced[visible].max() <= one.max()
+
+
 def test_sample_out_of_range_is_refused(trace_480, tmp_path):
     with pytest.raises(ValueError, match="sample 5 is out of range"):
         export_html(trace_480, tmp_path / "x.html", sample=5)
