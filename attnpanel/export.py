@@ -11,6 +11,7 @@ resolution, not on the square of the sequence length.
 from __future__ import annotations
 
 import base64
+import math
 import zlib
 from pathlib import Path
 
@@ -61,6 +62,7 @@ LEVELS = 254  # quantisation levels for visible cells; 255 marks a masked cell (
 MASKED = 255
 MASKED_SHARE = 0.4  # a reduced cell is drawn masked from this share of masked area
 SMALL = 120  # frame of each head's small map, in pixels
+MAX_BYTES = 5_000_000  # the file's default size limit (5 MB)
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
 TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
 
@@ -171,6 +173,7 @@ def export_html(
     sample: int = 0,
     size: int = DISPLAY,
     title: str = "attnpanel",
+    max_bytes: int | None = MAX_BYTES,
 ) -> Path:
     """Write one sample's attention maps as a standalone HTML file that works offline.
 
@@ -186,6 +189,9 @@ def export_html(
         Display resolution: maps longer than this are reduced to ``size`` x ``size``.
     title : str
         The page title.
+    max_bytes : int or None
+        The file's size limit. Maps that compress badly (noise-like attention) are stored
+        at a lower resolution until the file fits; ``None`` keeps ``size``.
 
     Returns
     -------
@@ -195,7 +201,29 @@ def export_html(
         raise ValueError(
             f"sample {sample} is out of range: the trace has {ds.sizes['batch']} samples"
         )
+    frame = size  # the large map's frame in pixels stays, whatever resolution is stored
     payload = export_maps(ds, sample, size)
+    html = _page(ds, payload, title, sample, frame)
+    for _ in range(4):
+        if max_bytes is None or len(html.encode("utf-8")) <= max_bytes:
+            break
+        # maps shrink with the square of their side; the page around them does not
+        maps = sum(len(m) for per_mask in payload["maps"].values() for m in per_mask)
+        page = len(html.encode("utf-8")) - maps
+        if page >= max_bytes:
+            raise ValueError(f"the page alone takes {page} bytes, over max_bytes={max_bytes}")
+        size = int(payload["n"] * math.sqrt(0.95 * (max_bytes - page) / maps))
+        payload = export_maps(ds, sample, size)
+        html = _page(ds, payload, title, sample, frame)
+    if max_bytes is not None and len(html.encode("utf-8")) > max_bytes:
+        raise ValueError(f"could not fit the maps in max_bytes={max_bytes}")
+    path = Path(path)
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
+def _page(ds: xr.Dataset, payload: dict, title: str, sample: int, frame: int) -> str:
+    """The standalone page (HTML text) showing encoded maps of :func:`export_maps`."""
     length, n, heads = payload["length"], payload["n"], ds.sizes["head"]
     x_range = Range1d(-0.5, length - 0.5)
     y_range = Range1d(length - 0.5, -0.5)  # query 0 at the top, as a matrix reads
@@ -225,7 +253,7 @@ def export_html(
         )
         return fig, source
 
-    main, main_source = matrix_figure(size, "pan,wheel_zoom,box_zoom,reset,save")
+    main, main_source = matrix_figure(frame, "pan,wheel_zoom,box_zoom,reset,save")
     main.title.text = "softmax"
     main.xaxis.axis_label, main.yaxis.axis_label = "key", "query"
     main.add_tools(HoverTool(tooltips=[("query", "$y{0}"), ("key", "$x{0}")]))
@@ -282,7 +310,4 @@ def export_html(
     document = Document()
     document.add_root(layout)
     document.js_on_event("document_ready", callback)
-    html = file_html(document, resources=_SelfContained(mode="inline"), title=title)
-    path = Path(path)
-    path.write_text(html, encoding="utf-8")
-    return path
+    return file_html(document, resources=_SelfContained(mode="inline"), title=title)

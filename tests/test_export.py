@@ -13,15 +13,25 @@ import pytest
 import torch
 
 import attnpanel
-from attnpanel.export import LEVELS, MASKED, display_resolution, export_html, export_maps
+from attnpanel.export import (
+    DISPLAY,
+    LEVELS,
+    MASKED,
+    display_resolution,
+    export_html,
+    export_maps,
+)
 
-MAX_BYTES = 5 * 2**20
+MAX_BYTES = 5_000_000  # 5 MB, the issue's limit
 
 
-def _trace(length: int, batch: int = 1):
+def _trace(length: int, batch: int = 1, noise: bool = False):
+    """A random layer's trace; ``noise``: white-noise input, the worst case for compression."""
     layer = attnpanel.MultiHeadSelfAttention(d_model=96, n_heads=8, mask="diagonal")
-    steps = torch.arange(length, dtype=torch.float32)[:, None]
-    x = torch.randn(batch, length, 96) + 3 * torch.sin(steps / 20 * torch.arange(96) / 10)
+    x = torch.randn(batch, length, 96)
+    if not noise:
+        steps = torch.arange(length, dtype=torch.float32)[:, None]
+        x = x + 3 * torch.sin(steps / 20 * torch.arange(96) / 10)
     return attnpanel.trace(layer, x)
 
 
@@ -73,6 +83,19 @@ def test_a_masked_diagonal_stays_visible_when_reduced():
     assert np.isfinite(reduced[far]).all(), "only the diagonal's pixels are masked"
     visible = ~np.isnan(reduced)
     assert 0 < reduced[visible].min() and reduced[visible].max() <= one.max()
+
+
+def test_resolution_drops_only_when_the_file_would_exceed_its_limit(trace_480, tmp_path):
+    structured = export_html(trace_480, tmp_path / "structured.html").read_text()
+    assert f"stored at {DISPLAY} x {DISPLAY}" in structured
+    full = export_html(trace_480, tmp_path / "full.html", max_bytes=None)
+    limit = full.stat().st_size - 400_000
+    smaller = export_html(trace_480, tmp_path / "smaller.html", max_bytes=limit)
+    assert smaller.stat().st_size <= limit
+    stored = int(re.search(r"stored at (\d+) x", smaller.read_text()).group(1))
+    assert 200 < stored < DISPLAY
+    with pytest.raises(ValueError, match="max_bytes=1000"):
+        export_html(trace_480, tmp_path / "never.html", max_bytes=1000)
 
 
 def test_sample_out_of_range_is_refused(trace_480, tmp_path):
@@ -155,10 +178,12 @@ def test_export_is_small_self_contained_and_switchable_offline(
     length, browser, artifacts, tmp_path
 ):
     torch.manual_seed(2)
-    ds = _trace(length)
+    ds = _trace(length, noise=True)  # white noise compresses worst: the size limit's hard case
     path = export_html(ds, tmp_path / f"report_{length}.html")
     html = path.read_text()
-    assert path.stat().st_size <= MAX_BYTES, f"{path.stat().st_size / 2**20:.2f} MiB at L={length}"
+    assert path.stat().st_size <= MAX_BYTES, f"{path.stat().st_size / 1e6:.2f} MB at L={length}"
+    stored = int(re.search(r"stored at (\d+) x", html).group(1))
+    assert 200 <= stored <= DISPLAY, f"maps stored at {stored} x {stored}"
     assert _external_references(html) == [], "a tag of the file loads another file"
 
     context, page, attempted, errors = _open_offline(browser, path, artifacts, length)
