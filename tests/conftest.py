@@ -7,7 +7,7 @@ from pathlib import Path
 import param
 import pytest
 import torch
-from served_app import CHROMIUM, launch_chromium
+from served_app import CHROMIUM, launch_chromium, serve
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
@@ -37,3 +37,11 @@ def browser():
         browser = launch_chromium(p)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="session")
+def demo_url() -> str:
+    """``panel serve apps/main.py``, started once for every browser test of the demo; each
+    test module opens its own page (its own session, its own explorer state)."""
+    with serve() as (url, _proc):
+        yield url

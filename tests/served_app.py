@@ -197,6 +197,25 @@ def open_app(browser, url: str, console: list, timeout_ms: int = 180_000):
     return page
 
 
+@contextlib.contextmanager
+def opened(browser, url: str):
+    """A page on the served explorer (see :func:`open_app`); yield ``(page, console)``."""
+    console: list = []
+    page = open_app(browser, url, console)
+    try:
+        yield page, console
+    finally:
+        page.close()
+
+
+def shot(page, artifacts: Path, name: str) -> Path:
+    """A full-page screenshot ``artifacts/browser_{name}.png`` (asserted not blank)."""
+    path = artifacts / f"browser_{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    return path
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size of a process in MiB (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

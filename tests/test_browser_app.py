@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from served_app import open_app, serve
+from served_app import opened, shot
 
 MATRIX = "sample "  # the matrix title starts "sample N, head ..." (the top view "sample N:")
 
@@ -19,19 +19,9 @@ def matrix_js() -> str:
 
 
 @pytest.fixture(scope="module")
-def app(browser, artifacts):
-    console: list = []
-    with serve() as (url, _proc):
-        page = open_app(browser, url, console)
-        yield page, console
-        page.close()
-
-
-def shot(page, artifacts, name):
-    path = artifacts / f"browser_{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 10_000
-    return path
+def app(browser, demo_url):
+    with opened(browser, demo_url) as served:
+        yield served
 
 
 def set_widget(page, title: str, value) -> None:

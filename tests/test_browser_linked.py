@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from served_app import open_app, serve
+from served_app import opened
 
 import attnpanel
 from attnpanel import linked
@@ -46,12 +46,9 @@ def trace():
 
 
 @pytest.fixture(scope="module")
-def app(browser):
-    console: list = []
-    with serve() as (url, _proc):
-        page = open_app(browser, url, console)
-        yield page, console
-        page.close()
+def app(browser, demo_url):
+    with opened(browser, demo_url) as served:
+        yield served
 
 
 def maps(page, values_of: str | None = None) -> dict:

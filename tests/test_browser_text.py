@@ -8,24 +8,10 @@ it. Chromium missing makes the ``browser`` fixture fail, never skip.
 from __future__ import annotations
 
 import pytest
-from served_app import ROOT, open_app, serve
+from minilm import TOKENS
+from served_app import ROOT, opened, serve, shot
 
 APP = ROOT / "apps" / "text.py"
-TOKENS = [
-    "[CLS]",
-    "the",
-    "cat",
-    "sat",
-    "on",
-    "the",
-    "mat",
-    "because",
-    "it",
-    "was",
-    "warm",
-    ".",
-    "[SEP]",
-]
 STRIP = "sample 0: tokens"
 GREEN = (57, 255, 20)  # views.HIGHLIGHT
 
@@ -35,19 +21,9 @@ def matrix_js() -> str:
 
 
 @pytest.fixture(scope="module")
-def app(browser, artifacts):
-    console: list = []
-    with serve(APP) as (url, _proc):
-        page = open_app(browser, url, console)
-        yield page, console
-        page.close()
-
-
-def shot(page, artifacts, name):
-    path = artifacts / f"browser_text_{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 10_000
-    return path
+def app(browser):
+    with serve(APP) as (url, _proc), opened(browser, url) as served:
+        yield served
 
 
 def matrix_hash(page) -> int:
@@ -91,7 +67,7 @@ def choose_layer(page, prefix: str) -> None:
 
 def test_text_page_shows_tokens_layers_and_model_view(app, artifacts):
     page, console = app
-    shot(page, artifacts, "loaded")
+    shot(page, artifacts, "text_loaded")
     assert [m for m in console if m[0] in ("error", "pageerror")] == []
     labels = renderer_data(page, f"attn.plot('{STRIP}')", "Text")
     assert labels[0]["token"] == TOKENS
@@ -130,7 +106,7 @@ def test_click_token_highlights_its_row(app, artifacts):
     assert away[1] < 200 or away[0] > 150, away
     # The row box is painted over the matrix (its overlay canvas changes).
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
-    shot(page, artifacts, "clicked_token")
+    shot(page, artifacts, "text_clicked_token")
 
 
 def test_layer_selector_switches_the_matrix(app, artifacts):
@@ -140,7 +116,7 @@ def test_layer_selector_switches_the_matrix(app, artifacts):
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
     page.wait_for_function(f"{matrix_js()}.model.title.text.includes(', layer 3: softmax weights')")
     assert matrix_hash(page) != before
-    shot(page, artifacts, "layer_3")
+    shot(page, artifacts, "text_layer_3")
 
 
 def test_model_view_click_opens_the_map(app, artifacts):
@@ -162,4 +138,4 @@ def test_model_view_click_opens_the_map(app, artifacts):
         timeout=10_000,
     )
     page.wait_for_function("attn.plot('weights of query').model.title.text.endsWith('(head 7)')")
-    shot(page, artifacts, "model_view_click")
+    shot(page, artifacts, "text_model_view_click")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.document import Document
+from minilm import SENTENCE, TOKENS
 from torch import nn
 
 import attnpanel
@@ -20,22 +21,6 @@ from attnpanel import model_views, views
 from attnpanel.explorer import AttentionExplorer
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-SENTENCE = "The cat sat on the mat because it was warm."
-TOKENS = [
-    "[CLS]",
-    "the",
-    "cat",
-    "sat",
-    "on",
-    "the",
-    "mat",
-    "because",
-    "it",
-    "was",
-    "warm",
-    ".",
-    "[SEP]",
-]
 
 
 @pytest.fixture(scope="module")
