@@ -25,6 +25,7 @@ Shapes use ``B`` batch, ``H`` heads, ``L`` query positions, ``S`` key positions,
 from __future__ import annotations
 
 import functools
+import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -251,6 +252,7 @@ def attend(
     blocked: torch.Tensor | None,
     scale: float,
     dropout: nn.Module | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and masked softmax weights from per-head queries and keys.
 
@@ -259,23 +261,31 @@ def attend(
     q, k : torch.Tensor
         ``(B, H, L, E)`` and ``(B, H, S, E)``; leading dims may be dropped.
     blocked : torch.Tensor or None
-        ``(L, S)`` bool, True = blocked.
+        Bool, True = blocked: ``(L, S)`` or anything broadcastable to ``(B, H, L, S)``.
     scale : float
         Multiplier of the scores, ``head_dim ** -0.5``.
     dropout : nn.Module, optional
         Applied to the weights (a no-op in eval mode).
+    bias : torch.Tensor, optional
+        Added to the scaled scores before masking, broadcastable to ``(B, H, L, S)``
+        (ALiBi, relative position biases, float masks).
 
     Returns
     -------
     scores, weights : torch.Tensor
-        Raw ``q . k`` and the attention weights, both ``(B, H, L, S)``.
+        Raw ``q . k`` and the attention weights, both ``(B, H, L, S)``. Blocked cells are
+        exactly 0, and so is a row whose every key is blocked.
     """
+    # with a bias the logits have no floor, so blocked cells get -inf instead of -1e4
+    fill = MASK_FILL if bias is None else -math.inf
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if needs_grad:
         scores = q @ k.transpose(-2, -1)  # (B, H, L, S)
         logits = scores * scale
+        if bias is not None:
+            logits = logits + bias
         if blocked is not None:
-            logits = logits.masked_fill(blocked, MASK_FILL)
+            logits = logits.masked_fill(blocked, fill)
         weights = torch.softmax(logits, dim=-1)  # (B, H, L, S)
         if blocked is not None:
             weights = weights.masked_fill(blocked, 0.0)  # exact zeros, whatever the fill left
@@ -285,8 +295,10 @@ def attend(
         shape = (*q.shape[:-1], k.shape[-2])
         scores = torch.matmul(q, k.transpose(-2, -1), out=_empty(shape, q))  # (B, H, L, S)
         weights = torch.mul(scores, scale, out=_empty(shape, q))
+        if bias is not None:
+            weights += bias
         if blocked is not None:
-            _fill_blocked_(weights, blocked, MASK_FILL)
+            _fill_blocked_(weights, blocked, fill)
         torch.softmax(weights, dim=-1, out=weights)  # (B, H, L, S)
         if blocked is not None:
             _fill_blocked_(weights, blocked, 0.0)  # exact zeros, whatever the fill left

@@ -22,7 +22,6 @@ from attnpanel.attention import (
     MASK_MODES,
     MultiHeadSelfAttention,
     attend,
-    build_mask,
     cached_mask,
     check_attention_size,
 )
@@ -42,7 +41,17 @@ EXPECTED_DIMS = {  # in pipeline order
     "w_v": ("feature_out", "feature_in"),
     "w_o": ("feature_out", "feature_in"),
     "mask": ("query", "key"),
+    "padding": ("batch", "position"),
 }
+# Cross-attention traces index k and v by the key side's own positions.
+CROSS_DIMS = {
+    "k": ("batch", "head", "key", "head_dim"),
+    "v": ("batch", "head", "key", "head_dim"),
+}
+# The mask truth of a captured model: any ordered subset of the attention dims that holds
+# ``key`` (padding varies by (batch, key), T5's bias by (head, query, key), ...).
+MASK_TRUTH = ("sample_mask", "bias")
+BLOCKED_BIAS = -1e4  # an additive bias at or below this gives a weight of exactly 0
 STAGES = ("raw", "scaled", "masked", "softmax")
 ROW_SUM_TOLERANCE = 1e-3
 
@@ -70,6 +79,56 @@ def _time_coord(time) -> tuple[np.ndarray, dict]:
     return time, attrs
 
 
+def _float32(array: np.ndarray) -> np.ndarray:
+    """Half-precision values are stored as float32, which every format and view reads."""
+    return array.astype(np.float32) if array.dtype == np.float16 else array
+
+
+def _minimal(array: np.ndarray, keep: Sequence[str] = ("key",)) -> tuple[tuple, np.ndarray]:
+    """A ``(batch, head, query, key)`` array over only the dims it varies along."""
+    dims = list(ATTENTION_DIMS)
+    for axis in (2, 1, 0):
+        name = ATTENTION_DIMS[axis]
+        first = np.take(array, [0], axis=axis)
+        if name not in keep and (array.shape[axis] == 1 or bool((array == first).all())):
+            array = first
+            dims.remove(name)
+    squeeze = tuple(i for i, name in enumerate(ATTENTION_DIMS) if name not in dims)
+    return tuple(dims), np.ascontiguousarray(np.squeeze(array, axis=squeeze))
+
+
+def _mask_truth(blocked, bias, shape: tuple, cross: bool) -> dict:
+    """The ``mask`` argument and the variables that record a model's full mask."""
+    truth: dict = {"mask": "none"}
+    length = shape[2]
+    if blocked is not None:
+        blocked = np.broadcast_to(_numpy(blocked).astype(bool), shape)
+        shared = blocked.all(axis=(0, 1))  # (L, S) blocked in every sample and head
+        if not cross and shared.any():
+            modes = {
+                "diagonal": np.eye(length, dtype=bool),
+                "causal": np.triu(np.ones((length, length), dtype=bool), 1),
+            }
+            same = (m for m, cells in modes.items() if (cells == shared).all())
+            truth["mask"] = next(same, shared)
+        elif shared.any():
+            truth["mask"] = shared
+        if not (blocked == shared).all():
+            dims, values = _minimal(blocked, keep=("key",))
+            truth["sample_mask"] = (dims, values)
+        padding = blocked.all(axis=(1, 2))  # (B, S): keys no query of the sample may see
+        if not cross and padding.any():
+            truth["padding"] = (("batch", "position"), padding)
+    if bias is not None:
+        bias = np.broadcast_to(_float32(_numpy(bias)), shape)
+        if blocked is not None:
+            bias = np.where(blocked, np.float32(0), bias)
+        if np.any(bias != 0):
+            dims, values = _minimal(bias, keep=("key",))
+            truth["bias"] = (dims, values.astype(np.float32, copy=False))
+    return truth
+
+
 def build_trace(
     *,
     weights,
@@ -85,6 +144,8 @@ def build_trace(
     w_v=None,
     w_o=None,
     mask: str | np.ndarray | torch.Tensor = "none",
+    blocked=None,
+    bias=None,
     scale: float | None = None,
     time=None,
     tokens: Sequence[Sequence[str]] | None = None,
@@ -109,6 +170,17 @@ def build_trace(
         ``(out, in)`` projection matrices, as ``nn.Linear.weight``.
     mask : str or bool array
         A mode name, or a ``(query, key)`` bool array (stored as variable ``mask``).
+        Ignored when ``blocked`` is given.
+    blocked : bool array, optional
+        Every cell the model blocked, broadcastable to ``(batch, head, query, key)``
+        (True = blocked): the mask truth of a captured model. It is stored as the mode or
+        ``mask`` shared by every sample and head plus, where it differs between them,
+        ``sample_mask`` over only the dims it varies along; keys blocked for every query
+        of a sample are marked in ``padding``.
+    bias : float array, optional
+        The additive bias the model put on the scaled scores, broadcastable to
+        ``(batch, head, query, key)`` (ALiBi, relative position bias, a float mask);
+        stored as ``bias`` over only the dims it varies along, 0 on blocked cells.
     scale : float, optional
         Score multiplier; defaults to ``head_dim ** -0.5`` when ``head_dim`` is known.
     time : array-like, optional
@@ -127,7 +199,7 @@ def build_trace(
     xarray.Dataset
         Arrays are wrapped without copying where possible.
     """
-    weights = _numpy(weights)
+    weights = _float32(_numpy(weights))
     if weights.ndim != 4:
         raise ValueError(
             f"weights must have dims {ATTENTION_DIMS}, got an array of {weights.ndim} dims "
@@ -136,16 +208,22 @@ def build_trace(
     batch, n_heads, length, n_keys = weights.shape
     given = dict(x=x, q=q, k=k, v=v, scores=scores, context=context, output=output)
     given.update(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
-    arrays = {name: _numpy(value) for name, value in given.items() if value is not None}
+    arrays = {name: _float32(_numpy(value)) for name, value in given.items() if value is not None}
     data_vars = {"weights": (ATTENTION_DIMS, weights)}
+    cross = n_keys != length or any(arrays[n].shape[2] != length for n in ("k", "v") if n in arrays)
     for name, value in arrays.items():
-        if value.ndim != len(EXPECTED_DIMS[name]):
-            raise ValueError(
-                f"{name} must have dims {EXPECTED_DIMS[name]}, got shape {value.shape}"
-            )
-        data_vars[name] = (EXPECTED_DIMS[name], value)
+        dims = CROSS_DIMS[name] if cross and name in CROSS_DIMS else EXPECTED_DIMS[name]
+        if value.ndim != len(dims):
+            raise ValueError(f"{name} must have dims {dims}, got shape {value.shape}")
+        data_vars[name] = (dims, value)
 
     attrs = {"n_heads": n_heads, "source": source}
+    if cross:
+        attrs["attention"] = "cross"
+    if blocked is not None or bias is not None:
+        truth = _mask_truth(blocked, bias, weights.shape, cross)
+        mask = truth.pop("mask")
+        data_vars.update(truth)
     if isinstance(mask, str):
         if mask not in MASK_MODES + ("custom",):
             raise ValueError(f"unknown mask {mask!r}; expected one of {MASK_MODES}")
@@ -296,7 +374,7 @@ def trace(
 
 
 def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
-    """The ``(query, key)`` bool mask of a trace, or of another mode for its length.
+    """The ``(query, key)`` bool mask shared by every sample and head, for a mode.
 
     Parameters
     ----------
@@ -310,16 +388,96 @@ def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
     -------
     torch.Tensor or None
         True = blocked; mode masks are cached and shared, so treat the result as read-only.
+        Per-sample cells (padding) are not in it: see :func:`blocked_cells`.
     """
     mask = ds.attrs.get("mask", "none") if mask is None else mask
-    length = ds.sizes["query"]
+    length, n_keys = ds.sizes["query"], ds.sizes["key"]
     if isinstance(mask, str) and mask == "custom":
         if "mask" not in ds:
             raise ValueError("this trace's mask is 'custom' but it holds no 'mask' variable")
-        return build_mask(torch.from_numpy(np.asarray(ds["mask"].values, dtype=bool)), length)
+        mask = ds["mask"].values
     if isinstance(mask, str):
+        if mask != "none" and length != n_keys:
+            raise ValueError(
+                f"mask {mask!r} needs as many queries as keys; this cross-attention trace has "
+                f"{length} queries and {n_keys} keys"
+            )
         return cached_mask(mask, length)
-    return build_mask(torch.as_tensor(np.asarray(mask, dtype=bool)), length)
+    blocked = torch.as_tensor(np.asarray(mask, dtype=bool))
+    if tuple(blocked.shape) != (length, n_keys):
+        raise ValueError(
+            f"mask has shape {tuple(blocked.shape)} but the trace needs ({length}, {n_keys})"
+        )
+    return blocked
+
+
+def _own(ds: xr.Dataset, mask) -> bool:
+    own = ds.attrs.get("mask", "none")
+    return mask is None or (isinstance(mask, str) and mask == own)
+
+
+def _select(da: xr.DataArray, batch: int | None, head: int | None) -> xr.DataArray:
+    selection = {d: i for d, i in (("batch", batch), ("head", head)) if i is not None}
+    return da.isel({d: i for d, i in selection.items() if d in da.dims})
+
+
+def blocked_cells(
+    ds: xr.Dataset, mask=None, batch: int | None = None, head: int | None = None
+) -> xr.DataArray | None:
+    """Every cell blocked under a mask, per sample and head where the trace says so.
+
+    This is the one rule every recomputation follows. Under the trace's own mask it is
+    exactly what the model blocked (``sample_mask`` where the trace has one). Under another
+    mode the shared part is replaced by that mode and what the model blocked per sample
+    or head (padding, say) is kept.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+    mask : str or bool array, optional
+        A mode (see :func:`trace_mask`); defaults to the trace's own.
+    batch, head : int, optional
+        One sample and/or one head (by position).
+
+    Returns
+    -------
+    xarray.DataArray or None
+        bool, True = blocked, over ``(batch, head, query, key)`` less the selected dims and
+        less any dim it does not vary along (xarray broadcasts it); None when nothing is
+        blocked.
+    """
+    shared = trace_mask(ds, mask)
+    shared = None if shared is None else xr.DataArray(shared.numpy(), dims=("query", "key"))
+    if "sample_mask" not in ds:
+        return shared
+    per_sample = _select(ds["sample_mask"], batch, head)
+    if _own(ds, mask):
+        return per_sample
+    own = trace_mask(ds)
+    extra = (
+        per_sample
+        if own is None
+        else per_sample & ~xr.DataArray(own.numpy(), dims=("query", "key"))
+    )
+    return extra if shared is None else extra | shared
+
+
+def attention_bias(
+    ds: xr.Dataset, batch: int | None = None, head: int | None = None
+) -> xr.DataArray | None:
+    """The additive bias the model put on the scaled scores (``bias``), or None."""
+    return _select(ds["bias"], batch, head) if "bias" in ds else None
+
+
+def _aligned(da: xr.DataArray | None, dims: tuple[str, ...]) -> torch.Tensor | None:
+    """A tensor broadcastable over ``dims`` (size-1 axes where ``da`` does not vary)."""
+    if da is None:
+        return None
+    order = [d for d in dims if d in da.dims]
+    values = np.asarray(da.transpose(*order).values)
+    shape = tuple(da.sizes[d] if d in da.dims else 1 for d in dims)
+    return torch.from_numpy(np.ascontiguousarray(values).reshape(shape))
 
 
 def _require(ds: xr.Dataset, *names: str) -> None:
@@ -332,6 +490,9 @@ def _require(ds: xr.Dataset, *names: str) -> None:
 
 def recompute_weights(ds: xr.Dataset, mask, batch: int | None = None) -> xr.DataArray:
     """Attention weights for another mask mode, from the trace's ``q`` and ``k`` only.
+
+    Per-sample cells the model blocked (padding) and its additive ``bias`` are kept: see
+    :func:`blocked_cells`.
 
     Parameters
     ----------
@@ -347,7 +508,19 @@ def recompute_weights(ds: xr.Dataset, mask, batch: int | None = None) -> xr.Data
     xarray.DataArray
         ``(batch, head, query, key)`` weights; ``batch`` is dropped when one is chosen.
     """
-    return attention_stage(ds, "softmax", mask=mask, batch=batch)
+    _check_index(ds, "batch", batch)
+    _require(ds, "q", "k")
+    return _recompute(ds, "softmax", mask, batch, None)
+
+
+def _check_index(ds: xr.Dataset, dim: str, index: int | None) -> None:
+    if index is None:
+        return
+    size = ds.sizes[dim]
+    if not isinstance(index, int | np.integer) or not -size <= int(index) < size:
+        raise ValueError(
+            f"{dim} {index!r} is out of range: this trace has {size} ({dim} 0-{size - 1})"
+        )
 
 
 def attention_stage(
@@ -365,9 +538,11 @@ def attention_stage(
         A trace with ``q`` and ``k`` (or ``weights`` alone for the softmax stage of the
         trace's own mask, ``scores`` alone for the raw stage).
     stage : {"raw", "scaled", "masked", "softmax"}
-        ``q . k``; times ``scale``; with masked cells filled by ``-1e4``; the weights.
+        ``q . k``; times ``scale`` (plus the model's additive ``bias``); with blocked
+        cells filled by ``-1e4``; the weights.
     mask : str or bool array, optional
-        Mask mode (see :func:`trace_mask`); defaults to the trace's own.
+        Mask mode (see :func:`blocked_cells`); defaults to the trace's own, for which the
+        softmax stage is the model's own ``weights`` where the trace holds them.
     batch, head : int, optional
         Select one sample and/or one head (by position) before computing; on a lazy trace
         only that slice of ``q`` and ``k`` is read.
@@ -379,33 +554,39 @@ def attention_stage(
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
-    own_mask = ds.attrs.get("mask", "none")
-    mask = own_mask if mask is None else mask
-    selection = {d: i for d, i in (("batch", batch), ("head", head)) if i is not None}
-    own = isinstance(mask, str) and mask == own_mask
+    _check_index(ds, "batch", batch)
+    _check_index(ds, "head", head)
+    if stage == "softmax" and _own(ds, mask) and "weights" in ds:
+        return _select(ds["weights"], batch, head).rename("softmax")
     if "q" not in ds or "k" not in ds:
-        if stage == "softmax" and own and "weights" in ds:
-            return ds["weights"].isel(selection)
         if stage == "raw" and "scores" in ds:
-            return ds["scores"].isel(selection)
+            return _select(ds["scores"], batch, head)
         _require(ds, "q", "k")
+    return _recompute(ds, stage, mask, batch, head)
+
+
+def _recompute(ds: xr.Dataset, stage: str, mask, batch, head) -> xr.DataArray:
     if "scale" not in ds.attrs:
         raise ValueError("this trace has no 'scale' attribute, so its scores cannot be scaled")
-    q = ds["q"].isel(selection).rename(position="query")
-    k = ds["k"].isel(selection).rename(position="key")
+    q = _select(ds["q"], batch, head).rename(position="query")
+    k = _select(ds["k"], batch, head)
+    k = k.rename(position="key") if "position" in k.dims else k
     dims = tuple(d for d in q.dims if d != "head_dim") + ("key",)
     shape = tuple(q.sizes[d] for d in dims[:-1]) + (k.sizes["key"],)
     check_attention_size(shape, count=2)
     qt = torch.from_numpy(np.ascontiguousarray(q.values))
     kt = torch.from_numpy(np.ascontiguousarray(k.values))
-    blocked = trace_mask(ds, mask)
+    blocked = _aligned(blocked_cells(ds, mask, batch, head), dims)
+    bias = _aligned(attention_bias(ds, batch, head), dims)
     with torch.no_grad():
         if stage == "softmax":
-            _, values = attend(qt, kt, blocked, ds.attrs["scale"])
+            _, values = attend(qt, kt, blocked, ds.attrs["scale"], bias=bias)
         else:
             values = qt @ kt.transpose(-2, -1)  # (..., L, S)
             if stage != "raw":
                 values = values * ds.attrs["scale"]
+                if bias is not None:
+                    values = values + bias
             if stage == "masked" and blocked is not None:
                 values = values.masked_fill(blocked, MASK_FILL)
     coords = {name: c for name, c in q.coords.items() if set(c.dims) <= set(dims)}
@@ -438,7 +619,8 @@ def _check_structure(ds: xr.Dataset) -> None:
         if name not in ds.data_vars:
             continue
         var = ds[name]
-        if var.dims in (expected, ("layer",) + expected):
+        allowed = {expected, CROSS_DIMS.get(name, expected)}
+        if var.dims in allowed | {("layer",) + dims for dims in allowed}:
             continue
         missing = [d for d in expected if d not in var.dims]
         extra = [d for d in var.dims if d not in expected and d != "layer"]
@@ -456,11 +638,26 @@ def _check_structure(ds: xr.Dataset) -> None:
         raise ValueError(f"weights must be floating point, got {ds['weights'].dtype}")
     if ds["weights"].size == 0:
         raise ValueError(f"weights are empty (sizes {dict(ds['weights'].sizes)})")
-    if ds.sizes["query"] != ds.sizes["key"]:
+    cross = ds.attrs.get("attention") == "cross"
+    if not cross and ds.sizes["query"] != ds.sizes["key"]:
         raise ValueError(
             "self-attention needs as many queries as keys, got query "
             f"{ds.sizes['query']} and key {ds.sizes['key']}"
         )
+    for name in MASK_TRUTH:
+        if name not in ds:
+            continue
+        dims = [d for d in ds[name].dims if d != "layer"]
+        if "key" not in dims or dims != [d for d in ATTENTION_DIMS if d in dims]:
+            raise ValueError(
+                f"{name} has dims {ds[name].dims}; expected an ordered subset of "
+                f"{ATTENTION_DIMS} that holds key"
+            )
+        kind = "b" if name == "sample_mask" else "f"
+        if ds[name].dtype.kind != kind:
+            raise ValueError(
+                f"{name} must be {'bool' if kind == 'b' else 'float'}, got {ds[name].dtype}"
+            )
     if "position" in ds.dims and ds.sizes["position"] != ds.sizes["query"]:
         raise ValueError(
             f"position has {ds.sizes['position']} steps but query has {ds.sizes['query']}"
@@ -515,7 +712,14 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
     weights = ds["weights"]
     # float16 rows are summed in float32 so rounding in the sum itself cannot fail them
     sum_dtype = np.float32 if weights.dtype.itemsize < 4 else None
-    row_error = abs(weights.sum("key", skipna=False, dtype=sum_dtype) - 1)
+    totals = weights.sum("key", skipna=False, dtype=sum_dtype)
+    row_error = abs(totals - 1)
+    blocked = blocked_cells(ds)
+    if blocked is not None:
+        # a row whose every key is blocked (a padding query) holds what the model made of it
+        empty = blocked.all("key")
+        row_error = xr.where(empty, np.minimum(row_error, abs(totals)), row_error)
+        row_error = row_error.transpose(*totals.dims)
     reductions = {}
     for name in floats:
         reductions[(name, "min")] = ds[name].min(skipna=False).data

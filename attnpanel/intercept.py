@@ -1,0 +1,574 @@
+"""Watch a model's attention computations as they run, whatever module computes them.
+
+Every attention, however written, ends in one of a few torch calls:
+
+* ``F.scaled_dot_product_attention`` (fused kernels, Hugging Face ``sdpa``, nanoGPT);
+* ``F.multi_head_attention_forward`` (``nn.MultiheadAttention`` and the layers built on it);
+* a ``softmax`` over a ``q . k`` product (``matmul``, ``bmm`` or ``einsum``), with a scale,
+  additive biases and mask fills in between (eager Hugging Face code, NILMFormer,
+  tutorials).
+
+:class:`AttentionRecorder` is a :class:`torch.overrides.TorchFunctionMode`: while a model
+runs inside it, each of those calls is recorded as an :class:`AttentionCall` holding q and
+k exactly as they entered the product (after rotary embeddings, after grouped-query
+expansion), v, the scale, every cell the model blocked and every additive bias, per sample
+and head, and the weights. A reader per kind of call registers itself with
+:func:`reads`; the softmax path follows a product's result through an allow-list of
+operations, so an operation that is not a scale, a bias or a mask (``tanh`` soft-capping,
+say) makes the call :attr:`AttentionCall.unsupported` instead of silently wrong.
+
+Module hooks (:meth:`AttentionRecorder.watch`) attribute each call to the innermost
+module running it. Nothing here changes what the model computes: every intercepted
+function is called with its own arguments and its result is returned untouched.
+
+Shapes use ``B`` batch, ``H`` heads, ``L`` queries, ``S`` keys and ``E`` head dim.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from attnpanel.attention import attend
+
+BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+PRODUCTS = {"matmul", "bmm", "einsum"}
+SOFTMAX = {"softmax", "_softmax"}
+SCALES = {"mul", "mul_", "div", "div_", "multiply", "true_divide", "divide"}
+MASKING = {"add", "add_", "sub", "sub_", "masked_fill", "masked_fill_", "where"}
+KEEPS = {
+    "to",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "type",
+    "type_as",
+    "contiguous",
+    "clone",
+    "detach",
+    "dropout",
+    "dropout_",
+}
+VIEWS = {"view", "reshape", "view_as", "reshape_as", "unsqueeze", "squeeze", "flatten"}
+
+
+class UnsupportedAttention(ValueError):
+    """An attention computation that cannot be reproduced exactly from q, k and a mask."""
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Largest difference of two weights or outputs computed in ``dtype`` that is rounding."""
+    return TOLERANCE.get(dtype, 1e-5)
+
+
+@dataclass
+class AttentionCall:
+    """One attention computation, as the model ran it."""
+
+    module: str  # the innermost named module running it ("" = the model itself)
+    via: str  # "sdpa", "multi_head_attention_forward" or "softmax"
+    q: torch.Tensor  # (B, H, L, E) as it entered the product
+    k: torch.Tensor  # (B, H, S, E) likewise, after grouped-query expansion
+    scale: float  # multiplier of q . k
+    weights: torch.Tensor  # (B, H, L, S) the model's own, or recomputed where never formed
+    blocked: torch.Tensor | None = None  # bool, broadcastable to (B, H, L, S)
+    bias: torch.Tensor | None = None  # float, broadcastable to (B, H, L, S)
+    v: torch.Tensor | None = None  # (B, H, S, E)
+    context: torch.Tensor | None = None  # (B, H, L, E) weights @ v
+    dtype: torch.dtype = torch.float32  # what the model computed in
+    projections: dict[str, torch.Tensor] = field(default_factory=dict)  # w_q ... b_o, x, output
+    cross: bool = False  # q and k come from different sequences
+    unsupported: str = ""  # why the call cannot be reproduced; empty when it can
+
+
+@dataclass
+class _Scores:
+    """What is known of a tensor computed from a ``q . k`` product."""
+
+    q: torch.Tensor  # (*lead, L, E)
+    k: torch.Tensor  # (*lead, S, E)
+    module: str
+    scale: float = 1.0
+    unsupported: str = ""
+
+
+@dataclass
+class _Weights:
+    """A softmax output on its way to ``weights @ v``."""
+
+    call: AttentionCall
+
+
+_READERS: dict[str, Callable] = {}
+
+
+def reads(name: str):
+    """Register a reader for the torch function called ``name``.
+
+    A reader is ``reader(recorder, func, args, kwargs) -> result``: it must call ``func``
+    with the arguments it was given and return that result unchanged.
+    """
+
+    def register(reader):
+        _READERS[name] = reader
+        return reader
+
+    return register
+
+
+class AttentionRecorder(TorchFunctionMode):
+    """Record every attention computation run inside ``with recorder:``.
+
+    Examples
+    --------
+    >>> recorder = AttentionRecorder()  # doctest: +SKIP
+    >>> with recorder.watch(model), recorder, torch.no_grad():  # doctest: +SKIP
+    ...     model(x)
+    >>> recorder.calls  # doctest: +SKIP
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[AttentionCall] = []
+        self.stack: list[tuple[str, nn.Module, tuple, dict]] = []  # running modules
+        self.module_calls: dict[int, tuple] = {}  # id(call) -> (module, args, kwargs, output)
+        self._known: dict[int, tuple[weakref.ref, object]] = {}
+
+    # module attribution
+
+    def watch(self, model: nn.Module):
+        """A context manager that hooks every module of ``model`` while it is open."""
+        return _Watch(self, model)
+
+    @property
+    def module(self) -> str:
+        return self.stack[-1][0] if self.stack else ""
+
+    def _open_call(self, call: AttentionCall) -> None:
+        self.calls.append(call)
+        if self.stack:
+            self.module_calls[id(call)] = self.stack[-1][1:]
+
+    # lineage of tensors
+
+    def _get(self, t) -> object:
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self._known.get(id(t))
+        if entry is None:
+            return None
+        ref, info = entry
+        if ref() is not t:
+            del self._known[id(t)]
+            return None
+        return info
+
+    def _set(self, t: torch.Tensor, info) -> None:
+        self._known[id(t)] = (weakref.ref(t), info)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        reader = _READERS.get(name)
+        if reader is not None:
+            return reader(self, func, args, kwargs)
+        result = func(*args, **kwargs)
+        if isinstance(result, torch.Tensor) and result.is_floating_point():
+            self._follow(name, args, kwargs, result)
+        return result
+
+    def _follow(self, name: str, args, kwargs, result: torch.Tensor) -> None:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        known = [(t, self._get(t)) for t in tensors]
+        known = [(t, info) for t, info in known if info is not None]
+        if not known:
+            if name in PRODUCTS:
+                self._product(name, args, result)
+            return
+        source, info = known[0]
+        if isinstance(info, _Weights):
+            self._follow_weights(name, args, source, info, result)
+        elif isinstance(info, _Scores):
+            self._follow_scores(name, args, source, info, result)
+
+    def _product(self, name: str, args, result: torch.Tensor) -> None:
+        operands = _operands(name, args)
+        if operands is None:
+            return
+        q, k = operands
+        self._set(result, _Scores(q, k, self.module))
+
+    def _follow_scores(self, name, args, source, info: _Scores, result) -> None:
+        same_cells = result.shape[-2:] == source.shape[-2:]
+        if name in SOFTMAX or not same_cells:
+            return  # a reduction or other shape: it does not carry the scores on
+        if name in SCALES:
+            factor = _scalar(args[1] if args[0] is source else args[0])
+            if factor is None:
+                info = replace(info, unsupported=f"{name} by a tensor between q.k and softmax")
+            else:
+                divide = name.startswith(("div", "true_divide", "divide"))
+                info = replace(info, scale=info.scale / factor if divide else info.scale * factor)
+        elif name in MASKING or name in KEEPS:
+            pass
+        elif name in VIEWS:
+            if result.numel() != source.numel():
+                return
+        else:
+            info = replace(info, unsupported=f"{name} between q.k and softmax")
+        self._set(result, info)
+
+    def _follow_weights(self, name, args, source, info: _Weights, result) -> None:
+        if name in PRODUCTS and info.call.context is None:
+            _weights_times_values(name, args, source, info.call, result)
+        elif name in KEEPS or (name in VIEWS and result.shape[-2:] == source.shape[-2:]):
+            self._set(result, info)
+
+
+class _Watch:
+    """Module hooks that keep :attr:`AttentionRecorder.stack` in step with the forward."""
+
+    def __init__(self, recorder: AttentionRecorder, model: nn.Module):
+        self.recorder = recorder
+        self.model = model
+        self.handles: list = []
+
+    def __enter__(self):
+        stack = self.recorder.stack
+        for name, module in self.model.named_modules():
+
+            def enter(module, args, kwargs, name=name):
+                stack.append((name, module, args, kwargs))
+
+            def leave(module, args, kwargs, output, name=name):
+                while stack:
+                    entry = stack.pop()
+                    if entry[1] is module:
+                        self._outputs(entry, output)
+                        break
+
+            self.handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+            self.handles.append(
+                module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+            )
+        return self
+
+    def _outputs(self, entry, output) -> None:
+        for call in self.recorder.calls:
+            known = self.recorder.module_calls.get(id(call))
+            if known is not None and known[0] is entry[1] and len(known) == 3:
+                self.recorder.module_calls[id(call)] = (*known, output)
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        return False
+
+
+def _scalar(value) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return None
+
+
+def _einsum_parts(args) -> tuple[list[str], str, list[torch.Tensor]] | None:
+    equation, *operands = args
+    if len(operands) == 1 and isinstance(operands[0], list | tuple):
+        operands = list(operands[0])
+    if not isinstance(equation, str) or "..." in equation or "->" not in equation:
+        return None
+    inputs, output = equation.replace(" ", "").split("->")
+    inputs = inputs.split(",")
+    if len(inputs) != 2 or len(operands) != 2:
+        return None
+    return inputs, output, operands
+
+
+def _operands(name: str, args) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(q, k)`` as ``(*lead, L, E)`` and ``(*lead, S, E)`` from a ``q . k`` product."""
+    if name in ("matmul", "bmm"):
+        a, b = args[0], args[1]
+        if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (a, b)):
+            return None
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        q = a.expand(*lead, *a.shape[-2:])  # (*lead, L, E)
+        k = b.expand(*lead, *b.shape[-2:]).transpose(-2, -1)  # (*lead, S, E)
+        return q, k
+    parts = _einsum_parts(args)
+    if parts is None:
+        return None
+    (sub_a, sub_b), out, (a, b) = parts
+    if len(out) < 3:
+        return None
+    query, key, lead = out[-2], out[-1], out[:-2]
+    if query in sub_b and key in sub_a:
+        (sub_a, a), (sub_b, b) = (sub_b, b), (sub_a, a)
+    contracted = [c for c in sub_a if c in sub_b and c not in out]
+    if (
+        len(contracted) != 1
+        or query not in sub_a
+        or key not in sub_b
+        or any(c not in sub_a or c not in sub_b for c in lead)
+    ):
+        return None
+    e = contracted[0]
+    q = torch.einsum(f"{sub_a}->{lead}{query}{e}", a)  # (*lead, L, E)
+    k = torch.einsum(f"{sub_b}->{lead}{key}{e}", b)  # (*lead, S, E)
+    return q, k
+
+
+def _weights_times_values(name, args, source, call: AttentionCall, result) -> None:
+    """Record v and the context from ``weights @ v`` (matmul, bmm or einsum)."""
+    if name in ("matmul", "bmm"):
+        if args[0] is not source or not isinstance(args[1], torch.Tensor):
+            return
+        v, context = args[1], result  # (*lead, S, E), (*lead, L, E)
+    else:
+        parts = _einsum_parts(args)
+        if parts is None:
+            return
+        (sub_w, sub_v), out, (w, v) = parts
+        if w is not source:
+            (sub_w, w), (sub_v, v) = (sub_v, v), (sub_w, w)
+        if w is not source:
+            return
+        lead, query, key = sub_w[:-2], sub_w[-2], sub_w[-1]
+        width = [c for c in sub_v if c not in sub_w]
+        if len(width) != 1 or key not in sub_v or sorted(out) != sorted(lead + query + width[0]):
+            return
+        v = torch.einsum(f"{sub_v}->{lead}{key}{width[0]}", v)
+        context = torch.einsum(f"{out}->{lead}{query}{width[0]}", result)
+    lead = call.weights.shape[:-2]
+    try:
+        call.v = v.expand(*source.shape[:-2], *v.shape[-2:]).reshape(*lead, *v.shape[-2:])
+        call.context = context.reshape(*lead, *context.shape[-2:])
+    except RuntimeError:
+        call.v = call.context = None
+
+
+def split_bias(additive: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(blocked, bias)`` from an additive mask: terms at or below -5000 block their cell."""
+    additive = additive.float()
+    blocked = additive <= BLOCKING_BIAS
+    bias = additive.masked_fill(blocked, 0.0)
+    return (blocked if bool(blocked.any()) else None), (bias if bool(bias.any()) else None)
+
+
+def _or(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a | b
+
+
+def _recompute(q, k, scale, blocked, bias) -> torch.Tensor:
+    """float32 weights from q, k, the scale and the mask truth."""
+    _, weights = attend(q.float(), k.float(), blocked, scale, bias=bias)
+    return weights
+
+
+def _sdpa_arguments(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """The signature of ``F.scaled_dot_product_attention``, to bind a call's arguments."""
+
+
+_SDPA = inspect.signature(_sdpa_arguments)
+
+
+@reads("scaled_dot_product_attention")
+def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
+    result = func(*args, **kwargs)
+    bound = _SDPA.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    q, k, v = a["query"], a["key"], a["value"]
+    dtype = q.dtype
+    if k.shape[-3] != q.shape[-3] and q.dim() >= 3 and q.shape[-3] % k.shape[-3] == 0:
+        groups = q.shape[-3] // k.shape[-3]  # grouped-query attention
+        k = k.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
+        v = v.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    q, k = q.expand(*lead, *q.shape[-2:]), k.expand(*lead, *k.shape[-2:])
+    v = v.expand(*lead, *v.shape[-2:])
+    length, n_keys = q.shape[-2], k.shape[-2]
+    scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
+    blocked, bias = None, None
+    mask = a["attn_mask"]
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            blocked = ~mask
+        else:
+            blocked, bias = split_bias(mask)
+    if a["is_causal"]:
+        causal = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
+        blocked = _or(blocked, causal)
+    call = AttentionCall(recorder.module, "sdpa", q, k, float(scale), weights=q, dtype=dtype)
+    call.blocked, call.bias, call.v = blocked, bias, v
+    call.weights = _recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
+    call.context = result
+    if a["dropout_p"]:
+        call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
+    else:
+        error = float((call.weights @ v.float() - result.float()).abs().max()) if v.numel() else 0
+        if error > tolerance(dtype) * max(1.0, float(v.abs().max())):
+            call.unsupported = (
+                f"the weights from its q, k and mask do not reproduce the output of its "
+                f"scaled_dot_product_attention call (max error {error:.3g})"
+            )
+    recorder._open_call(call)
+    return result
+
+
+_MHA = inspect.signature(F.multi_head_attention_forward)
+
+
+@reads("multi_head_attention_forward")
+def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
+    result = func(*args, **kwargs)
+    bound = _MHA.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    query, key, value = a["query"], a["key"], a["value"]
+    heads = a["num_heads"]
+    call = AttentionCall(recorder.module, "multi_head_attention_forward", query, key, 1.0, query)
+    call.dtype = query.dtype
+    if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
+        call.unsupported = "add_bias_kv, add_zero_attn or static keys add keys beyond the input"
+        recorder._open_call(call)
+        return result
+    unbatched = query.dim() == 2
+    seq_first = [t[:, None] if unbatched else t for t in (query, key, value)]  # (L, B, D)
+    xq, xk, xv = (t.transpose(0, 1) for t in seq_first)  # (B, L, D)
+    if a["use_separate_proj_weight"]:
+        w_q, w_k, w_v = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
+    else:
+        w_q, w_k, w_v = a["in_proj_weight"].chunk(3)
+    b_q = b_k = b_v = None
+    if a["in_proj_bias"] is not None:
+        b_q, b_k, b_v = a["in_proj_bias"].chunk(3)
+    q = _split(F.linear(xq, w_q, b_q), heads)  # (B, H, L, E)
+    k = _split(F.linear(xk, w_k, b_k), heads)  # (B, H, S, E)
+    v = _split(F.linear(xv, w_v, b_v), heads)  # (B, H, S, E)
+    batch, _, length, head_dim = q.shape
+    n_keys = k.shape[2]
+    blocked = bias = None
+    mask = a["attn_mask"]
+    if mask is not None:
+        mask = mask.view(batch, heads, length, n_keys) if mask.dim() == 3 else mask
+        blocked, bias = (mask, None) if mask.dtype == torch.bool else split_bias(mask)
+    padding = a["key_padding_mask"]
+    if padding is not None:
+        padding = (padding[None] if unbatched else padding)[:, None, None, :]  # (B, 1, 1, S)
+        if padding.dtype == torch.bool:
+            blocked = _or(blocked, padding)
+        else:
+            extra_blocked, extra_bias = split_bias(padding)
+            blocked = _or(blocked, extra_blocked)
+            bias = (
+                extra_bias if bias is None else (bias if extra_bias is None else bias + extra_bias)
+            )
+    call.q, call.k, call.v, call.scale = q, k, v, head_dim**-0.5
+    call.blocked, call.bias = blocked, bias
+    call.cross = not (query is key or (query.shape == key.shape and torch.equal(query, key)))
+    call.weights = _recompute(q, k, call.scale, blocked, bias)  # (B, H, L, S)
+    call.context = call.weights @ v.float()  # (B, H, L, E)
+    merged = call.context.transpose(1, 2).reshape(batch, length, heads * head_dim)  # (B, L, D)
+    output = F.linear(merged, a["out_proj_weight"].float(), _float(a["out_proj_bias"]))
+    actual = result[0][:, None] if unbatched else result[0]
+    actual = actual.transpose(0, 1)  # (B, L, D)
+    call.projections = {
+        "x": xq,
+        "output": actual,
+        "w_q": w_q,
+        "w_k": w_k,
+        "w_v": w_v,
+        "w_o": a["out_proj_weight"],
+        "b_q": b_q,
+        "b_k": b_k,
+        "b_v": b_v,
+        "b_o": a["out_proj_bias"],
+    }
+    if a["dropout_p"] and a["training"]:
+        call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
+    else:
+        error = float((output - actual.float()).abs().max())
+        if error > tolerance(call.dtype) * max(1.0, float(actual.abs().max())):
+            call.unsupported = (
+                f"the weights from in_proj and the masks do not reproduce the output of "
+                f"multi_head_attention_forward (max error {error:.3g})"
+            )
+    recorder._open_call(call)
+    return result
+
+
+def _float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
+
+
+def _split(t: torch.Tensor, heads: int) -> torch.Tensor:
+    batch, length, width = t.shape
+    return t.reshape(batch, length, heads, width // heads).transpose(1, 2)  # (B, H, L, E)
+
+
+@reads("softmax")
+def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
+    result = func(*args, **kwargs)
+    logits = args[0] if args else kwargs.get("input")
+    info = recorder._get(logits)
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if not isinstance(info, _Scores) or not isinstance(result, torch.Tensor):
+        return result
+    if dim is None or dim not in (-1, logits.dim() - 1):
+        return result
+    q, k = info.q, info.k
+    lead = logits.shape[:-2]
+    try:
+        q = q.reshape(*lead, *q.shape[-2:])  # (*lead, L, E)
+        k = k.reshape(*lead, *k.shape[-2:])  # (*lead, S, E)
+    except RuntimeError:
+        return result
+    call = AttentionCall(recorder.module, "softmax", q, k, info.scale, result.detach())
+    call.dtype = q.dtype
+    call.unsupported = info.unsupported
+    if not call.unsupported:
+        scores = q @ k.transpose(-2, -1)  # (*lead, L, S) as the model computed it
+        residual = logits.detach().float() - scores.float() * info.scale
+        blocked = (residual <= BLOCKING_BIAS) | torch.isneginf(logits)
+        residual = residual.masked_fill(blocked, 0.0)
+        noise = 4 * torch.finfo(logits.dtype).eps * (logits.detach().float().abs() + 1)
+        bias = residual if bool((residual.abs() > noise).any()) else None
+        blocked = blocked if bool(blocked.any()) else None
+        call.blocked, call.bias = blocked, bias
+        _check_softmax(call, result)
+    recorder._open_call(call)
+    recorder._set(result, _Weights(call))
+    return result
+
+
+def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
+    """The model's weights must follow from q, k, the scale and the mask truth."""
+    recomputed = _recompute(call.q, call.k, call.scale, call.blocked, call.bias)
+    difference = (recomputed - weights.float()).abs()
+    if call.blocked is not None:
+        empty = call.blocked.expand_as(difference).all(dim=-1, keepdim=True)
+        difference = difference.masked_fill(empty, 0.0)  # a padding row: what the model made of it
+    error = float(difference.max()) if difference.numel() else 0.0
+    if error > tolerance(call.dtype):
+        call.unsupported = (
+            f"its softmax weights do not follow from q.k, scale {call.scale:.4g} and the "
+            f"additive terms (max error {error:.3g})"
+        )
