@@ -132,7 +132,7 @@ def capture(
                 f"module {_label(call.module)} ({_kind(model, call.module)}): its attention "
                 f"cannot be reproduced exactly: {call.unsupported}"
             )
-    names = _call_names(calls)
+    names = _call_names(calls, type(model).__name__)  # the model itself may be the layer
     _check_hints(hints, calls, names)
     labels = _token_labels(tokens, inputs, kwargs)
     source = _describe(model)
@@ -177,11 +177,11 @@ def _nothing_found(model: nn.Module) -> str:
     return message
 
 
-def _call_names(calls: list[AttentionCall]) -> list[str]:
+def _call_names(calls: list[AttentionCall], root: str) -> list[str]:
     seen: dict[str, int] = {}
     names = []
     for call in calls:
-        name = call.module or "(model)"
+        name = call.module or root
         count = seen.get(name, 0)
         seen[name] = count + 1
         names.append(name if count == 0 else f"{name}[{count}]")
@@ -370,6 +370,14 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(batch, length, heads, width // heads).transpose(1, 2)  # (B, H, L, E)
 
 
+def _per_head(weight: torch.Tensor, width: int, groups: int) -> torch.Tensor:
+    """``(H' E, ...)`` rows repeated for each of the ``groups`` query heads a head serves."""
+    if groups == 1:
+        return weight
+    rows = weight.reshape(-1, width, *weight.shape[1:])  # (H', E, ...)
+    return rows.repeat_interleave(groups, dim=0).reshape(-1, *weight.shape[1:])  # (H E, ...)
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     if a.shape != b.shape:
         return False
@@ -433,12 +441,16 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
             if projected.shape[-1] % width:
                 continue
             split = _heads(projected, projected.shape[-1] // width)  # (B, H', L, E)
-            if split.shape[1] != heads and heads % split.shape[1] == 0:
-                split = split.repeat_interleave(heads // split.shape[1], dim=1)  # GQA
+            groups = heads // split.shape[1] if heads % split.shape[1] == 0 else 1
+            if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
+                split = split.repeat_interleave(groups, dim=1)  # (B, H, L, E)
             if _close(split, target, call.dtype):
-                kept[f"w_{role}"] = weight
+                # as k itself, the matrix is given per query head: (H E, D)
+                kept[f"w_{role}"] = _per_head(weight, width, groups)
                 if bias is not None:
-                    kept[f"b_{role}"] = bias
+                    kept[f"b_{role}"] = _per_head(bias, width, groups)
+                if groups > 1:
+                    kept["kv_heads"] = split.shape[1] // groups
                 break
     weight, bias = found.get("w_o"), found.get("b_o")
     if weight is not None and call.context is not None and kept.get("output") is not None:
@@ -498,6 +510,7 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
             "the captured values (rotary embeddings, say)"
         )
     arrays = {k: v for k, v in projections.items() if k in ("x", "output") or k.startswith("w_")}
+    kv_heads = projections.get("kv_heads")
     ds = build_trace(
         weights=call.weights,
         q=call.q,
@@ -516,6 +529,8 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
         if projections.get(name) is not None:
             ds[name] = ("feature_out", projections[name].detach().float().cpu().numpy())
     ds.attrs["captured_via"] = call.via
+    if kv_heads:
+        ds.attrs["kv_heads"] = int(kv_heads)  # w_k, w_v, k and v are repeated per query head
     ds.attrs["dtype"] = str(call.dtype).removeprefix("torch.")
     if call.cross:
         ds.attrs["attention"] = "cross"
