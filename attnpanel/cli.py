@@ -27,20 +27,35 @@ def _load_trace(path: str):
         raise CommandError(str(error).splitlines()[0]) from error
 
 
+def _check_sample(capture, sample: int) -> None:
+    from attnpanel.layers import groups
+
+    for group, ds in groups(capture).items():
+        n = ds.sizes["batch"]
+        if not 0 <= sample < n:
+            where = f" (group {group})" if group else ""
+            raise CommandError(
+                f"--sample {sample} is out of range: the trace{where} has {n} "
+                f"sample{'s' if n != 1 else ''}, 0 to {n - 1}"
+            )
+
+
+def _heading(layer) -> str:
+    return f"== layer {layer.name}" + (f" (group {layer.group})" if layer.group else "")
+
+
 def cmd_info(args: argparse.Namespace) -> None:
-    """Print the shape table and per-head summary of a saved trace."""
+    """Print the shape table and per-head summary of every layer of a saved trace."""
+    from attnpanel.layers import layers, select
     from attnpanel.summary import describe
 
-    ds = _load_trace(args.trace)
-    if not 0 <= args.sample < ds.sizes["batch"]:
-        raise CommandError(
-            f"--sample {args.sample} is out of range: the trace has {ds.sizes['batch']} samples"
-        )
-    layers = ds["layer"].values if "layer" in ds.dims else [None]
-    for layer in layers:
-        one = ds if layer is None else ds.sel(layer=layer)
-        if layer is not None:
-            print(f"== layer {layer}")
+    capture = _load_trace(args.trace)
+    _check_sample(capture, args.sample)
+    every = layers(capture)
+    for index, layer in enumerate(every):
+        if len(every) > 1 or layer.name:
+            print(_heading(layer))
+        one = select(capture, index)
         print(describe(one, batch=args.sample, positions=args.positions))
 
 
@@ -105,11 +120,48 @@ def _read_layer(path: Path, n_heads: int | None, mask: str | None):
     return layer
 
 
-def _trace_hugging_face(model_dir: Path, text: str):
-    """Capture every attention layer of a local Hugging Face model on one text."""
-    import os
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0].rstrip(":") if lines else type(error).__name__
 
+
+def _model_inputs(model, tokenizer, texts: list[str]) -> dict:
+    """The tokenized texts as the keyword inputs ``model.forward`` takes.
+
+    A batch of several texts is padded on the right. An encoder-decoder model also gets
+    the same token ids (and padding mask) as its decoder input.
+    """
+    import inspect
+
+    if len(texts) > 1 and tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"  # no fully masked query row under a causal mask
+    try:
+        encoded = dict(tokenizer(texts, return_tensors="pt", padding=len(texts) > 1))
+    except (ValueError, TypeError) as error:
+        raise CommandError(f"cannot tokenize the text: {str(error).splitlines()[0]}") from error
+    parameters = inspect.signature(model.forward).parameters
+    named = {
+        name
+        for name, p in parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    }
+    if "input_ids" not in named:
+        raise CommandError(
+            f"{type(model).__name__} takes no input_ids: --text works for text models only"
+        )
+    inputs = {key: value for key, value in encoded.items() if key in named}
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = inputs["input_ids"]
+        if "attention_mask" in inputs and "decoder_attention_mask" in named:
+            inputs["decoder_attention_mask"] = inputs["attention_mask"]
+    return inputs
+
+
+def _trace_hugging_face(model_dir: Path, texts: list[str]):
+    """Capture every attention computation of a local Hugging Face model on some texts."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory, never the hub
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
     from attnpanel.capture import capture
@@ -117,14 +169,44 @@ def _trace_hugging_face(model_dir: Path, text: str):
     if not model_dir.is_dir():
         raise CommandError(f"no model directory at {model_dir}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, KeyError) as error:
         raise CommandError(
-            f"cannot load a Hugging Face model from {model_dir}: {str(error).splitlines()[0]}"
+            f"cannot load a Hugging Face model from {model_dir}: {_first_line(error)}"
         ) from error
-    encoded = tokenizer(text, return_tensors="pt")
-    return capture(model, **encoded, tokens=tokenizer)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise CommandError(
+            f"cannot load a tokenizer from {model_dir} (--text needs one saved beside the "
+            f"model): {_first_line(error)}"
+        ) from error
+    inputs = _model_inputs(model, tokenizer, texts)
+    try:
+        return capture(model, **inputs, tokens=tokenizer)
+    except ValueError as error:  # CaptureError included
+        raise CommandError(str(error).splitlines()[0]) from error
+    except (RuntimeError, TypeError, IndexError) as error:
+        raise CommandError(
+            f"{type(model).__name__} failed on the text: {str(error).splitlines()[0]}"
+        ) from error
+
+
+def _written(capture) -> list[str]:
+    """What a saved capture holds: its shape, or each group's layer count and shape."""
+    import xarray as xr
+
+    from attnpanel.layers import groups
+
+    if isinstance(capture, xr.Dataset):
+        return [str(dict(capture["weights"].sizes))]
+    found = groups(capture)
+    lines = [f"{len(found)} groups"]
+    for group, ds in found.items():
+        count = ds.sizes.get("layer", 1)
+        sizes = {d: n for d, n in ds["weights"].sizes.items() if d != "layer"}
+        lines.append(f"  {group}: {count} layer{'s' if count != 1 else ''} {sizes}")
+    return lines
 
 
 def cmd_trace(args: argparse.Namespace) -> None:
@@ -138,9 +220,9 @@ def cmd_trace(args: argparse.Namespace) -> None:
         raise CommandError("give either --checkpoint and --input, or --model and --text")
     with tqdm(total=2, desc="trace", unit="step", disable=None) as progress:
         if args.model is not None:
-            if args.text is None:
+            if not args.text:
                 raise CommandError("--model needs --text")
-            ds = _trace_hugging_face(Path(args.model), args.text)
+            capture = _trace_hugging_face(Path(args.model), args.text)
         else:
             if args.input is None:
                 raise CommandError("--checkpoint needs --input")
@@ -149,37 +231,36 @@ def cmd_trace(args: argparse.Namespace) -> None:
             if x.dim() == 2:
                 x = x[None]
             try:
-                ds = trace(layer, x, source=f"{args.checkpoint} on {args.input}")
+                capture = trace(layer, x, source=f"{args.checkpoint} on {args.input}")
             except ValueError as error:
                 raise CommandError(str(error).splitlines()[0]) from error
         progress.update()
-        if isinstance(ds, list):
-            raise CommandError(
-                "the model's layers differ in shape: save them one by one from Python"
-            )
         try:
-            written = save(ds, args.output)
+            written = save(capture, args.output)
         except ValueError as error:
             raise CommandError(str(error).splitlines()[0]) from error
         progress.update()
-    print(f"wrote {written}: {dict(ds['weights'].sizes)}")
+    lines = _written(capture)
+    print(f"wrote {written}: {lines[0]}")
+    for line in lines[1:]:
+        print(line)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    """Serve the explorer on a saved trace, or on the demo."""
+    """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo."""
     import panel as pn
 
-    from attnpanel.explorer import AttentionExplorer
+    from attnpanel.explorer import explore
 
     if args.trace:
-        ds = _load_trace(args.trace)
+        capture = _load_trace(args.trace)
     else:
         from attnpanel.demo import demo
 
-        ds = demo()
+        capture = demo()
     pn.extension(inline=True, notifications=True)
     pn.serve(
-        {"attnpanel": lambda: AttentionExplorer(ds).servable()},
+        {"attnpanel": lambda: explore(capture).servable()},
         port=args.port,
         address=args.address,
         show=False,
@@ -187,16 +268,57 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
-def cmd_export(args: argparse.Namespace) -> None:
-    """Write a standalone, offline HTML file of the explorer on a trace."""
-    from attnpanel.explorer import AttentionExplorer
+def _pick_layer(capture, layer: str | None):
+    """One layer of a capture by index or module name, with the valid choices on a miss."""
+    from attnpanel.layers import layers
 
-    ds = _load_trace(args.trace)
-    explorer = AttentionExplorer(ds)
-    if not hasattr(explorer, "save"):
-        raise CommandError("this version of attnpanel cannot export HTML yet")
-    path = explorer.save(args.output)
-    print(f"wrote {path}")
+    every = layers(capture)
+    if layer is None:
+        return every[0]
+    if layer.lstrip("-").isdigit():
+        index = int(layer)
+        if not -len(every) <= index < len(every):
+            raise CommandError(
+                f"--layer {index} is out of range: the trace has {len(every)} "
+                f"layer{'s' if len(every) != 1 else ''}, 0 to {len(every) - 1}"
+            )
+        return every[index]
+    for entry in every:
+        if entry.name == layer:
+            return entry
+    names = ", ".join(entry.name for entry in every[:12] if entry.name)
+    more = f" and {len(every) - 12} more" if len(every) > 12 else ""
+    known = f"the layers are {names}{more}" if names else "the trace has one unnamed layer"
+    raise CommandError(
+        f"--layer {layer!r} is not a layer of the trace: {known} (or 0 to {len(every) - 1})"
+    )
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    """Write a standalone, offline HTML file of one layer and one sample of a trace."""
+    from attnpanel.export import export_html
+    from attnpanel.layers import layers, select
+
+    capture = _load_trace(args.trace)
+    entry = _pick_layer(capture, args.layer)
+    index = layers(capture).index(entry)
+    ds = select(capture, index)
+    n = ds.sizes["batch"]
+    if not 0 <= args.sample < n:
+        raise CommandError(
+            f"--sample {args.sample} is out of range: the trace has {n} "
+            f"sample{'s' if n != 1 else ''}, 0 to {n - 1}"
+        )
+    source = str(capture.attrs.get("source", "") or ds.attrs.get("source", ""))
+    title = "attnpanel" + (f" · {source.splitlines()[0][:80]}" if source.strip() else "")
+    shown = f"layer {entry.name}" if entry.name else f"layer {index}"
+    if entry.group:
+        shown += f" (group {entry.group})"
+    try:
+        path = export_html(ds, args.output, sample=args.sample, title=title, subtitle=shown)
+    except (ValueError, OSError) as error:
+        raise CommandError(str(error).splitlines()[0]) from error
+    print(f"wrote {path}: {shown}, sample {args.sample}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -219,9 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--address", default="localhost", help="address to bind (default localhost)")
     serve.set_defaults(func=cmd_serve)
 
-    export = sub.add_parser("export", help="write a standalone offline HTML file")
+    export = sub.add_parser(
+        "export", help="write a standalone offline HTML file of one layer and one sample"
+    )
     export.add_argument("trace", help="a saved trace (.nc or .zarr)")
     export.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    export.add_argument(
+        "--layer",
+        help="the layer to show: its module name (see attnpanel info) or its index among all "
+        "layers, every group included (default: the first)",
+    )
+    export.add_argument("--sample", type=int, default=0, help="which sample to show (default 0)")
     export.set_defaults(func=cmd_export)
 
     info = sub.add_parser("info", help="print the shape table and what each head attends to")
@@ -236,14 +366,26 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_info)
 
     trace = sub.add_parser(
-        "trace", help="compute a trace: a layer checkpoint on an input, or a model on a text"
+        "trace",
+        help="compute a trace: a layer checkpoint on an input, or a model on a text",
+        description="Compute a trace and save it (.nc or .zarr). A Hugging Face model whose "
+        "attention has several kinds or shapes (an encoder-decoder such as BART or T5) is "
+        "saved as one group per kind, a DataTree.",
     )
     trace.add_argument("--checkpoint", help="MultiHeadSelfAttention state dict (.pt)")
     trace.add_argument("--input", help="input array (batch, length, d_model): .npy or .pt")
     trace.add_argument(
-        "--model", help="a local Hugging Face model directory (instead of --checkpoint)"
+        "--model",
+        help="a local Hugging Face model directory with its tokenizer (instead of --checkpoint); "
+        "read offline, never from the hub",
     )
-    trace.add_argument("--text", help="the text to run the Hugging Face model on")
+    trace.add_argument(
+        "--text",
+        action="append",
+        help="the text to run the Hugging Face model on; repeat for a batch (padded on the "
+        "right). An encoder-decoder model (config.is_encoder_decoder) gets the same token ids "
+        "as decoder_input_ids",
+    )
     trace.add_argument(
         "-o", "--output", required=True, help="where to save the trace (.nc or .zarr)"
     )
@@ -268,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except BrokenPipeError:
+        return _closed_pipe()
     except CommandError as error:
         print(f"attnpanel: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -278,6 +423,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"attnpanel: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``attnpanel info t.nc | head -1``): end quietly.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush of what is left in
+    its buffer does not fail again (see the Python docs on SIGPIPE).
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (a test's capture)
+        pass
     return 0
 
 

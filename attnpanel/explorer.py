@@ -32,7 +32,7 @@ from panel.io.state import set_curdoc
 
 from attnpanel import explorer_model, linked, model_views, views
 from attnpanel.attention import MASK_MODES
-from attnpanel.trace import STAGES
+from attnpanel.trace import STAGES, mask_options
 from attnpanel.views import HEAD_COLORS, MissingVariable, Selection, StageCache
 
 log = logging.getLogger(__name__)
@@ -178,10 +178,8 @@ class AttentionExplorer(pn.viewable.Viewer):
         self.trace = trace
         self.cache = StageCache() if self.layers is None else model_views.LayerCache()
         n_batch, n_heads = trace.sizes["batch"], trace.sizes["head"]
-        masks = list(MASK_MODES) + (["custom"] if "mask" in trace else [])
+        masks = mask_options(trace)
         own_mask = trace.attrs.get("mask", "none")
-        if "q" not in trace or "k" not in trace:
-            masks = [own_mask]  # without q and k only the trace's own weights exist
         late = {
             n: params.pop(n)
             for n in ("sample", "head", "query", "mask", "enabled_heads", "layer")
@@ -812,6 +810,26 @@ class AttentionExplorer(pn.viewable.Viewer):
             self._layout = self._build()
         return self._layout
 
+    def drawn(self, pane: str = "matrix", group: str = "Attention") -> np.ndarray:
+        """The image a pane's map holds now, as the browser draws it (rows by query).
+
+        Parameters
+        ----------
+        pane : str
+            ``"matrix"``, ``"unmasked"`` or ``"head N"``.
+        group : str
+            The image's group: ``"Attention"`` or ``"HeadMap"``.
+
+        Returns
+        -------
+        numpy.ndarray
+            A copy of the rasterized values in the page's Bokeh source; masked cells NaN.
+        """
+        for (kind, image_group, *_), found in self._handles.get(pane, {}).items():
+            if kind == "Image" and image_group == group and found:
+                return np.array(found[0]["source"].data["image"][0])
+        raise KeyError(f"no {group} image has been drawn in pane {pane!r}")
+
     def sync_url(self) -> None:
         """Mirror sample, head, query, mask and stage in the served page's URL.
 
@@ -918,3 +936,24 @@ def notify_errors(err: BaseException) -> None:
     log.error("callback failed\n%s", "".join(traceback.format_exception(err)))
     if pn.state.notifications is not None:
         pn.state.notifications.error(f"{type(err).__name__}: {err}", duration=8000)
+
+
+def explore(capture: xr.Dataset | xr.DataTree, **params) -> pn.viewable.Viewer:
+    """The explorer of a capture: one Dataset, or every group of a DataTree.
+
+    Parameters
+    ----------
+    capture : xarray.Dataset or xarray.DataTree
+        What :func:`attnpanel.capture` or :func:`attnpanel.load` returned.
+    **params
+        Initial explorer parameters (``sample``, ``head``, ``layer`` ...).
+
+    Returns
+    -------
+    AttentionExplorer or attnpanel.groups_explorer.GroupsExplorer
+    """
+    if isinstance(capture, xr.DataTree):
+        from attnpanel.groups_explorer import GroupsExplorer
+
+        return GroupsExplorer(capture, **params)
+    return AttentionExplorer(capture, **params)

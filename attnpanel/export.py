@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import math
 import zlib
+from html import escape
 from pathlib import Path
 
 import datashader
@@ -35,8 +36,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from bokeh.resources import Resources
 
-from attnpanel.attention import MASK_MODES
-from attnpanel.trace import attention_stage, trace_mask
+from attnpanel.trace import attention_stage, mask_options, masked_cells
 from attnpanel.views import HEAD_COLORS  # the explorer's head colours
 
 
@@ -121,16 +121,15 @@ def export_maps(ds: xr.Dataset, sample: int = 0, size: int = DISPLAY) -> dict:
         ``{"n": cells per side, "length": L, "masks": [...], "maps": {mask: [b64, ...]},
         "scales": {mask: [(low, top), ...]}}``: each map's colour scale.
     """
-    own = ds.attrs.get("mask", "none")
-    masks = list(MASK_MODES) if "q" in ds and "k" in ds else [own]
+    masks = mask_options(ds)
     maps, scales, n = {}, {}, None
     for mask in masks:
-        blocked = trace_mask(ds, mask)
         maps[mask], scales[mask] = [], []
         for head in range(ds.sizes["head"]):
             weights = attention_stage(ds, "softmax", mask=mask, batch=sample, head=head)
+            blocked = masked_cells(ds, mask, batch=sample, head=head)
             if blocked is not None:
-                weights = weights.where(~xr.DataArray(blocked.numpy(), dims=("query", "key")))
+                weights = weights.where(~xr.DataArray(blocked, dims=("query", "key")))
             values = display_resolution(weights, size)
             n = values.shape[0]
             encoded, scale = _encode(values)
@@ -174,6 +173,7 @@ def export_html(
     size: int = DISPLAY,
     title: str = "attnpanel",
     max_bytes: int | None = MAX_BYTES,
+    subtitle: str | None = None,
 ) -> Path:
     """Write one sample's attention maps as a standalone HTML file that works offline.
 
@@ -192,6 +192,9 @@ def export_html(
     max_bytes : int or None
         The file's size limit. Maps that compress badly (noise-like attention) are stored
         at a lower resolution until the file fits; ``None`` keeps ``size``.
+    subtitle : str, optional
+        What the page shows, in its header before the sample (such as the layer's module
+        name and group).
 
     Returns
     -------
@@ -203,7 +206,7 @@ def export_html(
         )
     frame = size  # the large map's frame in pixels stays, whatever resolution is stored
     payload = export_maps(ds, sample, size)
-    html = _page(ds, payload, title, sample, frame)
+    html = _page(ds, payload, title, sample, frame, subtitle)
     for _ in range(4):
         if max_bytes is None or len(html.encode("utf-8")) <= max_bytes:
             break
@@ -214,7 +217,7 @@ def export_html(
             raise ValueError(f"the page alone takes {page} bytes, over max_bytes={max_bytes}")
         size = int(payload["n"] * math.sqrt(0.95 * (max_bytes - page) / maps))
         payload = export_maps(ds, sample, size)
-        html = _page(ds, payload, title, sample, frame)
+        html = _page(ds, payload, title, sample, frame, subtitle)
     if max_bytes is not None and len(html.encode("utf-8")) > max_bytes:
         raise ValueError(f"could not fit the maps in max_bytes={max_bytes}")
     path = Path(path)
@@ -222,7 +225,14 @@ def export_html(
     return path
 
 
-def _page(ds: xr.Dataset, payload: dict, title: str, sample: int, frame: int) -> str:
+def _page(
+    ds: xr.Dataset,
+    payload: dict,
+    title: str,
+    sample: int,
+    frame: int,
+    subtitle: str | None = None,
+) -> str:
     """The standalone page (HTML text) showing encoded maps of :func:`export_maps`."""
     length, n, heads = payload["length"], payload["n"], ds.sizes["head"]
     x_range = Range1d(-0.5, length - 0.5)
@@ -280,8 +290,10 @@ def _page(ds: xr.Dataset, payload: dict, title: str, sample: int, frame: int) ->
     own = ds.attrs.get("mask", "none")
     mask_widget = RadioButtonGroup(labels=masks, active=masks.index(own) if own in masks else 0)
     stage = Div(text="<b>Stage</b>: softmax (the attention weights)")
+    shows = f"{escape(subtitle)} · " if subtitle else ""
     header = Div(
-        text=f"<h2>{title}</h2><p>sample {sample} · {heads} heads · {length} positions"
+        text=f"<h2>{escape(title)}</h2><p>{shows}sample {sample} · {heads} heads"
+        f" · {length} positions"
         f" · stored at {n} x {n} · zoom or pan any map: all heads follow</p>"
     )
     callback = CustomJS(

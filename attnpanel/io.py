@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from attnpanel.layers import groups
 from attnpanel.trace import validate
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
@@ -84,13 +85,14 @@ def _for_writing(ds: xr.Dataset, fmt: str) -> xr.Dataset:
     return ds
 
 
-def save(ds: xr.Dataset, path: str | Path) -> Path:
+def save(ds: xr.Dataset | xr.DataTree, path: str | Path) -> Path:
     """Validate a trace and write it to ``path``; the suffix picks the format.
 
     Parameters
     ----------
-    ds : xarray.Dataset
-        A trace (see :func:`attnpanel.trace`), in memory or lazy.
+    ds : xarray.Dataset or xarray.DataTree
+        A trace (see :func:`attnpanel.trace`), in memory or lazy, or a capture of several
+        groups (:func:`attnpanel.capture`), written as netCDF groups or zarr subgroups.
     path : str or Path
         ``*.nc`` (netCDF4 through h5netcdf) or ``*.zarr`` (a directory, zarr v2).
         An existing file is replaced.
@@ -107,13 +109,29 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
     """
     path = Path(path)
     fmt = _format(path)
-    validate(ds)
-    out = _for_writing(ds, fmt)
+    if isinstance(ds, xr.DataTree):
+        found = groups(ds)  # raises for a tree that holds no trace
+        for group, member in found.items():
+            _validate_named(member, group)
+        out = xr.DataTree.from_dict(
+            {f"/{group}": _for_writing(member, fmt) for group, member in found.items()}
+        )
+        out.attrs = dict(ds.attrs)
+    else:
+        validate(ds)
+        out = _for_writing(ds, fmt)
     if fmt == "netcdf":
         out.to_netcdf(path, engine="h5netcdf")
     else:
         out.to_zarr(path, mode="w", zarr_format=ZARR_FORMAT, consolidated=True)
     return path
+
+
+def _validate_named(ds: xr.Dataset, group: str) -> None:
+    try:
+        validate(ds)
+    except ValueError as error:
+        raise ValueError(f"group {group!r}: {error}") from error
 
 
 def _codec_names(metadata) -> list[str]:
@@ -178,7 +196,47 @@ def _lazy_chunks(ds: xr.Dataset) -> dict[str, int]:
     return {**whole, "layer": 1, "batch": 1, "head": 1, "query": rows}
 
 
-def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
+def _group_names(path: Path, fmt: str) -> list[str]:
+    """The groups below the root that hold a trace; empty for a single-Dataset file."""
+    try:
+        if fmt == "netcdf":
+            import h5py
+
+            with h5py.File(path, "r") as handle:
+                return [name for name, item in handle.items() if isinstance(item, h5py.Group)]
+        return sorted(
+            child.name
+            for child in path.iterdir()
+            if child.is_dir() and any((child / n).exists() for n in (".zgroup", "zarr.json"))
+        )
+    except OSError as error:
+        raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
+
+
+def _load_tree(path: Path, fmt: str, names: list[str], lazy: bool | None) -> xr.DataTree:
+    """Each group loaded and validated as one trace; the root keeps the capture's attributes."""
+    engine = "h5netcdf" if fmt == "netcdf" else "zarr"
+    try:
+        tree = xr.open_datatree(path, engine=engine, chunks={} if lazy else None)
+    except Exception as error:
+        raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
+    members = {}
+    for name in names:
+        ds = tree[name].to_dataset(inherit=False)
+        try:
+            ds = ds if lazy else ds.load()
+            validate(ds)
+        except ValueError as error:
+            raise ValueError(f"{path} is not a valid trace: group {name!r}: {error}") from error
+        members[f"/{name}"] = ds
+    loaded = xr.DataTree.from_dict(members)
+    loaded.attrs = dict(tree.attrs)
+    if not lazy:
+        tree.close()
+    return loaded
+
+
+def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset | xr.DataTree:
     """Read and validate a trace.
 
     Parameters
@@ -192,7 +250,9 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
 
     Returns
     -------
-    xarray.Dataset
+    xarray.Dataset or xarray.DataTree
+        A DataTree (one validated trace per group) for a file that :func:`save` wrote from
+        one.
 
     Raises
     ------
@@ -210,6 +270,9 @@ def load(path: str | Path, lazy: bool | None = None) -> xr.Dataset:
     fmt = _format(path)
     if fmt == "zarr":
         _refuse_code_in_zarr(path)
+    names = _group_names(path, fmt)
+    if names:
+        return _load_tree(path, fmt, names, lazy)
     try:
         ds = _open(path, fmt, {})  # reads metadata only
         if lazy is None:

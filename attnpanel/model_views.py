@@ -332,8 +332,8 @@ def head_average_values(
         one = ds["weights"].isel(batch=sel.sample)
         values = np.array(head_average(one).values, dtype=np.float32)
         mask = ds.attrs.get("mask", "none")
-        if mask != "none":
-            blocked = blocked_cells(ds, mask)
+        if mask != "none" or "sample_mask" in ds or "padding" in ds:
+            blocked = blocked_cells(ds, mask, sel.sample, "mean")
             if blocked is not None:
                 values[blocked] = np.nan
         return values

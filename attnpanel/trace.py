@@ -411,6 +411,16 @@ def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
     return blocked
 
 
+def mask_options(ds: xr.Dataset) -> list[str]:
+    """The masks a trace can be shown under: its own, and every mode its q and k allow."""
+    own = ds.attrs.get("mask", "none")
+    if "q" not in ds or "k" not in ds:
+        return [own]  # without q and k only the trace's own weights exist
+    if ds.attrs.get("attention") == "cross":
+        return list(dict.fromkeys(["none", own]))  # diagonal and causal need L = S
+    return list(MASK_MODES) + (["custom"] if "mask" in ds else [])
+
+
 def _own(ds: xr.Dataset, mask) -> bool:
     own = ds.attrs.get("mask", "none")
     return mask is None or (isinstance(mask, str) and mask == own)
@@ -461,6 +471,36 @@ def blocked_cells(
         else per_sample & ~xr.DataArray(own.numpy(), dims=("query", "key"))
     )
     return extra if shared is None else extra | shared
+
+
+def masked_cells(
+    ds: xr.Dataset, mask=None, batch: int = 0, head: int | None = None
+) -> np.ndarray | None:
+    """The ``(query, key)`` cells a map of one sample draws as masked, or None.
+
+    Those the mask blocks (for ``head``, or in every head when ``head`` is None, as a head
+    average sees them) and the rows and columns of padded positions (``padding``): a
+    padded query's row holds nothing the model uses, so it is not drawn as attention.
+    """
+    length, n_keys = ds.sizes["query"], ds.sizes["key"]
+    hidden = np.zeros((length, n_keys), dtype=bool)
+    blocked = blocked_cells(ds, mask, batch=batch, head=head)
+    if blocked is not None:
+        if "head" in blocked.dims:
+            blocked = blocked.all("head")
+        if "batch" in blocked.dims:  # a mask truth without the sample dim selected
+            blocked = blocked.all("batch")
+        order = [d for d in ("query", "key") if d in blocked.dims]
+        shape = tuple(
+            n if d in blocked.dims else 1 for d, n in (("query", length), ("key", n_keys))
+        )
+        hidden |= np.asarray(blocked.transpose(*order).values, dtype=bool).reshape(shape)
+    if "padding" in ds:
+        padded = np.asarray(_select(ds["padding"], batch, None).values, dtype=bool)  # (L,)
+        hidden[padded, :] = True
+        if n_keys == length:
+            hidden[:, padded] = True
+    return hidden if hidden.any() else None
 
 
 def attention_bias(

@@ -24,7 +24,7 @@ import pandas as pd
 import xarray as xr
 
 from attnpanel import summary
-from attnpanel.trace import STAGES, attention_stage, trace_mask
+from attnpanel.trace import STAGES, attention_stage, masked_cells
 
 HEAD_COLORS = (
     "#0072b2",
@@ -153,11 +153,15 @@ def _mask_mode(ds: xr.Dataset, sel: Selection) -> str:
     return ds.attrs.get("mask", "none") if sel.mask is None else sel.mask
 
 
-def blocked_cells(ds: xr.Dataset, mask: str | None = None) -> np.ndarray | None:
-    """The ``(query, key)`` bool array of blocked cells, or None when nothing is blocked."""
-    mask = ds.attrs.get("mask", "none") if mask is None else mask
-    blocked = trace_mask(ds, mask)
-    return None if blocked is None else blocked.numpy()
+def blocked_cells(
+    ds: xr.Dataset, mask: str | None = None, sample: int = 0, head: int | str | None = None
+) -> np.ndarray | None:
+    """The ``(query, key)`` cells drawn as masked for one sample and head, or None.
+
+    See :func:`attnpanel.trace.masked_cells`: what the mask blocks for that sample and
+    head (in every head for ``head="mean"``), and padded positions.
+    """
+    return masked_cells(ds, mask, batch=sample, head=head if isinstance(head, int) else None)
 
 
 def stage_heads(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> np.ndarray:
@@ -200,7 +204,7 @@ def attention_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
         else:
             values = heads[int(sel.head)].copy()
         if sel.stage in ("masked", "softmax"):
-            blocked = blocked_cells(ds, mask)
+            blocked = blocked_cells(ds, mask, sel.sample, sel.head)
             if blocked is not None:
                 values[blocked] = np.nan
         return values
@@ -497,11 +501,17 @@ def projection_vector(ds: xr.Dataset, sel: Selection, name: str) -> hv.Overlay:
     alternately.
     """
     require(ds, name, f"{name.upper()} vector view")
-    per_head = ds[name].isel(batch=sel.sample, position=sel.query).values  # (H, E)
+    where = f"{sel.query}"
+    if "position" in ds[name].dims:
+        per_head = ds[name].isel(batch=sel.sample, position=sel.query).values  # (H, E)
+    else:  # cross-attention: k and v live on the other sequence; show the key most attended
+        key = int(np.nanargmax(_selected_weights(ds, sel, None)))
+        per_head = ds[name].isel(batch=sel.sample, key=key).values  # (H, E)
+        where = f"key {key}, most attended by query {sel.query}"
     n_heads, head_dim = per_head.shape
     heads = np.repeat(np.arange(n_heads), head_dim)
     bars = _bars(per_head.reshape(-1), _head_colors(heads), "feature", name, heads)
-    title = f"{name.upper()}[{sel.query}]: {n_heads} heads × {head_dim}"
+    title = f"{name.upper()}[{where}]: {n_heads} heads × {head_dim}"
     return hv.Overlay([bars, _lanes(n_heads, head_dim)], label=title)
 
 

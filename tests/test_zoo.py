@@ -1,0 +1,187 @@
+"""capture() on every architecture of the zoo, with no hints, against the model's own attention.
+
+For each model: one object comes back; its weights equal the model's own (the eager
+``output_attentions`` or a manual reference) to 1e-6 in fp32; the explorer builds on every
+layer and the matrix it draws holds those same numbers, with exactly the blocked and padded
+cells drawn as masked; save/load round trips; the model computes what it computed before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+import zoo
+from bokeh.document import Document
+
+import attnpanel
+from attnpanel import layers
+from attnpanel.explorer import AttentionExplorer, explore
+from attnpanel.trace import masked_cells
+
+CASES = [case.name for case in zoo.CASES]
+GROUPED = {"bart", "t5", "torch_transformer"}  # several kinds of attention: a DataTree
+
+
+def tolerance(case: zoo.ZooCase) -> float:
+    return 1e-6 if case.dtype == torch.float32 else 2e-2
+
+
+@pytest.fixture(scope="module", params=CASES)
+def captured(request):
+    case = zoo.case(request.param)
+    model, args, kwargs = case.build()
+    reference = case.reference(model, args, kwargs)
+    with torch.no_grad():
+        before = model(*args, **kwargs)
+    result = attnpanel.capture(model, *args, **kwargs)
+    with torch.no_grad():
+        after = model(*args, **kwargs)
+    return case, model, reference, result, (before, after)
+
+
+def by_name(result) -> dict[str, xr.Dataset]:
+    return {entry.name: layers.select(result, entry.name) for entry in layers.layers(result)}
+
+
+def reference_name(name: str, captured_names) -> str:
+    # attnpanel's own layer is the model itself: the reference names it "", capture by class
+    return name if name else next(iter(captured_names))
+
+
+def test_one_object_with_every_attention_of_the_model(captured):
+    case, model, reference, result, _ = captured
+    expected = xr.DataTree if case.name in GROUPED else xr.Dataset
+    assert isinstance(result, expected)
+    found = by_name(result)
+    assert len(found) == len(reference)
+    for name, weights in reference:
+        ds = found[reference_name(name, found)]
+        assert ds["weights"].dtype == np.float32
+        np.testing.assert_allclose(
+            ds["weights"].values, weights.detach().float().numpy(), rtol=0, atol=tolerance(case)
+        )
+
+
+def test_the_mask_truth_recomputes_the_weights(captured):
+    """From q, k and the trace's own mask (per sample, head, bias), the weights follow."""
+    case, _, reference, result, _ = captured
+    for name, ds in by_name(result).items():
+        recomputed = attnpanel.recompute_weights(ds, ds.attrs["mask"])
+        for sample in range(ds.sizes["batch"]):
+            hidden = masked_cells(ds, batch=sample)
+            rows = ~hidden.all(axis=1) if hidden is not None else slice(None)
+            np.testing.assert_allclose(
+                recomputed.isel(batch=sample).values[:, rows],
+                ds["weights"].isel(batch=sample).values[:, rows],
+                rtol=0,
+                atol=tolerance(case) * 10,
+                err_msg=name,
+            )
+
+
+def test_the_explorer_draws_the_model_attention(captured):
+    case, _, reference, result, _ = captured
+    explorer = explore(result)
+    explorer.__panel__()
+    references = dict(reference)
+    for entry in layers.layers(result):
+        if isinstance(explorer, AttentionExplorer):
+            explorer.layer = entry.index
+            inner = explorer
+        else:
+            explorer.layer = entry.name
+            inner = explorer.explorer
+        if not inner._handles:
+            inner.__panel__().get_root(Document())
+        ds = inner.trace
+        weights = references[entry.name if entry.name in references else ""]
+        for sample in range(ds.sizes["batch"]):
+            for head in range(ds.sizes["head"]):
+                inner.param.update(sample=sample, head=head)
+                drawn = inner.drawn()
+                truth = weights[sample, head].detach().float().numpy()
+                assert drawn.shape == truth.shape
+                shown = np.isfinite(drawn)
+                np.testing.assert_allclose(
+                    drawn[shown], truth[shown], rtol=0, atol=tolerance(case), err_msg=entry.name
+                )
+                hidden = masked_cells(ds, batch=sample, head=head)
+                expected = np.zeros_like(shown) if hidden is None else hidden
+                assert (~shown == expected).all(), entry.name
+                if case.padding is not None and not case.kinds == ("self", "cross"):
+                    padded = case.padding[sample].numpy()
+                    assert (~shown[padded]).all() and (~shown[:, padded]).all()
+
+
+def test_save_load_round_trip(captured, tmp_path):
+    _, _, _, result, _ = captured
+    path = attnpanel.save(result, tmp_path / "capture.nc")
+    loaded = attnpanel.load(path)
+    assert type(loaded) is type(result)
+    for group, ds in layers.groups(result).items():
+        assert layers.groups(loaded)[group].identical(ds)
+
+
+def test_capture_leaves_the_model_as_it_was(captured):
+    _, model, _, _, (before, after) = captured
+    before = before[0] if isinstance(before, tuple) else before
+    after = after[0] if isinstance(after, tuple) else after
+    first = getattr(before, "last_hidden_state", before)
+    second = getattr(after, "last_hidden_state", after)
+    assert torch.equal(first, second)
+    assert not model.training
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+@pytest.mark.parametrize(
+    ("name", "mask", "variables"),
+    [
+        ("nilmformer_real", "diagonal", set()),
+        ("nanogpt_sdpa_causal", "causal", set()),
+        ("mistral_sliding_window", "custom", {"mask"}),
+        ("gpt2_padding", "causal", {"sample_mask", "padding"}),
+        ("bert_padding", "none", {"sample_mask", "padding"}),
+        ("mha_float_mask", "none", {"bias"}),
+    ],
+)
+def test_the_trace_records_what_the_model_masked(name, mask, variables):
+    case = zoo.case(name)
+    model, args, kwargs = case.build()
+    ds = attnpanel.capture(model, *args, **kwargs)
+    assert ds.attrs["mask"] == mask
+    assert variables <= set(ds.data_vars)
+    if "padding" in variables:
+        np.testing.assert_array_equal(ds["padding"].isel(layer=0).values, case.padding.numpy())
+
+
+def test_nilmformer_stats_token_and_rotary_notes():
+    model, args, kwargs = zoo.case("nilmformer_real").build()
+    ds = attnpanel.capture(model, *args, **kwargs)
+    assert ds.sizes["query"] == args[0].shape[1] + 1  # the stats token
+    assert {"w_q", "w_k", "w_v", "w_o"} <= set(ds.data_vars)
+    model, args, kwargs = zoo.case("llama_gqa_rotary").build()
+    ds = attnpanel.capture(model, *args, **kwargs)
+    assert "w_q" not in ds and "w_k" not in ds and "w_v" in ds  # rotary: q, k not x Wq
+    assert "rotary" in ds.attrs["note"]
+    assert ds.attrs["kv_heads"] == 2
+    assert ds.sizes["head"] == 4
+
+
+def test_t5_keeps_its_relative_position_bias():
+    model, args, kwargs = zoo.case("t5").build()
+    tree = attnpanel.capture(model, *args, **kwargs)
+    encoder = layers.groups(tree)["encoder.block.layer.SelfAttention"]
+    assert encoder["bias"].dims == ("layer", "head", "query", "key")
+    assert float(np.abs(encoder["bias"]).max()) > 0
+    cross = layers.groups(tree)["decoder.block.layer.EncDecAttention"]
+    assert cross.attrs["attention"] == "cross"
+    assert cross["k"].dims[-2] == "key"
+
+
+def test_bf16_is_captured_and_stored_as_float32():
+    model, args, kwargs = zoo.case("bf16_llama").build()
+    ds = attnpanel.capture(model, *args, **kwargs)
+    assert ds.attrs["dtype"] == "bfloat16"
+    assert all(ds[n].dtype == np.float32 for n in ("weights", "q", "k", "v"))
