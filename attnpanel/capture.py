@@ -144,6 +144,12 @@ def capture(
                 traces.append(_trace(call, module_call, labels, time, f"{source}: {name}"))
         except ValueError as error:
             raise CaptureError(f"module {name!r}: {error}") from error
+    if labels is not None and not any("token" in t.coords for t in traces):
+        first = traces[0]
+        raise CaptureError(
+            f"module {names[0]!r}: tokens are {len(labels)} x {len(labels[0])} labels, but "
+            f"its attention has {first.sizes['batch']} x {first.sizes['query']} positions"
+        )
     return _assemble(traces, names, calls, source)
 
 
@@ -559,18 +565,18 @@ def _signature(ds: xr.Dataset) -> tuple:
 
 
 def _assemble(traces, names, calls, source) -> xr.Dataset | xr.DataTree:
-    groups: dict[str, list[int]] = {}
-    for index, (name, call) in enumerate(zip(names, calls, strict=True)):
-        groups.setdefault(_group(name, call), []).append(index)
+    """Layers that agree in shape, mask and variables stack; each other kind is a group."""
+    kinds: dict[tuple, list[int]] = {}
+    for index, trace in enumerate(traces):
+        kinds.setdefault(_signature(trace), []).append(index)
     datasets: dict[str, xr.Dataset] = {}
-    for group, indices in groups.items():
-        by_shape: dict[tuple, list[int]] = {}
-        for i in indices:
-            by_shape.setdefault(_signature(traces[i]), []).append(i)
-        for number, members in enumerate(by_shape.values()):
-            label = group if len(by_shape) == 1 else f"{group}-{number}"
-            datasets[label] = _stack([traces[i] for i in members], [names[i] for i in members])
-            datasets[label].attrs["source"] = source
+    for members in kinds.values():
+        labels = list(dict.fromkeys(_group(names[i], calls[i]) for i in members))
+        label = labels[0] if len(labels) == 1 else f"{labels[0]}+{len(labels) - 1}"
+        while label in datasets:
+            label += "'"
+        datasets[label] = _stack([traces[i] for i in members], [names[i] for i in members])
+        datasets[label].attrs["source"] = source
     if len(datasets) == 1:
         return next(iter(datasets.values()))
     tree = xr.DataTree.from_dict({f"/{label}": ds for label, ds in datasets.items()})
