@@ -135,13 +135,15 @@ def capture(
     names = _call_names(calls, type(model).__name__)  # the model itself may be the layer
     _check_hints(hints, calls, names)
     labels = _token_labels(tokens, inputs, kwargs)
+    first = next((t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
     source = _describe(model)
     traces = []
     for call, name in zip(calls, names, strict=True):
         module_call = recorder.module_calls.get(id(call))
         try:
             with torch.no_grad():
-                traces.append(_trace(call, module_call, labels, time, f"{source}: {name}"))
+                found = _trace(call, module_call, labels, time, f"{source}: {name}")
+            traces.append(_input_labels(found, first) if labels is None else found)
         except ValueError as error:
             raise CaptureError(f"module {name!r}: {error}") from error
     if labels is not None and not any("token" in t.coords for t in traces):
@@ -542,6 +544,36 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
         ds.attrs["attention"] = "cross"
     if note:
         ds.attrs["note"] = "; ".join(note)
+    return ds
+
+
+def _input_labels(ds: xr.Dataset, first: torch.Tensor | None) -> xr.Dataset:
+    """Labels read from the model's input: folded channels, image patches."""
+    if first is None or first.dim() < 2:
+        return ds
+    batch, length = ds.sizes["batch"], ds.sizes["query"]
+    inputs = int(first.shape[0])
+    if batch != inputs and batch % inputs == 0 and batch // inputs in first.shape[1:]:
+        # a channel-independent model (PatchTST) runs each channel as its own sequence,
+        # sample-major: attention batch n is sample n // C, channel n % C
+        channels = batch // inputs
+        index = np.arange(batch)
+        ds = ds.assign_coords(
+            sample=("batch", index // channels), channel=("batch", index % channels)
+        )
+        ds.attrs["batch_layout"] = f"{inputs} samples x {channels} channels, sample-major"
+    elif first.dim() == 4 and first.is_floating_point() and batch == inputs:
+        height, width = int(first.shape[-2]), int(first.shape[-1])
+        for special in (0, 1, 2):  # class and distillation tokens before the patches
+            rows = math.isqrt(max(length - special, 0) * height // max(width, 1))
+            columns = (length - special) // rows if rows else 0
+            if rows and rows * columns == length - special and height % rows == 0:
+                names = ["[CLS]", "[DIST]"][:special] + [
+                    f"patch {r},{c}" for r in range(rows) for c in range(columns)
+                ]
+                ds = ds.assign_coords(token=(("batch", "position"), np.array([names] * batch)))
+                ds.attrs["positions"] = f"{special} special + {rows} x {columns} image patches"
+                break
     return ds
 
 

@@ -185,3 +185,20 @@ def test_bf16_is_captured_and_stored_as_float32():
     ds = attnpanel.capture(model, *args, **kwargs)
     assert ds.attrs["dtype"] == "bfloat16"
     assert all(ds[n].dtype == np.float32 for n in ("weights", "q", "k", "v"))
+
+
+def test_patchtst_channels_and_vit_patches_are_labelled():
+    model, args, kwargs = zoo.case("patchtst").build()
+    ds = attnpanel.capture(model, *args, **kwargs)
+    assert list(ds["sample"].values) == [0, 0, 0, 1, 1, 1]
+    assert list(ds["channel"].values) == [0, 1, 2, 0, 1, 2]
+    # the layout is the model's: changing sample 0's channel 1 changes attention batch 1 only
+    changed = dict(kwargs, past_values=kwargs["past_values"].clone())
+    changed["past_values"][0, :8, 1] *= 5.0  # not a shift: the model scales each channel
+    other = attnpanel.capture(model, *args, **changed)
+    moved = np.abs(other["x"].values - ds["x"].values).max(axis=(0, 2, 3))
+    assert list(moved > 1e-6) == [False, True, False, False, False, False]
+    model, args, kwargs = zoo.case("vit").build()
+    ds = attnpanel.capture(model, *args, **kwargs)
+    tokens = list(ds["token"].isel(batch=0).values)
+    assert tokens[:2] == ["[CLS]", "patch 0,0"] and tokens[-1] == "patch 3,3"
