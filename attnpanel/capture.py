@@ -440,7 +440,9 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
         weight, bias = found.get(f"w_{role}"), found.get(f"b_{role}")
         if weight is None or target is None:
             continue
-        sources = [x] if role == "q" else ([] if call.cross else [x]) + keys
+        sources = (
+            [x] if role == "q" else ([] if call.cross else [x]) + [t for t in keys if t is not x]
+        )
         for source in (s for s in sources if s is not None):
             if source.shape[-1] != weight.shape[1]:
                 continue
@@ -453,6 +455,8 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
             if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
                 split = split.repeat_interleave(groups, dim=1)  # (B, H, L, E)
             if _close(split, target, call.dtype):
+                if role == "k" and source is not x:
+                    kept["cross"] = True  # keys projected from another sequence
                 # as k itself, the matrix is given per query head: (H E, D)
                 kept[f"w_{role}"] = _per_head(weight, width, groups)
                 if bias is not None:
@@ -503,6 +507,7 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
         hint = int(first.shape[0]) if first is not None and first.dim() >= 2 else None
     call = _four_dims(call, hint)
     projections = _projections(call, module_call)
+    call.cross = call.cross or bool(projections.get("cross"))
     batch, _, length, _ = call.weights.shape
     note = []
     if tokens is not None and np.shape(tokens) != (batch, length):
@@ -532,6 +537,7 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
         time=time,
         tokens=tokens,
         source=source,
+        cross=call.cross,
     )
     for name in ("b_q", "b_k", "b_v", "b_o"):
         if projections.get(name) is not None:

@@ -1,7 +1,10 @@
 """The ``attnpanel`` command line: serve, export, info, trace and train.
 
-Every subcommand has ``--help``. Bad input (a missing file, wrong dims, a corrupted trace)
-prints one line ``attnpanel: error: ...`` and exits with status 2, never a traceback.
+Every subcommand has ``--help``. Bad input (a missing file, wrong dims, a corrupted trace,
+a layer or sample the trace does not have) prints one line ``attnpanel: error: ...`` and
+exits with status 2, never a traceback. A reader that closes the output early
+(``attnpanel info t.nc | head -1``) ends the command quietly, with status 0. Also run as
+``python -m attnpanel``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ EXIT_BAD_INPUT = 2
 
 class CommandError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
+
+
+def _first_line(error: BaseException) -> str:
+    """The first non-empty line of an error's message, for a one-line report."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0].rstrip(":") if lines else type(error).__name__
 
 
 def _load_trace(path: str):
@@ -120,11 +129,6 @@ def _read_layer(path: Path, n_heads: int | None, mask: str | None):
     return layer
 
 
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0].rstrip(":") if lines else type(error).__name__
-
-
 def _model_inputs(model, tokenizer, texts: list[str]) -> dict:
     """The tokenized texts as the keyword inputs ``model.forward`` takes.
 
@@ -139,7 +143,7 @@ def _model_inputs(model, tokenizer, texts: list[str]) -> dict:
     try:
         encoded = dict(tokenizer(texts, return_tensors="pt", padding=len(texts) > 1))
     except (ValueError, TypeError) as error:
-        raise CommandError(f"cannot tokenize the text: {str(error).splitlines()[0]}") from error
+        raise CommandError(f"cannot tokenize the text: {_first_line(error)}") from error
     parameters = inspect.signature(model.forward).parameters
     named = {
         name
@@ -185,10 +189,10 @@ def _trace_hugging_face(model_dir: Path, texts: list[str]):
     try:
         return capture(model, **inputs, tokens=tokenizer)
     except ValueError as error:  # CaptureError included
-        raise CommandError(str(error).splitlines()[0]) from error
+        raise CommandError(_first_line(error)) from error
     except (RuntimeError, TypeError, IndexError) as error:
         raise CommandError(
-            f"{type(model).__name__} failed on the text: {str(error).splitlines()[0]}"
+            f"{type(model).__name__} failed on the text: {_first_line(error)}"
         ) from error
 
 
@@ -317,7 +321,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     try:
         path = export_html(ds, args.output, sample=args.sample, title=title, subtitle=shown)
     except (ValueError, OSError) as error:
-        raise CommandError(str(error).splitlines()[0]) from error
+        raise CommandError(_first_line(error)) from error
     print(f"wrote {path}: {shown}, sample {args.sample}")
 
 

@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from attnpanel.attention import attend
 
 BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
+CHECKED_ROWS = 64  # query rows on which a captured softmax is checked against q, k and mask
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 PRODUCTS = {"matmul", "bmm", "einsum"}
 SOFTMAX = {"softmax", "_softmax"}
@@ -98,6 +99,8 @@ class _Scores:
     k: torch.Tensor  # (*lead, S, E)
     module: str
     scale: float = 1.0
+    bias: torch.Tensor | None = None  # added terms, in units of the current logits
+    blocked: torch.Tensor | None = None  # cells filled with a blocking value
     unsupported: str = ""
 
 
@@ -217,8 +220,12 @@ class AttentionRecorder(TorchFunctionMode):
                 info = replace(info, unsupported=f"{name} by a tensor between q.k and softmax")
             else:
                 divide = name.startswith(("div", "true_divide", "divide"))
-                info = replace(info, scale=info.scale / factor if divide else info.scale * factor)
-        elif name in MASKING or name in KEEPS:
+                factor = 1 / factor if divide else factor
+                bias = None if info.bias is None else info.bias * factor
+                info = replace(info, scale=info.scale * factor, bias=bias)
+        elif name in MASKING:
+            info = _masking(name, args, source, info)
+        elif name in KEEPS:
             pass
         elif name in VIEWS:
             if result.numel() != source.numel():
@@ -360,6 +367,32 @@ def _weights_times_values(name, args, source, call: AttentionCall, result) -> No
         call.v = call.context = None
 
 
+def _masking(name: str, args, source: torch.Tensor, info: _Scores) -> _Scores:
+    """The scores after an add, sub, masked_fill or where: what it added or blocked."""
+    if name.startswith(("add", "sub")):
+        other = args[1] if args[0] is source else args[0]
+        if args[0] is not source and name.startswith("sub"):
+            return replace(info, unsupported="scores subtracted from a tensor")
+        if _scalar(other) is not None:
+            return info  # a constant on every cell: the softmax does not see it
+        if not isinstance(other, torch.Tensor):
+            return replace(info, unsupported=f"{name} of a {type(other).__name__}")
+        other = -other if name.startswith("sub") else other
+        return replace(info, bias=other if info.bias is None else info.bias + other)
+    if name.startswith("masked_fill"):
+        mask, value = args[1], _scalar(args[2])
+        if value is None or value > BLOCKING_BIAS:
+            return replace(info, unsupported=f"masked_fill with {args[2]!r}, not a block")
+        return replace(info, blocked=_or(info.blocked, mask.bool()))
+    condition, first, second = args[0], args[1], args[2]
+    fill = second if first is source else first
+    value = _scalar(fill)
+    if value is None or value > BLOCKING_BIAS or source not in (first, second):
+        return replace(info, unsupported="where() that does not block cells")
+    keep = condition.bool()
+    return replace(info, blocked=_or(info.blocked, ~keep if first is source else keep))
+
+
 def split_bias(additive: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(blocked, bias)`` from an additive mask: terms at or below -5000 block their cell."""
     additive = additive.float()
@@ -372,6 +405,12 @@ def _or(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     if a is None:
         return b
     return a if b is None else a | b
+
+
+def _row_slice(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    if t is None or t.shape[-2] == 1:
+        return t
+    return t.index_select(-2, rows)
 
 
 def _recompute(q, k, scale, blocked, bias) -> torch.Tensor:
@@ -545,26 +584,48 @@ def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
     call.dtype = q.dtype
     call.unsupported = info.unsupported
     if not call.unsupported:
-        scores = q @ k.transpose(-2, -1)  # (*lead, L, S) as the model computed it
-        residual = logits.detach().float() - scores.float() * info.scale
-        blocked = (residual <= BLOCKING_BIAS) | torch.isneginf(logits)
-        residual = residual.masked_fill(blocked, 0.0)
-        noise = 4 * torch.finfo(logits.dtype).eps * (logits.detach().float().abs() + 1)
-        bias = residual if bool((residual.abs() > noise).any()) else None
-        blocked = blocked if bool(blocked.any()) else None
-        call.blocked, call.bias = blocked, bias
+        blocked, bias = info.blocked, None
+        if info.bias is not None:
+            extra, bias = split_bias(info.bias)
+            blocked = _or(blocked, extra)
+        call.blocked, call.bias = _lead(blocked, lead), _lead(bias, lead)
         _check_softmax(call, result)
     recorder._open_call(call)
     recorder._set(result, _Weights(call))
     return result
 
 
+def _lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:
+    """A mask or bias broadcastable to ``(*lead, L, S)``, as the scores were viewed."""
+    if t is None or t.dim() <= 2:
+        return t
+    if t.shape[:-2].numel() == lead.numel() or t.dim() != len(lead) + 2:
+        return t.expand(*t.shape[:-2], *t.shape[-2:]).reshape(*lead, *t.shape[-2:])
+    return t
+
+
+def _rows(length: int, count: int = CHECKED_ROWS) -> torch.Tensor:
+    """Query rows to verify: all of a short sequence, else an even spread with both ends."""
+    if length <= count:
+        return torch.arange(length)
+    return torch.linspace(0, length - 1, count).round().long().unique()
+
+
 def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
-    """The model's weights must follow from q, k, the scale and the mask truth."""
-    recomputed = _recompute(call.q, call.k, call.scale, call.blocked, call.bias)
-    difference = (recomputed - weights.float()).abs()
-    if call.blocked is not None:
-        empty = call.blocked.expand_as(difference).all(dim=-1, keepdim=True)
+    """The model's weights must follow from q, k, the scale and the mask truth.
+
+    Checked on an even spread of query rows (every row of a short sequence): a wrong
+    scale, bias or mask shows in any row, and the whole check costs a few percent of
+    the attention it checks.
+    """
+    rows = _rows(call.q.shape[-2])
+    blocked = _row_slice(call.blocked, rows)
+    bias = _row_slice(call.bias, rows)
+    q = call.q.index_select(-2, rows)
+    recomputed = _recompute(q, call.k, call.scale, blocked, bias)
+    difference = (recomputed - weights.index_select(-2, rows).float()).abs()
+    if blocked is not None:
+        empty = blocked.expand_as(difference).all(dim=-1, keepdim=True)
         difference = difference.masked_fill(empty, 0.0)  # a padding row: what the model made of it
     error = float(difference.max()) if difference.numel() else 0.0
     if error > tolerance(call.dtype):

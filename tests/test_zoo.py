@@ -202,3 +202,15 @@ def test_patchtst_channels_and_vit_patches_are_labelled():
     ds = attnpanel.capture(model, *args, **kwargs)
     tokens = list(ds["token"].isel(batch=0).values)
     assert tokens[:2] == ["[CLS]", "patch 0,0"] and tokens[-1] == "patch 3,3"
+
+
+def test_cross_attention_is_its_own_group_even_at_equal_lengths():
+    model, args, kwargs = zoo.case("bart").build()
+    kwargs = {"input_ids": kwargs["input_ids"], "decoder_input_ids": kwargs["input_ids"]}
+    tree = attnpanel.capture(model, *args, **kwargs)
+    kinds = {g: ds.attrs.get("attention", "self") for g, ds in layers.groups(tree).items()}
+    assert kinds == {
+        "encoder.layers.self_attn": "self",
+        "decoder.layers.self_attn": "self",
+        "decoder.layers.encoder_attn": "cross",
+    }
