@@ -332,7 +332,14 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
     if "layer" in ds.coords and ds["layer"].ndim == 0:
         head = f"{head}, layer {short_layer_name(ds['layer'].item())}"
-    return f"sample {sel.sample}, {head}: {STAGE_LABELS[sel.stage]} (mask {_mask_mode(ds, sel)})"
+    mask = _mask_mode(ds, sel)
+    if "sample_mask" in ds and mask == ds.attrs.get("mask", "none"):
+        mask += ", per sample"
+    if "padding" in ds:
+        padded = int(np.asarray(ds["padding"].isel(batch=sel.sample).values).sum())
+        if padded:
+            mask += f"; {padded} padded positions masked"
+    return f"sample {sel.sample}, {head}: {STAGE_LABELS[sel.stage]} (mask {mask})"
 
 
 def query_marker(ds: xr.Dataset, sel: Selection) -> hv.HSpan:

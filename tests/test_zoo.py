@@ -16,7 +16,7 @@ import zoo
 from bokeh.document import Document
 
 import attnpanel
-from attnpanel import layers
+from attnpanel import layers, views
 from attnpanel.explorer import AttentionExplorer, explore
 from attnpanel.trace import masked_cells
 
@@ -214,3 +214,24 @@ def test_cross_attention_is_its_own_group_even_at_equal_lengths():
         "decoder.layers.self_attn": "self",
         "decoder.layers.encoder_attn": "cross",
     }
+
+
+def test_padding_is_labelled_on_the_matrix():
+    model, args, kwargs = zoo.case("bert_padding").build()
+    ds = layers.select(attnpanel.capture(model, *args, **kwargs), 0)
+    padded = int(zoo.case("bert_padding").padding[1].sum())
+    title = views.matrix_title(ds, views.Selection(sample=1))
+    assert f"{padded} padded positions masked" in title
+    assert "padded" not in views.matrix_title(ds, views.Selection(sample=0))
+
+
+def test_fp16_is_captured_with_a_dtype_tolerance():
+    model, args, kwargs = zoo.case("nanogpt_sdpa_causal").build()
+    reference = dict(zoo.case("nanogpt_sdpa_causal").reference(model, args, kwargs))
+    half = model.half()
+    ds = attnpanel.capture(half, *(a.half() if a.is_floating_point() else a for a in args))
+    assert ds.attrs["dtype"] == "float16" and ds["weights"].dtype == np.float32
+    for name, weights in reference.items():
+        np.testing.assert_allclose(
+            ds["weights"].sel(layer=name).values, weights.detach().numpy(), rtol=0, atol=2e-2
+        )
