@@ -34,7 +34,6 @@ from torch import nn
 from attnpanel.intercept import AttentionCall, AttentionRecorder, tolerance
 from attnpanel.trace import ATTENTION_DIMS, build_trace, trace_mask
 
-HEAD_COUNT_ATTRIBUTES = ("n_heads", "num_heads", "n_head", "nhead", "num_attention_heads")
 
 
 class CaptureError(ValueError):

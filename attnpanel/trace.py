@@ -51,7 +51,6 @@ CROSS_DIMS = {
 # The mask truth of a captured model: any ordered subset of the attention dims that holds
 # ``key`` (padding varies by (batch, key), T5's bias by (head, query, key), ...).
 MASK_TRUTH = ("sample_mask", "bias")
-BLOCKED_BIAS = -1e4  # an additive bias at or below this gives a weight of exactly 0
 STAGES = ("raw", "scaled", "masked", "softmax")
 ROW_SUM_TOLERANCE = 1e-3
 
