@@ -35,7 +35,6 @@ from attnpanel.intercept import AttentionCall, AttentionRecorder, tolerance
 from attnpanel.trace import ATTENTION_DIMS, build_trace, trace_mask
 
 
-
 class CaptureError(ValueError):
     """A model, module or input that :func:`capture` cannot trace exactly."""
 
