@@ -230,8 +230,22 @@ def _fill_blocked_(t: torch.Tensor, blocked: torch.Tensor, value: float) -> None
     """Fill the blocked cells of ``(..., L, S)`` in place."""
     if _is_diagonal(blocked):
         t.diagonal(dim1=-2, dim2=-1).fill_(value)  # touches L cells per map, not L * S
-    else:
-        t.masked_fill_(blocked, value)
+        return
+    if blocked.shape == t.shape[-2:] and t.is_contiguous():
+        cells = blocked.flatten().nonzero().squeeze(1)
+        if cells.numel() * 16 <= blocked.numel():  # few cells (a diagonal, a band edge)
+            t.view(*t.shape[:-2], -1).index_fill_(-1, cells, value)  # touches only those
+            return
+    t.masked_fill_(blocked, value)
+
+
+def _masked_softmax_(logits: torch.Tensor, blocked: torch.Tensor | None, fill: float) -> None:
+    """Softmax over the last dim in place; blocked cells end exactly 0."""
+    if blocked is not None:
+        _fill_blocked_(logits, blocked, fill)
+    torch.softmax(logits, dim=-1, out=logits)
+    if blocked is not None:
+        _fill_blocked_(logits, blocked, 0.0)  # exact zeros, whatever the fill left
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
@@ -297,14 +311,37 @@ def attend(
         weights = torch.mul(scores, scale, out=_empty(shape, q))
         if bias is not None:
             weights += bias
-        if blocked is not None:
-            _fill_blocked_(weights, blocked, fill)
-        torch.softmax(weights, dim=-1, out=weights)  # (B, H, L, S)
-        if blocked is not None:
-            _fill_blocked_(weights, blocked, 0.0)  # exact zeros, whatever the fill left
+        _masked_softmax_(weights, blocked, fill)  # (B, H, L, S)
     if dropout is not None:
         weights = dropout(weights)
     return scores, weights
+
+
+@torch.no_grad()
+def attention_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    blocked: torch.Tensor | None,
+    scale: float,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weights of :func:`attend` alone, in one buffer: no scores tensor is kept.
+
+    The same numbers as ``attend(q, k, blocked, scale, bias=bias)[1]`` without autograd
+    (the scale is applied to the product in place), at half the memory.
+    """
+    lead = (
+        q.shape[:-2]
+        if q.shape[:-2] == k.shape[:-2]
+        else torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    )
+    shape = (*lead, q.shape[-2], k.shape[-2])
+    weights = torch.matmul(q, k.transpose(-2, -1), out=_empty(shape, q))  # (B, H, L, S)
+    weights.mul_(scale)
+    if bias is not None:
+        weights += bias
+    _masked_softmax_(weights, blocked, MASK_FILL if bias is None else -math.inf)
+    return weights
 
 
 class MultiHeadSelfAttention(nn.Module):

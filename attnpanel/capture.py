@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import xarray as xr
 from torch import nn
 
-from attnpanel.intercept import AttentionCall, AttentionRecorder, tolerance
-from attnpanel.trace import ATTENTION_DIMS, build_trace, trace_mask
+from attnpanel.attention import cached_mask
+from attnpanel.intercept import AttentionCall, AttentionRecorder, spread_rows, tolerance
+from attnpanel.trace import ATTENTION_DIMS, TraceParts, trace_parts, validate
 
 
 class CaptureError(ValueError):
@@ -140,17 +142,16 @@ def capture(
         module_call = recorder.module_calls.get(id(call))
         try:
             with torch.no_grad():
-                found = _trace(call, module_call, labels, time, f"{source}: {name}")
-            traces.append(_input_labels(found, first) if labels is None else found)
+                traces.append(_trace(call, module_call, labels, time, f"{source}: {name}"))
         except ValueError as error:
             raise CaptureError(f"module {name!r}: {error}") from error
     if labels is not None and not any("token" in t.coords for t in traces):
-        first = traces[0]
+        sizes = _sizes(traces[0])
         raise CaptureError(
             f"module {names[0]!r}: tokens are {len(labels)} x {len(labels[0])} labels, but "
-            f"its attention has {first.sizes['batch']} x {first.sizes['query']} positions"
+            f"its attention has {sizes['batch']} x {sizes['query']} positions"
         )
-    return _assemble(traces, names, calls, source)
+    return _assemble(traces, names, calls, source, first)
 
 
 def _label(name: str) -> str:
@@ -249,13 +250,8 @@ def _check_hints(hints: dict[str, FusedQKV], calls, names) -> None:
 def _blocked_by(mask, length: int, n_keys: int) -> torch.Tensor:
     if isinstance(mask, torch.Tensor):
         return mask.bool().cpu()
-    return (
-        torch.zeros(length, n_keys, dtype=torch.bool)
-        if mask == "none"
-        else trace_mask(
-            xr.Dataset(coords={"query": np.arange(length), "key": np.arange(n_keys)}), mask
-        )
-    )
+    blocked = None if mask == "none" else cached_mask(mask, length)
+    return torch.zeros(length, n_keys, dtype=torch.bool) if blocked is None else blocked
 
 
 def _shared_blocked(call: AttentionCall) -> torch.Tensor:
@@ -371,11 +367,6 @@ def _output_projection(module: nn.Module):
     return None
 
 
-def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    batch, length, width = t.shape
-    return t.reshape(batch, length, heads, width // heads).transpose(1, 2)  # (B, H, L, E)
-
-
 def _per_head(weight: torch.Tensor, width: int, groups: int) -> torch.Tensor:
     """``(H' E, ...)`` rows repeated for each of the ``groups`` query heads a head serves."""
     if groups == 1:
@@ -407,6 +398,17 @@ def _batch_first(t: torch.Tensor | None, batch: int, length: int) -> torch.Tenso
     return None
 
 
+def _flat_rows(t: torch.Tensor, rows: torch.Tensor, position_dim: int = 1) -> torch.Tensor:
+    """Rows of ``t`` ``(B, ..., L, ...)`` numbered sample-major, ``(len(rows), ...)``.
+
+    ``(B, L, D)`` gives ``(n, D)``; ``(B, H, L, E)`` with ``position_dim=2`` gives
+    ``(n, H, E)``; nothing but the chosen rows is read.
+    """
+    length = t.shape[position_dim]
+    index = (rows // length, *[slice(None)] * (position_dim - 1), rows % length)
+    return t[index]
+
+
 def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
     """x, output and the projection matrices that reproduce the call's q, k, v, output."""
     found = dict(call.projections)
@@ -433,6 +435,8 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
     keys = [t for t in map(lambda t: _batch_first(t, batch, n_keys), inputs) if t is not None]
     kept = {name: found[name] for name in ("x", "output") if found.get(name) is not None}
     x = kept.get("x")
+    # checked on an even spread of (sample, position) rows, as the softmax is
+    queries, key_rows = spread_rows(batch * length), spread_rows(batch * n_keys)
     targets = {"q": call.q, "k": call.k, "v": call.v}
     for role, target in targets.items():
         weight, bias = found.get(f"w_{role}"), found.get(f"b_{role}")
@@ -442,17 +446,18 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
             [x] if role == "q" else ([] if call.cross else [x]) + [t for t in keys if t is not x]
         )
         for source in (s for s in sources if s is not None):
-            if source.shape[-1] != weight.shape[1]:
-                continue
-            projected = torch.nn.functional.linear(source, weight, bias)  # (B, L, H' E)
             width = target.shape[-1]
-            if projected.shape[-1] % width:
+            if source.shape[-1] != weight.shape[1] or weight.shape[0] % width:
                 continue
-            split = _heads(projected, projected.shape[-1] // width)  # (B, H', L, E)
+            if source.shape[:2] != (target.shape[0], target.shape[2]):
+                continue  # another sequence's length: it cannot be this one's source
+            rows = queries if role == "q" else key_rows
+            projected = F.linear(_flat_rows(source, rows), weight, bias)  # (n, H' E)
+            split = projected.unflatten(-1, (-1, width))  # (n, H', E)
             groups = heads // split.shape[1] if heads % split.shape[1] == 0 else 1
             if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
-                split = split.repeat_interleave(groups, dim=1)  # (B, H, L, E)
-            if _close(split, target, call.dtype):
+                split = split.repeat_interleave(groups, dim=1)  # (n, H, E)
+            if _close(split, _flat_rows(target, rows, position_dim=2), call.dtype):
                 if role == "k" and source is not x:
                     kept["cross"] = True  # keys projected from another sequence
                 # as k itself, the matrix is given per query head: (H E, D)
@@ -464,10 +469,10 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
                 break
     weight, bias = found.get("w_o"), found.get("b_o")
     if weight is not None and call.context is not None and kept.get("output") is not None:
-        merged = call.context.transpose(1, 2).reshape(batch, length, -1)  # (B, L, H E)
+        merged = _flat_rows(call.context, queries, position_dim=2).flatten(1)  # (n, H E)
         if merged.shape[-1] == weight.shape[1]:
-            projected = torch.nn.functional.linear(merged.to(weight.dtype), weight, bias)
-            if _close(projected, kept["output"], call.dtype):
+            projected = F.linear(merged.to(weight.dtype), weight, bias)  # (n, D)
+            if _close(projected, _flat_rows(kept["output"], queries), call.dtype):
                 kept["w_o"] = weight
                 if bias is not None:
                     kept["b_o"] = bias
@@ -498,7 +503,7 @@ def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
     return call
 
 
-def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Dataset:
+def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> TraceParts:
     hint = None
     if module_call is not None:
         first = next(iter(_tensors(module_call[1], module_call[2])), None)
@@ -522,7 +527,7 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
         )
     arrays = {k: v for k, v in projections.items() if k in ("x", "output") or k.startswith("w_")}
     kv_heads = projections.get("kv_heads")
-    ds = build_trace(
+    parts = trace_parts(
         weights=call.weights,
         q=call.q,
         k=call.k,
@@ -536,19 +541,21 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> xr.Da
         tokens=tokens,
         source=source,
         cross=call.cross,
-    )
+    )  # validated once per stack of layers
     for name in ("b_q", "b_k", "b_v", "b_o"):
         if projections.get(name) is not None:
-            ds[name] = ("feature_out", projections[name].detach().float().cpu().numpy())
-    ds.attrs["captured_via"] = call.via
+            bias = projections[name].detach().float().cpu().numpy()
+            parts.data_vars[name] = ("feature_out", bias)
+    attrs = parts.attrs
+    attrs["captured_via"] = call.via
     if kv_heads:
-        ds.attrs["kv_heads"] = int(kv_heads)  # w_k, w_v, k and v are repeated per query head
-    ds.attrs["dtype"] = str(call.dtype).removeprefix("torch.")
+        attrs["kv_heads"] = int(kv_heads)  # w_k, w_v, k and v are repeated per query head
+    attrs["dtype"] = str(call.dtype).removeprefix("torch.")
     if call.cross:
-        ds.attrs["attention"] = "cross"
+        attrs["attention"] = "cross"
     if note:
-        ds.attrs["note"] = "; ".join(note)
-    return ds
+        attrs["note"] = "; ".join(note)
+    return parts
 
 
 def _input_labels(ds: xr.Dataset, first: torch.Tensor | None) -> xr.Dataset:
@@ -590,17 +597,26 @@ def _group(name: str, call: AttentionCall) -> str:
     return ".".join(parts) or "attention"
 
 
-def _signature(ds: xr.Dataset) -> tuple:
+def _sizes(parts: TraceParts) -> dict[str, int]:
+    sizes = {}
+    for dims, values in parts.data_vars.values():
+        dims = (dims,) if isinstance(dims, str) else dims
+        sizes.update(zip(dims, np.shape(values), strict=True))
+    return sizes
+
+
+def _signature(parts: TraceParts) -> tuple:
     strip = {"source", "note"}
+    mask = parts.data_vars.get("mask")
     return (
-        tuple(sorted(ds.sizes.items())),
-        tuple(sorted((k, str(v)) for k, v in ds.attrs.items() if k not in strip)),
-        tuple(sorted(str(v) for v in ds.data_vars if v not in ("sample_mask", "bias", "padding"))),
-        ds["mask"].values.tobytes() if "mask" in ds else b"",
+        tuple(sorted(_sizes(parts).items())),
+        tuple(sorted((k, str(v)) for k, v in parts.attrs.items() if k not in strip)),
+        tuple(sorted(name for name in parts.data_vars if name not in _MASK_TRUTH)),
+        np.asarray(mask[1]).tobytes() if mask is not None else b"",
     )
 
 
-def _assemble(traces, names, calls, source) -> xr.Dataset | xr.DataTree:
+def _assemble(traces, names, calls, source, first) -> xr.Dataset | xr.DataTree:
     """Layers that agree in shape, mask and variables stack; each other kind is a group."""
     kinds: dict[tuple, list[int]] = {}
     for index, trace in enumerate(traces):
@@ -611,8 +627,13 @@ def _assemble(traces, names, calls, source) -> xr.Dataset | xr.DataTree:
         label = labels[0] if len(labels) == 1 else f"{labels[0]}+{len(labels) - 1}"
         while label in datasets:
             label += "'"
-        datasets[label] = _stack([traces[i] for i in members], [names[i] for i in members])
-        datasets[label].attrs["source"] = source
+        stacked = _stack([traces[i] for i in members], [names[i] for i in members])
+        stacked.attrs["source"] = source
+        try:
+            validate(stacked)
+        except ValueError as error:
+            raise CaptureError(f"layers {label!r}: {error}") from error
+        datasets[label] = stacked if "token" in stacked.coords else _input_labels(stacked, first)
     if len(datasets) == 1:
         return next(iter(datasets.values()))
     tree = xr.DataTree.from_dict({f"/{label}": ds for label, ds in datasets.items()})
@@ -620,67 +641,71 @@ def _assemble(traces, names, calls, source) -> xr.Dataset | xr.DataTree:
     return tree
 
 
-def _union_dims(arrays: Sequence[xr.DataArray]) -> tuple[str, ...]:
-    present = {d for a in arrays for d in a.dims}
-    return tuple(d for d in ATTENTION_DIMS if d in present)
+_MASK_TRUTH = ("sample_mask", "bias", "padding")
 
 
-def _stack(traces: list[xr.Dataset], names: list[str]) -> xr.Dataset:
+def _stack(traces: list[TraceParts], names: list[str]) -> xr.Dataset:
     """One Dataset with a ``layer`` dim; the mask truth is broadcast to the union of dims."""
-    sizes = {d: traces[0].sizes[d] for d in ATTENTION_DIMS}
-    for name in ("sample_mask", "bias"):
-        if not any(name in t for t in traces):
+    first = traces[0]
+    data_vars = {}
+    for name, (dims, values) in first.data_vars.items():
+        if name in _MASK_TRUTH:
             continue
-        filled = []
-        for t in traces:
-            if name in t:
-                filled.append(t[name])
-            elif name == "bias":
-                filled.append(xr.DataArray(np.float32(0)))
-            else:
-                shared = trace_mask(t)
-                blocked = (
-                    np.zeros((sizes["query"], sizes["key"]), bool)
-                    if shared is None
-                    else (shared.numpy())
-                )
-                filled.append(xr.DataArray(blocked, dims=("query", "key")))
-        dims = _union_dims([f for f in filled if f.dims])
-        shape = tuple(sizes[d] for d in dims)
-        traces = [
-            t.assign(
-                {
-                    name: (
-                        dims,
-                        np.broadcast_to(
-                            f.transpose(*[d for d in dims if d in f.dims]).values.reshape(
-                                tuple(sizes[d] if d in f.dims else 1 for d in dims)
-                            ),
-                            shape,
-                        ),
-                    )
-                }
+        if name == "mask":  # the same in every layer: the signature says so
+            data_vars[name] = (dims, values)
+            continue
+        layers = [t.data_vars[name][1] for t in traces]
+        stacked = layers[0][None] if len(layers) == 1 else np.stack(layers)
+        data_vars[name] = (("layer", *((dims,) if isinstance(dims, str) else dims)), stacked)
+    for name in _MASK_TRUTH:
+        if any(name in t.data_vars for t in traces):
+            data_vars[name] = _stack_truth(traces, name)
+    attrs = {
+        key: value
+        for key, value in first.attrs.items()
+        if all(_same(t.attrs.get(key), value) for t in traces[1:])
+    }
+    coords = {**first.coords, "layer": np.array(names, dtype=str)}
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+
+def _stack_truth(traces: list[TraceParts], name: str) -> tuple:
+    """``name`` of every layer over the union of the dims it varies along in any of them.
+
+    A layer without it has none of it: no padding, no bias, or only its shared mask.
+    """
+    sizes = _sizes(traces[0])
+    present = {d for t in traces if name in t.data_vars for d in t.data_vars[name][0]}
+    order = ("batch", "position") if name == "padding" else ATTENTION_DIMS
+    dims = tuple(d for d in order if d in present)
+    shape = tuple(sizes[d] for d in dims)
+    layers = []
+    for t in traces:
+        if name in t.data_vars:
+            own, values = t.data_vars[name]
+            values = np.moveaxis(values, range(len(own)), [dims.index(d) for d in own])
+            expand = [i for i, d in enumerate(dims) if d not in own]
+            values = np.expand_dims(values, expand) if expand else values
+        elif name == "sample_mask":
+            values = _shared_mask(t, sizes).reshape(
+                tuple(sizes[d] if d in ("query", "key") else 1 for d in dims)
             )
-            for t, f in zip(traces, filled, strict=True)
-        ]
-    if any("padding" in t for t in traces):
-        traces = [
-            t
-            if "padding" in t
-            else t.assign(
-                padding=(("batch", "position"), np.zeros((sizes["batch"], sizes["query"]), bool))
-            )
-            for t in traces
-        ]
-    return xr.concat(
-        traces,
-        dim=xr.DataArray(np.array(names, dtype=str), dims="layer", name="layer"),
-        data_vars=[v for v in traces[0].data_vars if v != "mask"],
-        coords="minimal",
-        compat="equals",
-        join="exact",
-        combine_attrs="drop_conflicts",
-    )
+        else:
+            values = np.zeros((), np.float32 if name == "bias" else bool)
+        layers.append(np.broadcast_to(values, shape))
+    return ("layer", *dims), np.stack(layers)
+
+
+def _shared_mask(parts: TraceParts, sizes: dict[str, int]) -> np.ndarray:
+    """The ``(query, key)`` cells a layer blocks in every sample and head."""
+    if "mask" in parts.data_vars:
+        return np.asarray(parts.data_vars["mask"][1], dtype=bool)
+    blocked = cached_mask(parts.attrs["mask"], sizes["query"])
+    return np.zeros((sizes["query"], sizes["key"]), bool) if blocked is None else blocked.numpy()
+
+
+def _same(a, b) -> bool:
+    return bool(np.array_equal(a, b)) if isinstance(a, np.ndarray) else a == b
 
 
 __all__ = ["CaptureError", "FusedQKV", "capture", "projection_reader"]

