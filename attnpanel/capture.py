@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import math
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import dask
+import dask.array
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -111,16 +114,18 @@ def capture(
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
     hints = _hints(model, fused or {})
     recorder = AttentionRecorder()
-    was_training = model.training
+    training = [m for m in model.modules() if m.training]  # each restored as it was
     fastpath = torch.backends.mha.get_fastpath_enabled()
     try:
-        model.eval()
+        if training:
+            model.eval()
         # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
         torch.backends.mha.set_fastpath_enabled(False)
         with recorder.watch(model), recorder, torch.no_grad():
             model(*inputs, **kwargs)
     finally:
-        model.train(was_training)
+        for module in training:  # exactly the modules that were training, as they were
+            module.training = True
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
     calls = recorder.calls
@@ -629,10 +634,7 @@ def _assemble(traces, names, calls, source, first) -> xr.Dataset | xr.DataTree:
             label += "'"
         stacked = _stack([traces[i] for i in members], [names[i] for i in members])
         stacked.attrs["source"] = source
-        try:
-            validate(stacked)
-        except ValueError as error:
-            raise CaptureError(f"layers {label!r}: {error}") from error
+        _validate(stacked, {names[i]: traces[i] for i in members}, label)
         datasets[label] = stacked if "token" in stacked.coords else _input_labels(stacked, first)
     if len(datasets) == 1:
         return next(iter(datasets.values()))
@@ -641,7 +643,45 @@ def _assemble(traces, names, calls, source, first) -> xr.Dataset | xr.DataTree:
     return tree
 
 
+def _validate(stacked: xr.Dataset, layers: dict[str, TraceParts], label: str) -> None:
+    """The stack in memory, or each of its layers where the stack holds them as chunks."""
+    if isinstance(stacked["weights"].data, np.ndarray):
+        try:
+            validate(stacked)
+        except ValueError as error:
+            raise CaptureError(f"layers {label!r}: {error}") from error
+        return
+    for name, parts in layers.items():  # in memory either way; torch reads each layer's arrays
+        try:
+            validate(parts.dataset())
+        except ValueError as error:
+            raise CaptureError(f"layer {name!r}: {error}") from error
+
+
 _MASK_TRUTH = ("sample_mask", "bias", "padding")
+STACK_COPY_BYTES = 64 * 2**20  # larger stacks of layers are chunked views, not copies
+
+
+def _layers(arrays: list[np.ndarray]):
+    """One array with a leading ``layer`` axis.
+
+    Large ones (every layer's attention maps) become a dask array with one chunk per
+    layer, each chunk the layer's own memory: nothing is copied, and a view of one layer
+    reads that layer's array.
+    """
+    if len(arrays) == 1:
+        return arrays[0][None]
+    if sum(a.nbytes for a in arrays) <= STACK_COPY_BYTES:
+        return np.stack(arrays)
+    token = uuid.uuid4().hex  # dask.array.from_array would copy; a delayed literal does not
+    return dask.array.stack(
+        [
+            dask.array.from_delayed(
+                dask.delayed(a, name=f"attnpanel-layer-{index}-{token}"), a.shape, dtype=a.dtype
+            )
+            for index, a in enumerate(arrays)
+        ]
+    )
 
 
 def _stack(traces: list[TraceParts], names: list[str]) -> xr.Dataset:
@@ -655,8 +695,10 @@ def _stack(traces: list[TraceParts], names: list[str]) -> xr.Dataset:
             data_vars[name] = (dims, values)
             continue
         layers = [t.data_vars[name][1] for t in traces]
-        stacked = layers[0][None] if len(layers) == 1 else np.stack(layers)
-        data_vars[name] = (("layer", *((dims,) if isinstance(dims, str) else dims)), stacked)
+        data_vars[name] = (
+            ("layer", *((dims,) if isinstance(dims, str) else dims)),
+            _layers(layers),
+        )
     for name in _MASK_TRUTH:
         if any(name in t.data_vars for t in traces):
             data_vars[name] = _stack_truth(traces, name)

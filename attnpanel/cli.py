@@ -222,6 +222,7 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
     if (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint and --input, or --model and --text")
+    _check_output(args.output, args.force)  # refused before minutes of work, not after
     with tqdm(total=2, desc="trace", unit="step", disable=None) as progress:
         if args.model is not None:
             if not args.text:
@@ -240,14 +241,29 @@ def cmd_trace(args: argparse.Namespace) -> None:
                 raise CommandError(str(error).splitlines()[0]) from error
         progress.update()
         try:
-            written = save(capture, args.output)
-        except ValueError as error:
-            raise CommandError(str(error).splitlines()[0]) from error
+            written = save(capture, args.output, overwrite=args.force)
+        except (ValueError, OSError) as error:
+            raise CommandError(_first_line(error)) from error
         progress.update()
     lines = _written(capture)
     print(f"wrote {written}: {lines[0]}")
     for line in lines[1:]:
         print(line)
+
+
+def _check_output(path: str, overwrite: bool) -> None:
+    from attnpanel.files import check_target
+    from attnpanel.io import FORMATS
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise CommandError(
+            f"-o {path}: a trace is written as .nc or .zarr, not {suffix or 'no suffix'!r}"
+        )
+    try:
+        check_target(path, FORMATS[suffix], overwrite)
+    except OSError as error:
+        raise CommandError(_first_line(error)) from error
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -319,7 +335,9 @@ def cmd_export(args: argparse.Namespace) -> None:
     if entry.group:
         shown += f" (group {entry.group})"
     try:
-        path = export_html(ds, args.output, sample=args.sample, title=title, subtitle=shown)
+        path = export_html(
+            ds, args.output, sample=args.sample, title=title, subtitle=shown, overwrite=args.force
+        )
     except (ValueError, OSError) as error:
         raise CommandError(_first_line(error)) from error
     print(f"wrote {path}: {shown}, sample {args.sample}")
@@ -350,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("trace", help="a saved trace (.nc or .zarr)")
     export.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    export.add_argument(
+        "--force", action="store_true", help="replace an existing HTML page at --output"
+    )
     export.add_argument(
         "--layer",
         help="the layer to show: its module name (see attnpanel info) or its index among all "
@@ -393,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument(
         "-o", "--output", required=True, help="where to save the trace (.nc or .zarr)"
     )
+    trace.add_argument("--force", action="store_true", help="replace an existing trace at --output")
     trace.add_argument("--heads", type=int, help="number of heads, if the checkpoint lacks it")
     trace.add_argument("--mask", choices=["none", "diagonal", "causal"], help="override the mask")
     trace.set_defaults(func=cmd_trace)

@@ -840,7 +840,9 @@ class AttentionExplorer(pn.viewable.Viewer):
             return
         location.sync(self, {name: name for name in URL_PARAMS})
 
-    def save(self, path, sample: int | None = None, size: int | None = None):
+    def save(
+        self, path, sample: int | None = None, size: int | None = None, overwrite: bool = False
+    ):
         """Write a standalone HTML file that works offline: every head, every mask mode.
 
         Parameters
@@ -851,6 +853,8 @@ class AttentionExplorer(pn.viewable.Viewer):
             The sample to export; defaults to the one shown.
         size : int, optional
             Display resolution of the stored maps (default ``attnpanel.export.DISPLAY``).
+        overwrite : bool
+            Replace an existing HTML page at ``path`` (nothing else is ever replaced).
 
         Returns
         -------
@@ -860,7 +864,9 @@ class AttentionExplorer(pn.viewable.Viewer):
 
         sample = self.sample if sample is None else sample
         title = f"attnpanel · {str(self.trace.attrs.get('source', '')).splitlines()[0][:80]}"
-        return export_html(self.trace, path, sample=sample, size=size or DISPLAY, title=title)
+        return export_html(
+            self.trace, path, sample=sample, size=size or DISPLAY, title=title, overwrite=overwrite
+        )
 
 
 def _push(handles: dict, element):

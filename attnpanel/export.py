@@ -36,6 +36,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from bokeh.resources import Resources
 
+from attnpanel.files import check_target, write_safely
 from attnpanel.trace import attention_stage, mask_options, masked_cells
 from attnpanel.views import HEAD_COLORS  # the explorer's head colours
 
@@ -174,6 +175,7 @@ def export_html(
     title: str = "attnpanel",
     max_bytes: int | None = MAX_BYTES,
     subtitle: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write one sample's attention maps as a standalone HTML file that works offline.
 
@@ -195,6 +197,8 @@ def export_html(
     subtitle : str, optional
         What the page shows, in its header before the sample (such as the layer's module
         name and group).
+    overwrite : bool
+        Replace an existing HTML page at ``path`` (anything else there is never replaced).
 
     Returns
     -------
@@ -204,6 +208,7 @@ def export_html(
         raise ValueError(
             f"sample {sample} is out of range: the trace has {ds.sizes['batch']} samples"
         )
+    check_target(path, "html", overwrite)  # before the work
     frame = size  # the large map's frame in pixels stays, whatever resolution is stored
     payload = export_maps(ds, sample, size)
     html = _page(ds, payload, title, sample, frame, subtitle)
@@ -220,9 +225,7 @@ def export_html(
         html = _page(ds, payload, title, sample, frame, subtitle)
     if max_bytes is not None and len(html.encode("utf-8")) > max_bytes:
         raise ValueError(f"could not fit the maps in max_bytes={max_bytes}")
-    path = Path(path)
-    path.write_text(html, encoding="utf-8")
-    return path
+    return write_safely(path, "html", lambda target: target.write_text(html, "utf-8"), overwrite)
 
 
 def _page(

@@ -86,6 +86,8 @@ class GroupsExplorer(pn.viewable.Viewer):
     def __panel__(self):
         return self._layout
 
-    def save(self, path, sample: int | None = None, size: int | None = None):
+    def save(
+        self, path, sample: int | None = None, size: int | None = None, overwrite: bool = False
+    ):
         """The offline HTML export of the layer shown (see ``AttentionExplorer.save``)."""
-        return self.explorer.save(path, sample=sample, size=size)
+        return self.explorer.save(path, sample=sample, size=size, overwrite=overwrite)

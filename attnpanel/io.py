@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from attnpanel.files import check_target, write_safely
 from attnpanel.layers import groups
 from attnpanel.trace import validate
 
@@ -85,7 +86,7 @@ def _for_writing(ds: xr.Dataset, fmt: str) -> xr.Dataset:
     return ds
 
 
-def save(ds: xr.Dataset | xr.DataTree, path: str | Path) -> Path:
+def save(ds: xr.Dataset | xr.DataTree, path: str | Path, overwrite: bool = False) -> Path:
     """Validate a trace and write it to ``path``; the suffix picks the format.
 
     Parameters
@@ -95,7 +96,11 @@ def save(ds: xr.Dataset | xr.DataTree, path: str | Path) -> Path:
         groups (:func:`attnpanel.capture`), written as netCDF groups or zarr subgroups.
     path : str or Path
         ``*.nc`` (netCDF4 through h5netcdf) or ``*.zarr`` (a directory, zarr v2).
-        An existing file is replaced.
+        The trace is written beside it and moved into place when complete: a failed or
+        interrupted save leaves what was there untouched.
+    overwrite : bool
+        Replace an existing trace file or store at ``path``. Something that is not a
+        netCDF file or zarr store is never replaced.
 
     Returns
     -------
@@ -106,9 +111,12 @@ def save(ds: xr.Dataset | xr.DataTree, path: str | Path) -> Path:
     ------
     ValueError
         For an unknown suffix, or a dataset that is not a valid trace.
+    FileExistsError
+        ``path`` exists and ``overwrite`` is false, or it is not a trace file or store.
     """
     path = Path(path)
     fmt = _format(path)
+    check_target(path, fmt, overwrite)  # before any work
     if isinstance(ds, xr.DataTree):
         found = groups(ds)  # raises for a tree that holds no trace
         for group, member in found.items():
@@ -120,11 +128,14 @@ def save(ds: xr.Dataset | xr.DataTree, path: str | Path) -> Path:
     else:
         validate(ds)
         out = _for_writing(ds, fmt)
-    if fmt == "netcdf":
-        out.to_netcdf(path, engine="h5netcdf")
-    else:
-        out.to_zarr(path, mode="w", zarr_format=ZARR_FORMAT, consolidated=True)
-    return path
+
+    def write(target: Path) -> None:
+        if fmt == "netcdf":
+            out.to_netcdf(target, engine="h5netcdf")
+        else:
+            out.to_zarr(target, mode="w-", zarr_format=ZARR_FORMAT, consolidated=True)
+
+    return write_safely(path, fmt, write, overwrite)
 
 
 def _validate_named(ds: xr.Dataset, group: str) -> None:

@@ -41,6 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnpanel.attention import MultiHeadSelfAttention
+from attnpanel.files import check_target, write_safely
 from attnpanel.power import (
     APPLIANCES,
     HELDOUT_SEED,
@@ -258,16 +259,15 @@ def default_path(name: str = WEIGHTS_FILE) -> Path:
     return Path(str(importlib.resources.files("attnpanel.data") / name))
 
 
-def save_model(model: NILMFormer, path: str | Path) -> Path:
+def save_model(model: NILMFormer, path: str | Path, overwrite: bool = False) -> Path:
     """Save weights as a plain dict of tensors plus the config as plain values.
 
-    The file loads with ``torch.load(path, weights_only=True)``.
+    The file loads with ``torch.load(path, weights_only=True)``. It is written whole or
+    not at all; an existing weights file is replaced only with ``overwrite=True``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    torch.save({"config": model.config.to_dict(), "state_dict": state}, path)
-    return path
+    content = {"config": model.config.to_dict(), "state_dict": state}
+    return write_safely(path, "torch", lambda target: torch.save(content, target), overwrite)
 
 
 def load_model(path: str | Path | None = None) -> NILMFormer:
@@ -433,6 +433,7 @@ def train(
     metrics_out: str | Path | None = None,
     progress: bool = True,
     threads: int | None = 1,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train a NILMFormer on synthetic household power.
 
@@ -467,6 +468,8 @@ def train(
         torch CPU threads while training (restored afterwards); None keeps the current
         setting. One thread is the default because on a shared 2-core machine two
         threads contend with other work and a step gets several times slower.
+    overwrite : bool
+        Replace existing ``out`` and ``metrics_out`` files (checked before training).
 
     Returns
     -------
@@ -474,6 +477,10 @@ def train(
     """
     if steps is None and minutes is None:
         raise ValueError("give steps or minutes (or both) to bound the training")
+    if out is not None:
+        check_target(out, "torch", overwrite)  # refused now, not after minutes of training
+    if metrics_out is not None:
+        check_target(metrics_out, "json", overwrite)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -490,6 +497,7 @@ def train(
             out,
             metrics_out,
             progress,
+            overwrite,
         )
     finally:
         torch.set_num_threads(previous_threads)
@@ -507,6 +515,7 @@ def _train(
     out,
     metrics_out,
     progress,
+    overwrite,
 ) -> TrainResult:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -547,7 +556,7 @@ def _train(
         means = data["appliance_power"].sel(appliance=config.appliances).mean("time")
         metrics = evaluate(model, heldout_windows(eval_days, config), means.values.tolist())
     if out is not None:
-        save_model(model, out)
+        save_model(model, out, overwrite)
     if metrics_out is not None:
         report = {
             "train_seconds": seconds,
@@ -560,7 +569,8 @@ def _train(
             "final_loss": float(np.mean(losses[-50:])) if losses else None,
             "appliances": metrics,
         }
-        Path(metrics_out).write_text(json.dumps(report, indent=2) + "\n")
+        text = json.dumps(report, indent=2) + "\n"
+        write_safely(metrics_out, "json", lambda target: target.write_text(text), overwrite)
     return TrainResult(model, losses, metrics, seconds, step)
 
 
@@ -570,7 +580,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m attnpanel.nilmformer",
         description="Train the demo NILMFormer on synthetic household power (CPU, minutes).",
     )
-    parser.add_argument("--out", type=Path, default=default_path(), help="weights file (.pt)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(WEIGHTS_FILE),
+        help=f"weights file (default: ./{WEIGHTS_FILE}; the shipped demo weights are never "
+        "a default target)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace existing weights and metrics files"
+    )
     parser.add_argument(
         "--metrics", type=Path, default=None, help="metrics JSON (default: beside --out)"
     )
@@ -583,17 +602,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
     metrics_out = args.metrics or args.out.with_name(METRICS_FILE)
-    result = train(
-        NILMFormerConfig(n_layers=args.layers),
-        steps=args.steps,
-        minutes=args.minutes,
-        batch_size=args.batch_size,
-        learning_rate=args.lr,
-        seed=args.seed,
-        out=args.out,
-        metrics_out=metrics_out,
-        threads=args.threads,
-    )
+    try:
+        result = train(
+            NILMFormerConfig(n_layers=args.layers),
+            steps=args.steps,
+            minutes=args.minutes,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+            seed=args.seed,
+            out=args.out,
+            metrics_out=metrics_out,
+            threads=args.threads,
+            overwrite=args.force,
+        )
+    except (FileExistsError, FileNotFoundError) as error:
+        parser.error(str(error))
     print(f"{result.steps} steps in {result.seconds:.0f} s; weights: {args.out}")
     print(f"{'appliance':16} {'MAE model':>10} {'MAE zero':>9} {'F1 model':>9} {'F1 on':>6}")
     for name, m in result.metrics.items():

@@ -806,21 +806,24 @@ def _check_structure(ds: xr.Dataset) -> None:
             raise ValueError(f"attribute scale must be a positive number, got {scale!r}")
 
 
-def _in_memory(array: xr.DataArray) -> torch.Tensor | None:
-    """The array's memory as a tensor (no copy), or None for a lazy or unusual array."""
-    data = array.data
-    if not isinstance(data, np.ndarray) or data.dtype not in (np.float16, np.float32, np.float64):
+def _tensor(block) -> torch.Tensor | None:
+    """A numpy float array as a tensor (no copy), or None where torch cannot share it."""
+    if not isinstance(block, np.ndarray) or block.dtype not in (np.float16, np.float32, np.float64):
         return None
-    if any(stride < 0 for stride in data.strides):
+    if any(stride < 0 for stride in block.strides):
         return None
     with warnings.catch_warnings():  # read-only views (broadcasts) are only read here
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(data)
+        return torch.from_numpy(block)
 
 
 def _extremes(array: xr.DataArray) -> tuple:
-    """``(min, max)`` with NaN propagated; torch's one-pass kernel for in-memory arrays."""
-    tensor = _in_memory(array)
+    """``(min, max)``, NaN propagated; lazy for a lazy array.
+
+    An in-memory array is reduced by torch's one-pass kernel, several times faster than
+    numpy's single-threaded reductions.
+    """
+    tensor = _tensor(array.data)
     if tensor is None:
         return array.min(skipna=False).data, array.max(skipna=False).data
     low, high = torch.aminmax(tensor)
@@ -829,7 +832,7 @@ def _extremes(array: xr.DataArray) -> tuple:
 
 def _row_totals(weights: xr.DataArray) -> xr.DataArray:
     """Each row's sum over ``key``; float16 rows summed in float32 so rounding cannot fail them."""
-    tensor = _in_memory(weights)
+    tensor = _tensor(weights.data)
     if tensor is None or weights.dims[-1] != "key":
         sum_dtype = np.float32 if weights.dtype.itemsize < 4 else None
         return weights.sum("key", skipna=False, dtype=sum_dtype)

@@ -147,6 +147,28 @@ def test_minilm_token_strings_and_state_restored(minilm):
     assert "sample_mask" not in ds and ds.attrs["mask"] == "none"
 
 
+def test_mixed_training_modes_are_restored_module_by_module():
+    # a model being fine-tuned with a frozen (eval-mode) part: capture runs it all in eval
+    # mode, then gives every module back the mode it had, not the root's
+    torch.manual_seed(0)
+    model = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 2, 32, dropout=0.5, batch_first=True), 2
+    )
+    model.train()
+    model.layers[0].eval()
+    before = {name: m.training for name, m in model.named_modules()}
+    x = torch.randn(2, 5, 16)
+    ds = capture(model, x)
+    assert {name: m.training for name, m in model.named_modules()} == before
+    assert not before["layers.0"] and before["layers.1"]  # the test means what it says
+    model.eval()
+    with torch.no_grad():
+        expected = model.layers[0].self_attn(
+            x, x, x, need_weights=True, average_attn_weights=False
+        )[1]
+    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, expected.numpy(), atol=1e-6)
+
+
 def _hook_count(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 

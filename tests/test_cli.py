@@ -272,7 +272,17 @@ def test_trace_export_and_info_of_an_encoder_decoder(tiny_bart, tmp_path, capsys
     cross = next(entry for entry in every if entry.name == "decoder.layers.1.encoder_attn")
     for layer, sample, entry in [("4", "1", every[4]), (cross.name, "0", cross)]:
         shown = f"layer {entry.name} (group {entry.group})"
-        argv = ["export", str(out), "-o", str(page), "--layer", layer, "--sample", sample]
+        argv = [
+            "export",
+            str(out),
+            "-o",
+            str(page),
+            "--layer",
+            layer,
+            "--sample",
+            sample,
+            "--force",
+        ]
         assert main(argv) == 0
         assert f"{shown}, sample {sample}" in capsys.readouterr().out
         text = page_text(page)
