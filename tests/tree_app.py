@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import build_torch_transformer  # noqa: E402
 
 import attnpanel  # noqa: E402
+from attnpanel.explorer import explore  # noqa: E402
 
 model, args, kwargs = build_torch_transformer()
-attnpanel.explore(attnpanel.capture(model, *args, **kwargs)).servable(title="attnpanel tree")
+explore(attnpanel.capture(model, *args, **kwargs)).servable(title="attnpanel tree")
