@@ -37,7 +37,7 @@ from torch import nn
 
 from attnpanel.attention import cached_mask
 from attnpanel.intercept import AttentionCall, AttentionRecorder, spread_rows, tolerance
-from attnpanel.trace import ATTENTION_DIMS, TraceParts, trace_parts, validate
+from attnpanel.trace import ATTENTION_DIMS, TraceParts, trace_mask, trace_parts, validate
 
 
 class CaptureError(ValueError):
@@ -718,32 +718,32 @@ def _stack_truth(traces: list[TraceParts], name: str) -> tuple:
     """
     sizes = _sizes(traces[0])
     present = {d for t in traces if name in t.data_vars for d in t.data_vars[name][0]}
+    shared = {}  # layers without a sample_mask block only their shared (query, key) cells
+    if name == "sample_mask":
+        shared = {
+            i: trace_mask(t.dataset()) for i, t in enumerate(traces) if name not in t.data_vars
+        }
+        if any(cells is not None and bool(cells.any()) for cells in shared.values()):
+            present |= {"query", "key"}
     order = ("batch", "position") if name == "padding" else ATTENTION_DIMS
     dims = tuple(d for d in order if d in present)
     shape = tuple(sizes[d] for d in dims)
     layers = []
-    for t in traces:
+    for index, t in enumerate(traces):
         if name in t.data_vars:
-            own, values = t.data_vars[name]
-            values = np.moveaxis(values, range(len(own)), [dims.index(d) for d in own])
+            own, values = t.data_vars[name]  # its dims, in the same order as dims
             expand = [i for i, d in enumerate(dims) if d not in own]
             values = np.expand_dims(values, expand) if expand else values
-        elif name == "sample_mask":
-            values = _shared_mask(t, sizes).reshape(
-                tuple(sizes[d] if d in ("query", "key") else 1 for d in dims)
+        elif shared.get(index) is not None and bool(shared[index].any()):
+            values = (
+                shared[index]
+                .numpy()
+                .reshape(tuple(sizes[d] if d in ("query", "key") else 1 for d in dims))
             )
         else:
             values = np.zeros((), np.float32 if name == "bias" else bool)
         layers.append(np.broadcast_to(values, shape))
     return ("layer", *dims), np.stack(layers)
-
-
-def _shared_mask(parts: TraceParts, sizes: dict[str, int]) -> np.ndarray:
-    """The ``(query, key)`` cells a layer blocks in every sample and head."""
-    if "mask" in parts.data_vars:
-        return np.asarray(parts.data_vars["mask"][1], dtype=bool)
-    blocked = cached_mask(parts.attrs["mask"], sizes["query"])
-    return np.zeros((sizes["query"], sizes["key"]), bool) if blocked is None else blocked.numpy()
 
 
 def _same(a, b) -> bool:

@@ -540,3 +540,31 @@ def test_a_wrapped_transformers_model_needs_nothing_more():
     ds = capture(Wrapper(), torch.randint(0, 20, (1, 4)))
     assert list(ds["layer"].values) == ["backbone.h.0.attn"]
     assert ds.attrs["mask"] == "causal"
+
+
+def test_layers_stack_their_mask_truth_over_the_union_of_dims():
+    # a layer blocking padded keys per sample, one blocking cells per sample and head, and
+    # one with only a shared causal mask: the stacked sample_mask holds each exactly
+    from attnpanel.attention import cached_mask
+    from attnpanel.capture import _stack
+    from attnpanel.trace import trace_parts
+
+    weights = torch.softmax(torch.randn(2, 3, 4, 4), -1)
+    padded = torch.zeros(2, 1, 1, 4, dtype=torch.bool)
+    padded[1, 0, 0, 3] = True
+    per_head = torch.zeros(2, 3, 1, 4, dtype=torch.bool)
+    per_head[0, 1, 0, 2] = per_head[1, 2, 0, 0] = True
+    causal = cached_mask("causal", 4)
+    blocked = [padded, per_head, causal]
+    parts = [trace_parts(weights=weights.masked_fill(b, 0), blocked=b) for b in blocked]
+    for p in parts:  # the rows no longer sum to 1; _stack does not validate
+        p.attrs["mask"] = "none"
+        p.data_vars.pop("mask", None)
+    parts[2].data_vars.pop("sample_mask", None)
+    parts[2].data_vars["mask"] = (("query", "key"), causal.numpy())
+    parts[2].attrs["mask"] = "custom"
+    stacked = _stack(parts, ["a", "b", "c"])
+    mask = stacked["sample_mask"].transpose("layer", "batch", "head", "query", "key").values
+    for layer, b in enumerate(blocked):
+        expected = np.broadcast_to(b.numpy(), (2, 3, 4, 4))
+        assert np.array_equal(mask[layer], expected), layer

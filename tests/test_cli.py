@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from zoo import TINY_BART
 
 import attnpanel
 from attnpanel.cli import main
@@ -203,18 +204,7 @@ def tiny_bart(tmp_path_factory):
     from transformers import AutoTokenizer, BartConfig, BartModel
 
     tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()), local_files_only=True)
-    config = BartConfig(
-        vocab_size=len(tokenizer),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = BartConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **TINY_BART)
     torch.manual_seed(10)
     folder = tmp_path_factory.mktemp("bart")
     BartModel(config).eval().save_pretrained(folder)

@@ -429,19 +429,33 @@ def reference_nanogpt(model, args, kwargs):
 # 3-5, 17. Llama family
 
 
+# the size of every small rotary/GQA decoder of the zoo (Llama, Mistral, Qwen2)
+TINY_DECODER = dict(
+    vocab_size=100,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+# the size of the zoo's BART (and the CLI tests' saved BART)
+TINY_BART = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+)
+
+
 def _llama_config(**overrides):
     from transformers import LlamaConfig
 
-    base = dict(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaConfig(**{**base, **overrides})
+    return LlamaConfig(**{**TINY_DECODER, **overrides})
 
 
 def build_llama():
@@ -457,16 +471,7 @@ def build_mistral():
     """MistralModel with a sliding window of 4 over 12 tokens, so the window bites."""
     from transformers import MistralConfig, MistralModel
 
-    config = MistralConfig(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=4,
-    )
+    config = MistralConfig(**TINY_DECODER, sliding_window=4)
     with _seeded(4):
         model = MistralModel(config).eval()
     return model, (), {"input_ids": _ids(4, 2, 12)}
@@ -476,15 +481,7 @@ def build_qwen2():
     """Qwen2Model (q/k/v biases, GQA 4/2), 2 x 10 tokens."""
     from transformers import Qwen2Config, Qwen2Model
 
-    config = Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = Qwen2Config(**TINY_DECODER)
     with _seeded(5):
         model = Qwen2Model(config).eval()
     return model, (), {"input_ids": _ids(5, 2, 10)}
@@ -572,17 +569,7 @@ def build_bart():
     """BartModel, 2+2 layers x 4 heads, 10 encoder and 7 decoder tokens."""
     from transformers import BartConfig, BartModel
 
-    config = BartConfig(
-        vocab_size=100,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-    )
+    config = BartConfig(vocab_size=100, **TINY_BART)
     with _seeded(10):
         model = BartModel(config).eval()
     kwargs = {"input_ids": _ids(10, 2, 10), "decoder_input_ids": _ids(11, 2, 7)}
