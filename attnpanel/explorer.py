@@ -673,8 +673,17 @@ class AttentionExplorer(pn.viewable.Viewer):
                 "off to drop it from the merge)",
                 margin=(0, 5),
             ),
-            # wraps onto a second line for models with more heads than fit (MiniLM has 12)
-            pn.FlexBox(*cells, *explorer_model.head_average_cells(self), margin=0),
+            # Wraps onto a second line for models with more heads than fit (MiniLM has 12).
+            # A wrapping Row, not pn.FlexBox: nested in another layout (the DataTree
+            # explorer, a notebook cell) a FlexBox's figures never report painted, the
+            # page never becomes idle, and Panel then drops every later update.
+            pn.Row(
+                *cells,
+                *explorer_model.head_average_cells(self),
+                margin=0,
+                sizing_mode="stretch_width",
+                stylesheets=[":host { flex-wrap: wrap; }"],
+            ),
             *self.linked.section(),
         )
 

@@ -60,7 +60,9 @@ class GroupsExplorer(pn.viewable.Viewer):
         entry = self._entries[self.layer]
         found = self._explorers.get(entry.group)
         if found is None:
-            ds = layers.groups(self.capture)[entry.group]
+            # The group's name rides along (a shallow copy) so that titles tell apart
+            # layers whose numbers repeat across groups.
+            ds = layers.groups(self.capture)[entry.group].assign_attrs(group=entry.group)
             found = AttentionExplorer(ds, layer=entry.index, **self._explorer_params)
             found.param.watch(self._follow, "layer")
             self._explorers[entry.group] = found

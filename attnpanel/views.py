@@ -320,9 +320,20 @@ def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=N
     ).opts(clim=color_limits(raster, floor))
 
 
-def short_layer_name(name) -> str:
-    """A layer's module name cut to fit a title: its numbers (``encoder.layer.3.attn`` -> 3)."""
+# Module-name segments that say nothing about which attention it is.
+GENERIC_SEGMENTS = frozenset({"layers", "layer", "h", "blocks", "block", "model", "transformer"})
+
+
+def short_layer_name(name, among_groups: bool = False) -> str:
+    """A layer's module name cut to fit a title.
+
+    Alone, its numbers (``encoder.layer.3.attn`` -> ``3``); ``among_groups`` (a capture with
+    several kinds of attention, where numbers repeat across kinds) keeps every segment
+    but the generic ones (``decoder.layers.0.multihead_attn`` -> ``decoder.0.multihead_attn``).
+    """
     name = str(name)
+    if among_groups:
+        return ".".join(part for part in name.split(".") if part not in GENERIC_SEGMENTS)
     numbers = re.findall(r"\d+", name)
     return ".".join(numbers) if numbers and len(name) > 12 else name
 
@@ -331,7 +342,8 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     """The attention matrix's title for a selection (naming the layer of a captured model)."""
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
     if "layer" in ds.coords and ds["layer"].ndim == 0:
-        head = f"{head}, layer {short_layer_name(ds['layer'].item())}"
+        name = short_layer_name(ds["layer"].item(), among_groups="group" in ds.attrs)
+        head = f"{head}, layer {name}"
     mask = _mask_mode(ds, sel)
     if "sample_mask" in ds and mask == ds.attrs.get("mask", "none"):
         mask += ", per sample"

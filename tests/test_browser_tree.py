@@ -44,12 +44,6 @@ def matrix_extent(page) -> dict:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug found by this test: picking a layer of another group in the served page "
-    "does not swap the explorer (the same call in Python does: GroupsExplorer.layer); the fix "
-    "belongs to the explorer rebuild (issue 9)",
-)
 def test_one_picker_over_every_group_and_cross_attention_drawn(app, artifacts):
     page, console = app
     shot(page, artifacts, "tree_encoder_1600")

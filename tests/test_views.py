@@ -228,3 +228,17 @@ def test_views_name_the_missing_variable(weights_only):
     values = views.attention_values(weights_only, sel)
     assert np.isnan(np.diag(values)).all()
     assert "not in trace" in " ".join(views.shape_table(weights_only).dimension_values("shape"))
+
+
+def test_layer_names_in_titles_tell_groups_apart():
+    # Alone, a layer's title keeps its numbers; among groups the numbers repeat
+    # (encoder layer 0, decoder layer 0, cross-attention layer 0), so the kind stays.
+    assert views.short_layer_name("encoder.layer.3.attention.self") == "3"
+    assert views.short_layer_name("attn") == "attn"
+    names = [
+        "encoder.layers.0.self_attn",
+        "decoder.layers.0.self_attn",
+        "decoder.layers.0.multihead_attn",
+    ]
+    short = [views.short_layer_name(name, among_groups=True) for name in names]
+    assert short == ["encoder.0.self_attn", "decoder.0.self_attn", "decoder.0.multihead_attn"]
