@@ -21,6 +21,13 @@ class CommandError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+def _say(text: str, file=None) -> None:
+    """Print a line that may hold a trace's or a model's strings, safe for a terminal."""
+    from attnpanel.untrusted import terminal
+
+    print(terminal(text), file=file or sys.stdout)
+
+
 def _first_line(error: BaseException) -> str:
     """The first non-empty line of an error's message, for a one-line report."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -63,9 +70,9 @@ def cmd_info(args: argparse.Namespace) -> None:
     every = layers(capture)
     for index, layer in enumerate(every):
         if len(every) > 1 or layer.name:
-            print(_heading(layer))
+            _say(_heading(layer))
         one = select(capture, index)
-        print(describe(one, batch=args.sample, positions=args.positions))
+        _say(describe(one, batch=args.sample, positions=args.positions))
 
 
 def _read_array(path: Path):
@@ -246,9 +253,9 @@ def cmd_trace(args: argparse.Namespace) -> None:
             raise CommandError(_first_line(error)) from error
         progress.update()
     lines = _written(capture)
-    print(f"wrote {written}: {lines[0]}")
+    _say(f"wrote {written}: {lines[0]}")
     for line in lines[1:]:
-        print(line)
+        _say(line)
 
 
 def _check_output(path: str, overwrite: bool) -> None:
@@ -340,7 +347,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         )
     except (ValueError, OSError) as error:
         raise CommandError(_first_line(error)) from error
-    print(f"wrote {path}: {shown}, sample {args.sample}")
+    _say(f"wrote {path}: {shown}, sample {args.sample}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -440,14 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     except CommandError as error:
-        print(f"attnpanel: error: {error}", file=sys.stderr)
+        _say(f"attnpanel: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # one line for the user; ATTNPANEL_DEBUG=1 shows the traceback
         if os.environ.get("ATTNPANEL_DEBUG"):
             raise
-        print(f"attnpanel: error: {type(error).__name__}: {error}", file=sys.stderr)
+        _say(f"attnpanel: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     return 0
 

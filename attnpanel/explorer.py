@@ -30,7 +30,7 @@ from holoviews.plotting.util import process_cmap
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
-from attnpanel import explorer_model, linked, model_views, views
+from attnpanel import explorer_model, linked, model_views, untrusted, views
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import STAGES, mask_options
 from attnpanel.views import HEAD_COLORS, MissingVariable, Selection, StageCache
@@ -227,7 +227,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         log.error("%s\n%s", message, "".join(traceback.format_exception(err)))
         self.last_error = message
         if pn.state.notifications is not None:
-            pn.state.notifications.error(message, duration=8000)
+            pn.state.notifications.error(untrusted.markup(message), duration=8000)
 
     def _capture(self, pane: str):
         """A HoloViews hook that records the Bokeh handles of each layer drawn into ``pane``."""
@@ -400,7 +400,11 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def _missing(self, err: MissingVariable, width: int, height: int = 80):
         return pn.pane.Alert(
-            err.message, alert_type="warning", width=width, min_height=height, margin=5
+            untrusted.markup(err.message),
+            alert_type="warning",
+            width=width,
+            min_height=height,
+            margin=5,
         )
 
     def _bars(self, name, build, parameters, width, height):
@@ -793,7 +797,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         )
         self._widgets_extra = dict(show_appliances=show)
         return pn.Column(
-            pn.pane.Markdown(f"## attnpanel · {title}", margin=(0, 10)),
+            pn.pane.Markdown(f"## attnpanel · {untrusted.markup(title)}", margin=(0, 10)),
             self._controls(),
             pn.Row(
                 show,
@@ -812,6 +816,9 @@ class AttentionExplorer(pn.viewable.Viewer):
             self._shape_table(),
             sizing_mode="stretch_width",
         )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
 
     def __panel__(self):
         if self._layout is None:
@@ -950,7 +957,9 @@ def notify_errors(err: BaseException) -> None:
     """Panel exception handler: show a failing callback as a notification, log the rest."""
     log.error("callback failed\n%s", "".join(traceback.format_exception(err)))
     if pn.state.notifications is not None:
-        pn.state.notifications.error(f"{type(err).__name__}: {err}", duration=8000)
+        pn.state.notifications.error(
+            untrusted.markup(f"{type(err).__name__}: {err}"), duration=8000
+        )
 
 
 def explore(capture: xr.Dataset | xr.DataTree, **params) -> pn.viewable.Viewer:

@@ -12,7 +12,7 @@ import panel as pn
 import param
 import xarray as xr
 
-from attnpanel import layers
+from attnpanel import layers, untrusted
 from attnpanel.explorer import AttentionExplorer
 
 
@@ -84,6 +84,9 @@ class GroupsExplorer(pn.viewable.Viewer):
         self.layer = next(
             e.name for e in self._entries.values() if e.group == group and e.index == event.new
         )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
 
     def __panel__(self):
         return self._layout

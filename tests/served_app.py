@@ -182,6 +182,7 @@ def open_app(browser, url: str, console: list, timeout_ms: int = 180_000):
     page = browser.new_page(viewport={"width": 1600, "height": 1300})
     page.on("console", lambda msg: console.append((msg.type, msg.text)))
     page.on("pageerror", lambda err: console.append(("pageerror", str(err))))
+    page.on("dialog", lambda dialog: (console.append(("dialog", dialog.message)), dialog.dismiss()))
     page.goto(url, timeout=timeout_ms)
     page.wait_for_function(
         "() => window.Bokeh && Bokeh.index && Object.keys(Bokeh.index).length > 0",

@@ -19,6 +19,7 @@ from served_app import HELPERS_JS
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
+TESTS = ROOT / "tests"
 
 
 def _errors(notebook) -> list[str]:
@@ -134,6 +135,8 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
     page = context.new_page()
     console = []
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     outside = []
 
     def record(request):
@@ -202,6 +205,29 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         )
         page.evaluate(f"(b) => attn.until_changed({matrix}, b, 30000)", before)
         page.screenshot(path=str(artifacts / "jupyterlab_explorer_changed.png"))
+        # untrusted text is text here too: a capture whose every string is a script
+        # (tests/hostile.py) displayed in a new cell shows its strings and runs none
+        page.evaluate(
+            """(code) => { const nb = window.jupyterapp.shell.currentWidget.content;
+                           nb.activeCellIndex = nb.widgets.length - 1;
+                           window.jupyterapp.commands.execute('notebook:insert-cell-below');
+                           nb.activeCell.model.sharedModel.setSource(code);
+                           window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+            f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
+            "from hostile import hostile_capture\n"
+            "from attnpanel.explorer import explore\n"
+            "explore(hostile_capture())",
+        )
+        try:
+            page.wait_for_function(
+                "() => attn.views().some((v) => String(v.model.text).includes("
+                "'&amp;lt;img src=x onerror=alert'))",
+                timeout=120_000,
+            )
+        finally:
+            page.screenshot(path=str(artifacts / "jupyterlab_hostile.png"))
+        page.wait_for_timeout(2000)  # an onerror fires once its broken image has failed
+        assert dialogs == [], f"a trace's text ran as script in JupyterLab: {dialogs}"
         assert outside == [], f"requests left the machine: {outside[:5]}"
     finally:
         with contextlib.suppress(Exception):

@@ -1,0 +1,60 @@
+"""Text that comes from a trace or a model, made safe for where it is shown.
+
+A trace file is something people mail each other: its attributes, tokens, coordinates
+and layer names are untrusted input. Wherever such a string reaches markup (a Markdown
+or HTML pane, an alert, a notification, the exported page) it goes through
+:func:`markup`, so that it shows as written and never runs; wherever it reaches a terminal
+it goes through :func:`terminal`, so that it cannot move the cursor, retitle the window
+or hide text. Canvas text (plot titles, axis ticks) and Bokeh's own tooltips and widget
+options are drawn as text by Bokeh and need neither.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+
+# Markdown punctuation that could start emphasis, a link, a heading, a list or a table.
+# The HTML characters are left to html.escape, which runs after this.
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
+
+
+def markup(value) -> str:
+    """``value`` as text for a Markdown or HTML pane: shown as written, never as markup."""
+    return html.escape(_MARKDOWN_PUNCTUATION.sub(r"\\\1", str(value)), quote=True)
+
+
+def terminal(value) -> str:
+    """``value`` as text for a terminal: control and format characters shown as escapes."""
+    return "".join(
+        char
+        if char in "\n\t" or unicodedata.category(char)[0] != "C"
+        else char.encode("unicode_escape").decode("ascii")
+        for char in str(value)
+    )
+
+
+# Sequences that end (or re-enter) an inline <script> element whatever the quoting.
+_SCRIPT_END = re.compile(r"</(?=script)", re.IGNORECASE)
+_INLINE_SCRIPT = '<script type="application/javascript">'
+
+
+def notebook_bundle(bundle):
+    """A notebook output bundle whose inline script no string of the document can end.
+
+    Panel writes the document's JSON into a ``<script>`` element of the cell's HTML output
+    without escaping it, so a token ``</script>`` ends the element early and the rest of
+    the JSON, with any ``<img onerror=...>`` in it, is parsed as HTML. Inside JavaScript
+    strings ``<\\/`` reads as ``</`` and ``<\\!--`` as ``<!--``: escaping them changes
+    nothing the script reads.
+    """
+    if not bundle:
+        return bundle
+    data, metadata = bundle if isinstance(bundle, tuple) else (bundle, None)
+    html_text = data.get("text/html", "")
+    head, found, script = html_text.partition(_INLINE_SCRIPT)
+    if found and script.endswith("</script>"):
+        body = _SCRIPT_END.sub("<\\/", script[: -len("</script>")]).replace("<!--", "<\\!--")
+        data = {**data, "text/html": f"{head}{found}{body}</script>"}
+    return data if metadata is None else (data, metadata)
