@@ -273,6 +273,17 @@ def _check_output(path: str, overwrite: bool) -> None:
         raise CommandError(_first_line(error)) from error
 
 
+def _port(text: str) -> int:
+    """A TCP port number from the command line, refused by argparse when out of range."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: ports are 1-65535")
+    return port
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo."""
     import panel as pn
@@ -287,7 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         capture = demo()
     pn.extension(inline=True, notifications=True)
     pn.serve(
-        {"attnpanel": lambda: explore(capture).servable()},
+        {"attnpanel": lambda: explore(capture)},  # returned, not also .servable(): one page
         port=args.port,
         address=args.address,
         show=False,
@@ -366,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the explorer on a trace (or the demo)")
     serve.add_argument("trace", nargs="?", help="a saved trace (.nc or .zarr); default: the demo")
-    serve.add_argument("--port", type=int, default=5006, help="port (default 5006)")
+    serve.add_argument("--port", type=_port, default=5006, help="port, 1-65535 (default 5006)")
     serve.add_argument("--address", default="localhost", help="address to bind (default localhost)")
     serve.set_defaults(func=cmd_serve)
 

@@ -172,6 +172,9 @@ class AttentionExplorer(pn.viewable.Viewer):
     def __init__(self, trace: xr.Dataset, **params):
         if not isinstance(trace, xr.Dataset) or "weights" not in trace:
             raise ValueError("AttentionExplorer needs a trace: an xarray.Dataset with 'weights'")
+        if trace["weights"].size == 0:
+            sizes = ", ".join(f"{d}={n}" for d, n in trace["weights"].sizes.items())
+            raise ValueError(f"this trace is empty ({sizes}): there is no attention to show")
         self.layers = trace if "layer" in trace.dims else None  # every layer, for the model view
         trace = explorer_model.current_layer(trace, params.get("layer", 0))
         params.setdefault("show_positional", model_views.uses_sinusoidal(trace))

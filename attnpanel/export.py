@@ -64,6 +64,9 @@ MASKED = 255
 MASKED_SHARE = 0.4  # a reduced cell is drawn masked from this share of masked area
 SMALL = 120  # frame of each head's small map, in pixels
 MAX_BYTES = 5_000_000  # the file's default size limit (5 MB)
+# Each head is a small map of its own (about 6 KB of page before any map is stored); the
+# largest models have 128 heads per layer.
+MAX_HEADS = 256
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
 TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
 
@@ -208,6 +211,12 @@ def export_html(
         raise ValueError(
             f"sample {sample} is out of range: the trace has {ds.sizes['batch']} samples"
         )
+    if ds.sizes["head"] > MAX_HEADS:
+        raise ValueError(
+            f"the export draws every head as a small map, and {ds.sizes['head']} heads are "
+            f"more than the {MAX_HEADS} it lays out; export a selection, such as "
+            f"ds.isel(head=slice(0, {MAX_HEADS}))"
+        )
     check_target(path, "html", overwrite)  # before the work
     frame = size  # the large map's frame in pixels stays, whatever resolution is stored
     payload = export_maps(ds, sample, size)
@@ -219,7 +228,10 @@ def export_html(
         maps = sum(len(m) for per_mask in payload["maps"].values() for m in per_mask)
         page = len(html.encode("utf-8")) - maps
         if page >= max_bytes:
-            raise ValueError(f"the page alone takes {page} bytes, over max_bytes={max_bytes}")
+            raise ValueError(
+                f"a page of {ds.sizes['head']} heads takes {page} bytes before any map is "
+                f"stored, over max_bytes={max_bytes} (max_bytes=None lifts the limit)"
+            )
         size = int(payload["n"] * math.sqrt(0.95 * (max_bytes - page) / maps))
         payload = export_maps(ds, sample, size)
         html = _page(ds, payload, title, sample, frame, subtitle)

@@ -75,9 +75,29 @@ def _time_coord(time) -> tuple[np.ndarray, dict]:
         attrs["time_zone"] = str(time.tz)  # stored as naive UTC, which both formats keep
         time = time.tz_convert("UTC").tz_localize(None)
     time = np.asarray(time)
+    if time.dtype.kind == "O":  # numpy's own dtype for the values (numbers, text), if any
+        time = np.asarray(time.tolist())
+    if time.dtype.kind in "OSU":  # text: dates written out ("2024-05-01 08:00"), or not
+        time = _parse_dates(time)
     if time.dtype.kind == "M":
         time = time.astype("datetime64[ns]")
+    elif time.dtype.kind not in "iuf":
+        raise ValueError(f"time must be numbers or dates, got {time.dtype} values")
     return time, attrs
+
+
+def _parse_dates(text: np.ndarray) -> np.ndarray:
+    """Timestamps written as text, as ``datetime64``; text that is no date is refused."""
+    try:
+        parsed = pd.to_datetime(text.ravel(), format="mixed")
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"time holds text that is not a date ({error}); give numbers or dates, and "
+            "labels such as words as tokens="
+        ) from None
+    if getattr(parsed, "tz", None) is not None:
+        parsed = parsed.tz_convert("UTC").tz_localize(None)
+    return np.asarray(parsed, dtype="datetime64[ns]").reshape(text.shape)
 
 
 def _float32(array: np.ndarray) -> np.ndarray:
@@ -419,6 +439,11 @@ def trace(
     if x.dim() != 3 or x.shape[-1] != layer.d_model:
         raise ValueError(
             f"x must have shape (batch, length, d_model={layer.d_model}), got {tuple(x.shape)}"
+        )
+    if 0 in x.shape:
+        raise ValueError(
+            f"x is empty (batch={x.shape[0]}, length={x.shape[1]}): a trace needs at least "
+            "one sample and one position"
         )
     if not _all_finite(x):
         batch, position, feature = (~torch.isfinite(x)).nonzero()[0].tolist()

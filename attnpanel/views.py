@@ -276,12 +276,31 @@ def raster_values(
     )
     cols = max(1, min(int(width), int(np.ceil((x_range[1] - x_range[0]) / cell_x))))
     rows = max(1, min(int(height), int(np.ceil((y_range[1] - y_range[0]) / cell_y))))
+    window = (x_range[0], y_range[0], x_range[1], y_range[1])
+    if n_rows == 1 or n_cols == 1:
+        # datashader infers a grid's cell size from its coordinates, which one row or
+        # column does not give (a one-position trace); every pixel then shows its cell.
+        return _nearest_cells(values, bounds, window, rows, cols), window
     canvas = dsh.Canvas(plot_width=cols, plot_height=rows, x_range=x_range, y_range=y_range)
     raster = canvas.raster(grid, agg="mean")
-    return (
-        np.asarray(raster.values, dtype=np.float32),
-        (x_range[0], y_range[0], x_range[1], y_range[1]),
-    )
+    return np.asarray(raster.values, dtype=np.float32), window
+
+
+def _nearest_cells(values: np.ndarray, bounds, window, rows: int, cols: int) -> np.ndarray:
+    """``rows x cols`` pixels over ``window``, each the grid cell under its centre (NaN off it)."""
+    x0, y0, x1, y1 = bounds
+    left, bottom, right, top = window
+
+    def cells(low, high, start, stop, count, pixels):
+        centres = low + (high - low) * (np.arange(pixels) + 0.5) / pixels
+        index = np.floor((centres - start) / ((stop - start) / count)).astype(np.int64)
+        return index, (index >= 0) & (index < count)
+
+    row, row_in = cells(bottom, top, y0, y1, values.shape[0], rows)
+    col, col_in = cells(left, right, x0, x1, values.shape[1], cols)
+    out = np.full((rows, cols), np.nan, dtype=np.float32)
+    out[np.ix_(row_in, col_in)] = values[np.ix_(row[row_in], col[col_in])]
+    return out
 
 
 COLOR_TOP_PERCENTILE = 99.5  # top of every map's colour scale
