@@ -323,6 +323,10 @@ SEPARATE = (
 )
 FUSED = ("c_attn", "qkv", "Wqkv", "qkv_proj", "query_key_value", "in_proj")
 OUTPUTS = ("wo", "o_proj", "out_proj", "out_lin", "o", "c_proj", "proj", "out")
+# Rows (spread over samples and positions, both ends included) on which a projection
+# matrix must reproduce q, k or v: a wrong matrix, or a position-dependent step such as
+# rotary embeddings, fails on any row but position 0.
+PROJECTION_ROWS = 16
 
 
 def _linear(module: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -441,7 +445,8 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
     kept = {name: found[name] for name in ("x", "output") if found.get(name) is not None}
     x = kept.get("x")
     # checked on an even spread of (sample, position) rows, as the softmax is
-    queries, key_rows = spread_rows(batch * length), spread_rows(batch * n_keys)
+    queries = spread_rows(batch * length, PROJECTION_ROWS)
+    key_rows = spread_rows(batch * n_keys, PROJECTION_ROWS)
     targets = {"q": call.q, "k": call.k, "v": call.v}
     for role, target in targets.items():
         weight, bias = found.get(f"w_{role}"), found.get(f"b_{role}")

@@ -855,6 +855,31 @@ def _extremes(array: xr.DataArray) -> tuple:
     return low.item(), high.item()
 
 
+BATCHED_EXTREMES = 2**22  # elements: a small trace's variables are reduced in one call
+
+
+def _every_extreme(ds: xr.Dataset, floats: list[str]) -> dict:
+    """``{(name, "min" | "max"): value}`` of every float variable, lazy where the data is.
+
+    The float32 variables of a small in-memory trace other than ``weights`` (whose minimum
+    is checked itself) are reduced in one torch call: what matters of them is that they are
+    finite, and one call costs what each of a dozen small ones does. If they are not,
+    each is reduced alone so that the first one at fault is named.
+    """
+    found = {}
+    tensors = {name: _tensor(ds.variables[name].data) for name in floats if name != "weights"}
+    batched = [n for n, t in tensors.items() if t is not None and t.dtype == torch.float32]
+    if len(batched) > 1 and sum(tensors[n].numel() for n in batched) <= BATCHED_EXTREMES:
+        low, high = torch.aminmax(torch.cat([tensors[n].reshape(-1) for n in batched]))
+        if bool(torch.isfinite(low)) and bool(torch.isfinite(high)):
+            for name in batched:
+                found[(name, "min")], found[(name, "max")] = low.item(), high.item()
+    for name in floats:
+        if (name, "min") not in found:
+            found[(name, "min")], found[(name, "max")] = _extremes(ds[name])
+    return found
+
+
 def _row_totals(weights: xr.DataArray) -> xr.DataArray:
     """Each row's sum over ``key``; float16 rows summed in float32 so rounding cannot fail them."""
     tensor = _tensor(weights.data)
@@ -908,9 +933,7 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
         empty = blocked.all("key")
         row_error = xr.where(empty, np.minimum(row_error, abs(totals)), row_error)
         row_error = row_error.transpose(*totals.dims)
-    reductions = {}
-    for name in floats:
-        reductions[(name, "min")], reductions[(name, "max")] = _extremes(ds[name])
+    reductions = _every_extreme(ds, floats)
     reductions[("weights", "row_error")] = row_error.max(skipna=False).data
     values = dict(zip(reductions, dask.compute(*reductions.values()), strict=True))
 
