@@ -4,13 +4,19 @@ Demonstrates every stage of NILMFormer's multi-head self-attention on 32 held-ou
 windows of household power, one layer of the trained demo model.
 Highlights: the full 480 x 480 attention rasterized by datashader, masks recomputed live
 from q and k, a stage player, head toggles that recompute the output.
+
+Panel runs this file once per session; the demo trace is computed once per server
+process and shared read-only (``attnpanel.serving``).
 """
 
 import panel as pn
 
 import attnpanel
+from attnpanel import serving
 from attnpanel.explorer import AttentionExplorer, notify_errors
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
+serving.release_on_close()
 
-AttentionExplorer(attnpanel.demo()).servable(title="attnpanel explorer")
+trace = serving.shared_trace("demo", attnpanel.demo)
+AttentionExplorer(trace).servable(title="attnpanel explorer")

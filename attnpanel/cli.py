@@ -288,7 +288,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo."""
     import panel as pn
 
-    from attnpanel.explorer import explore
+    from attnpanel import serving
+    from attnpanel.explorer import explore, notify_errors
 
     if args.trace:
         capture = _load_trace(args.trace)
@@ -296,9 +297,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from attnpanel.demo import demo
 
         capture = demo()
-    pn.extension(inline=True, notifications=True)
+    serving.freeze(capture)  # loaded once, read by every session, written by none
+
+    def session():
+        serving.release_on_close()
+        return explore(capture)  # returned, not also .servable(): one explorer per page
+
+    pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
     pn.serve(
-        {"attnpanel": lambda: explore(capture)},  # returned, not also .servable(): one page
+        {"attnpanel": session},
         port=args.port,
         address=args.address,
         show=False,

@@ -38,7 +38,7 @@ TABLE_PARAMS = ["sample", "head", "mask", "enabled_heads", "layer"]
 def current_layer(trace: xr.Dataset, layer: int) -> xr.Dataset:
     """The Dataset the explorer's views read: one layer of ``trace`` (a copy of its index)."""
     if "layer" not in trace.dims:
-        return trace
+        return trace.copy(deep=False)  # its own Dataset (the arrays are shared, never written)
     n_layers = trace.sizes["layer"]
     if not 0 <= int(layer) < n_layers:
         raise ValueError(f"layer must be in 0..{n_layers - 1}, got {layer}")

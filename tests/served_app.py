@@ -126,8 +126,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(app: Path = APP, timeout: float = 240.0):
-    """Run ``panel serve app`` on a free port; yield ``(url, process)``; stop it after."""
+def serve(app: Path = APP, timeout: float = 240.0, extra_args=()):
+    """Run ``panel serve app [extra_args]`` on a free port; yield ``(url, process)``; stop it
+    after."""
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)
     log = open(ROOT / "artifacts" / f"serve-{port}.log", "w")  # noqa: SIM115 - closed below
@@ -145,6 +146,7 @@ def serve(app: Path = APP, timeout: float = 240.0):
         f"127.0.0.1:{port}",
         "--num-procs",
         "1",
+        *extra_args,
     ]
     proc = subprocess.Popen(
         cmd,
