@@ -130,8 +130,6 @@ def serve(app: Path = APP, timeout: float = 240.0, extra_args=()):
     """Run ``panel serve app [extra_args]`` on a free port; yield ``(url, process)``; stop it
     after."""
     port = free_port()
-    (ROOT / "artifacts").mkdir(exist_ok=True)
-    log = open(ROOT / "artifacts" / f"serve-{port}.log", "w")  # noqa: SIM115 - closed below
     cmd = [
         sys.executable,
         "-m",
@@ -148,6 +146,18 @@ def serve(app: Path = APP, timeout: float = 240.0, extra_args=()):
         "1",
         *extra_args,
     ]
+    with serving(cmd, port, f"http://127.0.0.1:{port}/{app.stem}", timeout) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], port: int, url: str, timeout: float = 240.0):
+    """Run a server command listening on ``port``; yield ``(url, process)``; stop it after.
+
+    Its output goes to ``artifacts/serve-{port}.log``.
+    """
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    log = open(ROOT / "artifacts" / f"serve-{port}.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         cmd,
         stdout=log,
@@ -155,19 +165,18 @@ def serve(app: Path = APP, timeout: float = 240.0, extra_args=()):
         cwd=ROOT,
         env=dict(os.environ, BOKEH_PY_LOG_LEVEL="info"),
     )
-    url = f"http://127.0.0.1:{port}/{app.stem}"
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"panel serve exited with {proc.returncode}; see {log.name}")
+                raise RuntimeError(f"{cmd[:4]} exited with {proc.returncode}; see {log.name}")
             # Only the port: any HTTP request for the app would start a session.
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"panel serve did not start in {timeout} s") from None
+                    raise RuntimeError(f"{cmd[:4]} did not start in {timeout} s") from None
                 time.sleep(0.5)
         yield url, proc
     finally:
