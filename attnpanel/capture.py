@@ -27,8 +27,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import dask
-import dask.array
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -678,6 +676,9 @@ def _layers(arrays: list[np.ndarray]):
         return arrays[0][None]
     if sum(a.nbytes for a in arrays) <= STACK_COPY_BYTES:
         return np.stack(arrays)
+    import dask  # here: dask.array costs every `import attnpanel` 0.9 s (the CLI's `info`)
+    import dask.array
+
     token = uuid.uuid4().hex  # dask.array.from_array would copy; a delayed literal does not
     return dask.array.stack(
         [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 # Set before transformers is imported: nothing may reach the model hub.
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask.array
 import numpy as np
 import pytest
 import torch
@@ -291,6 +293,23 @@ def test_own_layers_match_trace():
         for variable in captured.data_vars:
             xr.testing.assert_allclose(captured[variable], expected[variable], atol=1e-6)
         assert captured.attrs["mask"] == "diagonal"
+
+
+def test_large_stacks_are_chunks_of_each_layer_not_copies(monkeypatch, tmp_path):
+    """Above STACK_COPY_BYTES the layers' maps stay each layer's own array, as one dask
+    chunk per layer: the same numbers, validated, saved and loaded like any trace."""
+    capture_module = importlib.import_module("attnpanel.capture")
+    model, x = TwoLayers().eval(), torch.randn(2, 9, 16)
+    copied = capture(model, x)
+    monkeypatch.setattr(capture_module, "STACK_COPY_BYTES", 0)
+    chunked = capture(model, x)
+    assert isinstance(chunked["weights"].data, dask.array.Array)
+    assert chunked["weights"].data.chunks[0] == (1, 1)  # one chunk per layer
+    attnpanel.validate(chunked)  # layer by layer, still chunked
+    saved = attnpanel.load(attnpanel.save(chunked, tmp_path / "c.nc"))
+    assert isinstance(chunked["weights"].data, dask.array.Array)
+    xr.testing.assert_identical(chunked.compute(), copied)
+    xr.testing.assert_allclose(saved, copied)
 
 
 def test_layers_that_differ_come_back_as_one_tree():
