@@ -78,7 +78,7 @@ class _Raster:
             vdims=[vdim],
             group=self.group,
             label=self.label,
-        )
+        ).opts(clim=views.image_limits(self.values, self.group))  # as every update sets it
 
 
 def _layer_key(element) -> tuple[str, str, str]:
@@ -230,7 +230,7 @@ class AttentionExplorer(pn.viewable.Viewer):
         log.error("%s\n%s", message, "".join(traceback.format_exception(err)))
         self.last_error = message
         if pn.state.notifications is not None:
-            pn.state.notifications.error(untrusted.markup(message), duration=8000)
+            pn.state.notifications.error(untrusted.html_text(message), duration=8000)
 
     def _capture(self, pane: str):
         """A HoloViews hook that records the Bokeh handles of each layer drawn into ``pane``."""
@@ -403,7 +403,7 @@ class AttentionExplorer(pn.viewable.Viewer):
 
     def _missing(self, err: MissingVariable, width: int, height: int = 80):
         return pn.pane.Alert(
-            untrusted.markup(err.message),
+            untrusted.html_text(err.message),
             alert_type="warning",
             width=width,
             min_height=height,
@@ -906,8 +906,7 @@ def _push(handles: dict, element):
         )
         mapper = handles.get("color_mapper")
         if mapper is not None:
-            floor = 0.0 if element.group == "HeadMap" else None
-            mapper.low, mapper.high = views.color_limits(image, floor)
+            mapper.low, mapper.high = views.image_limits(image, element.group)
         colorbar = handles.get("colorbar")
         if colorbar is not None and element.value_label:
             colorbar.title = element.value_label
@@ -961,7 +960,7 @@ def notify_errors(err: BaseException) -> None:
     log.error("callback failed\n%s", "".join(traceback.format_exception(err)))
     if pn.state.notifications is not None:
         pn.state.notifications.error(
-            untrusted.markup(f"{type(err).__name__}: {err}"), duration=8000
+            untrusted.html_text(f"{type(err).__name__}: {err}"), duration=8000
         )
 
 

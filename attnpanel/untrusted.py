@@ -1,9 +1,10 @@
 """Text that comes from a trace or a model, made safe for where it is shown.
 
 A trace file is something people mail each other: its attributes, tokens, coordinates
-and layer names are untrusted input. Wherever such a string reaches markup (a Markdown
-or HTML pane, an alert, a notification, the exported page) it goes through
-:func:`markup`, so that it shows as written and never runs; wherever it reaches a terminal
+and layer names are untrusted input. Wherever such a string reaches markup it is escaped:
+:func:`markup` where it stands alone in a Markdown pane (shown exactly as written),
+:func:`html_text` where it is quoted in a message of ours that keeps its Markdown (an
+alert) or in HTML (a notification); wherever it reaches a terminal
 it goes through :func:`terminal`, so that it cannot move the cursor, retitle the window
 or hide text. Canvas text (plot titles, axis ticks) and Bokeh's own tooltips and widget
 options are drawn as text by Bokeh and need neither.
@@ -23,6 +24,13 @@ _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
 def markup(value) -> str:
     """``value`` as text for a Markdown or HTML pane: shown as written, never as markup."""
     return html.escape(_MARKDOWN_PUNCTUATION.sub(r"\\\1", str(value)), quote=True)
+
+
+def html_text(value) -> str:
+    """``value`` for a Markdown pane, its HTML escaped but its Markdown kept: for messages
+    of our own that may quote a trace's strings (Markdown renders no script, and Panel's
+    renderer refuses ``javascript:`` links)."""
+    return html.escape(str(value), quote=True)
 
 
 def terminal(value) -> str:

@@ -322,13 +322,19 @@ def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float,
     return (low, high if high > low else low + 1e-9)
 
 
+def image_limits(values: np.ndarray, group: str) -> tuple[float, float]:
+    """The colour scale of a drawn map, the one rule every render and update follows:
+    head maps from 0 (so that heads compare), other maps from their minimum, each to its
+    99.5th percentile (:func:`color_limits`)."""
+    return color_limits(values, 0.0 if group == "HeadMap" else None)
+
+
 def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=None) -> hv.Image:
     """An ``hv.Image`` regridded by datashader to at most ``width x height`` (see
     :func:`raster_values`), with its colour limits set by :func:`color_limits`."""
     raster, bounds = raster_values(
         image.dimension_values(2, flat=False), image.bounds.lbrt(), width, height, x_range, y_range
     )
-    floor = 0.0 if image.group == "HeadMap" else None
     return hv.Image(
         raster[::-1],
         bounds=bounds,
@@ -336,7 +342,7 @@ def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=N
         vdims=image.vdims,
         group=image.group,
         label=image.label,
-    ).opts(clim=color_limits(raster, floor))
+    ).opts(clim=image_limits(raster, image.group))
 
 
 # Module-name segments that say nothing about which attention it is.

@@ -233,3 +233,25 @@ def test_importing_attnpanel_does_not_import_panel():
         "assert 'panel' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def mapper_limits(explorer, pane, group):
+    return [
+        (found[0]["color_mapper"].low, found[0]["color_mapper"].high)
+        for (kind, image_group, *_), found in explorer._handles[pane].items()
+        if kind == "Image" and image_group == group and found
+    ][0]
+
+
+def test_colour_scales_do_not_depend_on_history(explorer):
+    """One rule for every render: the first paint spans what a later one of the same
+    selection does (the minimum, or 0 for head maps, to the 99.5th percentile)."""
+    first = mapper_limits(explorer, "matrix", "Attention")
+    first_head = mapper_limits(explorer, "head 2", "HeadMap")
+    drawn = explorer.drawn("matrix")
+    assert first[1] == pytest.approx(np.nanpercentile(drawn, 99.5), rel=1e-5)
+    assert first_head[0] == 0.0
+    explorer.param.update(head=5, mask="causal")
+    explorer.param.update(head=0, mask="diagonal")
+    assert mapper_limits(explorer, "matrix", "Attention") == pytest.approx(first)
+    assert mapper_limits(explorer, "head 2", "HeadMap") == pytest.approx(first_head)

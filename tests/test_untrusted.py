@@ -80,7 +80,7 @@ def test_error_notifications_show_the_message_as_text(monkeypatch):
 
     monkeypatch.setattr(type(pn.state), "notifications", property(lambda self: Notifications()))
     notify_errors(ValueError(f"no layer named {LAYER!r}"))
-    assert shown == [untrusted.markup(f"ValueError: no layer named {LAYER!r}")]
+    assert shown == [untrusted.html_text(f"ValueError: no layer named {LAYER!r}")]
     assert "<svg" not in shown[0]
 
 
