@@ -323,10 +323,20 @@ def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float,
 
 
 def image_limits(values: np.ndarray, group: str) -> tuple[float, float]:
-    """The colour scale of a drawn map, the one rule every render and update follows:
-    head maps from 0 (so that heads compare), other maps from their minimum, each to its
-    99.5th percentile (:func:`color_limits`)."""
-    return color_limits(values, 0.0 if group == "HeadMap" else None)
+    """The colour scale of a drawn map, the one rule every render and update follows.
+
+    Head maps run from 0 (so that heads compare); a map with negative values (raw or
+    scaled scores) is centred on 0, so that a diverging colormap's middle colour means 0,
+    out to the 99.5th percentile of its magnitude; other maps run from their minimum to
+    their 99.5th percentile (:func:`color_limits`).
+    """
+    if group == "HeadMap":
+        return color_limits(values, 0.0)
+    finite = values[np.isfinite(values)]
+    if finite.size and finite.min() < 0:
+        reach = float(np.percentile(np.abs(finite), COLOR_TOP_PERCENTILE)) or 1e-9
+        return (-reach, reach)
+    return color_limits(values)
 
 
 def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=None) -> hv.Image:
@@ -760,7 +770,9 @@ def options(width: int = 400, height: int = 160) -> list:
     applied once per plot rather than on every update, because ``.opts`` on each new element
     costs milliseconds and grows HoloViews' option tree.
     """
-    common = dict(title="{label}", toolbar="above", show_grid=True)
+    # Charts leave the mouse wheel to the page (a wheel over a bar chart zoomed it instead
+    # of scrolling); the maps keep it: a wheel zooms every linked map.
+    common = dict(title="{label}", toolbar="above", show_grid=True, active_tools=["pan"])
     return [
         hv.opts.Rectangles(
             "Vector",
@@ -784,7 +796,10 @@ def options(width: int = 400, height: int = 160) -> list:
             cmap="coolwarm",
             clipping_colors={"NaN": "black"},
             colorbar=True,
+            cformatter="%.3g",  # not 4.000e-3
             tools=["hover"],
+            # cells are centred on whole positions: the one under the mouse, not 99.192
+            hover_tooltips=[("key", "$x{0}"), ("query", "$y{0}"), ("value", "@image{0.0000}")],
             invert_yaxis=True,
             title="{label}",
             toolbar="above",

@@ -255,3 +255,21 @@ def test_colour_scales_do_not_depend_on_history(explorer):
     explorer.param.update(head=0, mask="diagonal")
     assert mapper_limits(explorer, "matrix", "Attention") == pytest.approx(first)
     assert mapper_limits(explorer, "head 2", "HeadMap") == pytest.approx(first_head)
+
+
+def test_maps_hover_whole_positions_and_charts_leave_the_wheel_to_the_page(trace):
+    from bokeh.models import ColorBar, HoverTool, PrintfTickFormatter, WheelZoomTool
+    from bokeh.plotting import figure
+
+    explorer = AttentionExplorer(trace)
+    root = explorer.__panel__().get_root(Document())
+    figures = {f.title.text: f for f in root.select({"type": figure})}
+    matrix = next(f for t, f in figures.items() if t.startswith("sample 0, head 0"))
+    hover = next(iter(matrix.select({"type": HoverTool})))
+    assert ("key", "$x{0}") in hover.tooltips and ("query", "$y{0}") in hover.tooltips
+    colorbar = next(iter(matrix.select({"type": ColorBar})))
+    assert isinstance(colorbar.formatter, PrintfTickFormatter)
+    assert colorbar.formatter.format == "%.3g"
+    bars = next(f for t, f in figures.items() if t.startswith("weights of query"))
+    assert not isinstance(bars.toolbar.active_scroll, WheelZoomTool)  # the page scrolls
+    assert isinstance(matrix.toolbar.active_scroll, WheelZoomTool)  # maps zoom together

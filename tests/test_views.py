@@ -242,3 +242,12 @@ def test_layer_names_in_titles_tell_groups_apart():
     ]
     short = [views.short_layer_name(name, among_groups=True) for name in names]
     assert short == ["encoder.0.self_attn", "decoder.0.self_attn", "decoder.0.multihead_attn"]
+
+
+def test_signed_maps_are_centred_on_zero_and_weights_start_at_their_minimum():
+    scores = np.linspace(-2.0, 6.0, 400, dtype=np.float32).reshape(20, 20)
+    low, high = views.image_limits(scores, "Attention")
+    assert low == -high and high == pytest.approx(np.percentile(np.abs(scores), 99.5))
+    weights = np.linspace(0.01, 0.2, 400, dtype=np.float32).reshape(20, 20)
+    assert views.image_limits(weights, "Attention") == views.color_limits(weights)
+    assert views.image_limits(weights, "HeadMap")[0] == 0.0
