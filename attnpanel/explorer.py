@@ -33,7 +33,7 @@ from panel.io.state import set_curdoc
 from attnpanel import explorer_model, linked, model_views, untrusted, views
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import STAGES, mask_options
-from attnpanel.views import HEAD_COLORS, MissingVariable, Selection, StageCache
+from attnpanel.views import MissingVariable, Selection, StageCache
 
 log = logging.getLogger(__name__)
 hv.Store.set_current_backend("bokeh")
@@ -667,7 +667,7 @@ class AttentionExplorer(pn.viewable.Viewer):
                 value=head in self.enabled_heads,
                 width=HEAD_MAP_SIZE,
                 margin=(0, 5),
-                stylesheets=[_toggle_css(HEAD_COLORS[head % len(HEAD_COLORS)])],
+                stylesheets=[_toggle_css(views.head_color(head))],
             )
             toggle.param.watch(lambda event, head=head: self._toggle_head(head, event.new), "value")
             self._head_toggles.append(toggle)

@@ -37,8 +37,8 @@ from bokeh.plotting import figure
 from bokeh.resources import Resources
 
 from attnpanel.files import check_target, write_safely
+from attnpanel.palette import head_color  # the explorer's head colours
 from attnpanel.trace import attention_stage, mask_options, masked_cells
-from attnpanel.views import HEAD_COLORS  # the explorer's head colours
 
 
 class _SelfContained(Resources):
@@ -294,7 +294,7 @@ def _page(
     for head in range(heads):
         fig, source = matrix_figure(SMALL, "pan,wheel_zoom,box_zoom,reset")
         fig.title.text = f"head {head}"
-        fig.outline_line_color = HEAD_COLORS[head % len(HEAD_COLORS)]
+        fig.outline_line_color = head_color(head)
         fig.outline_line_width = 3
         fig.axis.visible = False
         smalls.append(fig)

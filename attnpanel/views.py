@@ -24,18 +24,9 @@ import pandas as pd
 import xarray as xr
 
 from attnpanel import summary
+from attnpanel.palette import HEAD_COLORS, head_color  # noqa: F401 - views.HEAD_COLORS
 from attnpanel.trace import STAGES, attention_stage, masked_cells
 
-HEAD_COLORS = (
-    "#0072b2",
-    "#e69f00",
-    "#009e73",
-    "#cc79a7",
-    "#56b4e9",
-    "#d55e00",
-    "#882255",
-    "#f0e442",
-)
 STAGE_LABELS = {
     "raw": "raw scores q·k",
     "scaled": "scaled scores q·k / √E",
@@ -506,10 +497,7 @@ def _bars(
 
 
 def _head_colors(heads: np.ndarray, enabled=None) -> list[str]:
-    return [
-        HEAD_COLORS[h % len(HEAD_COLORS)] if enabled is None or h in enabled else "#c8c8c8"
-        for h in heads
-    ]
+    return [head_color(h) if enabled is None or h in enabled else "#c8c8c8" for h in heads]
 
 
 def _lanes(n_heads: int, head_dim: int) -> hv.VSpans:
@@ -746,7 +734,7 @@ def head_map(
 
 def head_cmap(head: int, enabled: bool = True, n: int = 256) -> list[str]:
     """White to the head's colour (grey when off), ``n`` steps: a head's small-map palette."""
-    end = HEAD_COLORS[head % len(HEAD_COLORS)] if enabled else "#8a8a8a"
+    end = head_color(head) if enabled else "#8a8a8a"
     rgb = np.array([int(end[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
     steps = np.linspace(0.0, 1.0, n)[:, None]
     colors = np.round(255 + steps * (rgb - 255)).astype(int)

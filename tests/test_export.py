@@ -237,3 +237,15 @@ def test_zoom_is_linked_across_heads(trace_480, browser, artifacts, tmp_path):
         assert attempted == []
     finally:
         context.close()
+
+
+def test_the_export_needs_neither_holoviews_nor_panel():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attnpanel.export; "
+        "assert 'holoviews' not in sys.modules and 'panel' not in sys.modules, "
+        "[m for m in ('holoviews', 'panel') if m in sys.modules]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -251,3 +251,9 @@ def test_signed_maps_are_centred_on_zero_and_weights_start_at_their_minimum():
     weights = np.linspace(0.01, 0.2, 400, dtype=np.float32).reshape(20, 20)
     assert views.image_limits(weights, "Attention") == views.color_limits(weights)
     assert views.image_limits(weights, "HeadMap")[0] == 0.0
+
+
+def test_every_head_of_a_large_model_has_its_own_colour():
+    colours = [views.head_color(head) for head in range(64)]
+    assert len(set(colours)) == 64  # MiniLM's 12 heads no longer reuse 8 colours
+    assert colours[:8] == list(views.HEAD_COLORS)

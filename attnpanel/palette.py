@@ -1,0 +1,27 @@
+"""The colours that tell heads apart, shared by the explorer and the offline export.
+
+A module of its own so that the export (which writes Bokeh directly) needs no HoloViews.
+"""
+
+from __future__ import annotations
+
+import colorcet
+
+HEAD_COLORS = (
+    "#0072b2",
+    "#e69f00",
+    "#009e73",
+    "#cc79a7",
+    "#56b4e9",
+    "#d55e00",
+    "#882255",
+    "#f0e442",
+)
+
+
+def head_color(head: int) -> str:
+    """Head ``head``'s colour: the 8 Okabe-Ito colours, then Glasbey's (distinct up to 256)."""
+    if head < len(HEAD_COLORS):
+        return HEAD_COLORS[head]
+    extra = colorcet.b_glasbey_category10[len(HEAD_COLORS) :]
+    return extra[(head - len(HEAD_COLORS)) % len(extra)]
