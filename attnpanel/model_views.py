@@ -241,10 +241,9 @@ def model_view(ds: xr.Dataset, sel: Selection, width: int = 1200, height: int = 
     mosaic = model_mosaic(ds, sel)
     n_layers, n_heads = mosaic.attrs["n_layers"], mosaic.attrs["n_heads"]
     bounds = (-0.5, -0.5, n_heads - 0.5, n_layers - 0.5)
-    # Rows go down within each map (query 0 on top), like the large matrix, and the layer
-    # axis is inverted: flip each map's rows so both read top-down.
-    values = mosaic.values.reshape(n_layers, -1, mosaic.shape[1])[:, ::-1].reshape(mosaic.shape)
-    raster, bounds = raster_values(values, bounds, width, height)
+    # The mosaic's rows ascend with y: layer 0 query 0 first. The plot inverts y (layer 0 on
+    # top), so each map reads as the large matrix does, query 0 on top, with no flip.
+    raster, bounds = raster_values(mosaic.values, bounds, width, height)
     return hv.Image(
         raster[::-1],
         bounds=bounds,

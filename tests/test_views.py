@@ -257,3 +257,25 @@ def test_every_head_of_a_large_model_has_its_own_colour():
     colours = [views.head_color(head) for head in range(64)]
     assert len(set(colours)) == 64  # MiniLM's 12 heads no longer reuse 8 colours
     assert colours[:8] == list(views.HEAD_COLORS)
+
+
+def test_model_view_maps_read_like_the_matrix_query_0_on_top():
+    """Each small map of the model view has query 0 at the top of its layer's band (the
+    plot inverts y, as for the large matrix); it was drawn upside down."""
+    from test_capture import TwoLayers
+
+    from attnpanel import model_views
+
+    ds = attnpanel.capture(TwoLayers().eval(), torch.randn(1, 9, 16))
+    sel = Selection(sample=0, head=0, query=0, mask="diagonal", stage="softmax")
+    image = model_views.model_view(ds, sel, width=4000, height=4000)
+    weights = ds["weights"].isel(batch=0).values  # (layer, head, query, key)
+    length = weights.shape[2]
+    pad = max(1, round(0.12 * length))
+    for layer in (0, 1):
+        for query in range(length):
+            y = layer - 0.5 + (pad // 2 + query + 0.5) / (length + pad)  # inverted: grows down
+            x = -0.5 + (pad // 2 + 1 + 0.5) / (length + pad)  # head 0, key 1
+            assert float(image[x, y]) == pytest.approx(float(weights[layer, 0, query, 1]))
+    style = next(o for o in model_views.options() if o.key == "Image.ModelView")
+    assert style.kwargs["invert_yaxis"] is True  # layer 0 and each query 0 at the top
