@@ -656,11 +656,26 @@ class AttentionExplorer(pn.viewable.Viewer):
             except MissingVariable as err:
                 cells.append(self._missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE))
                 continue
-            image = image.opts(*views.options()).opts(
-                frame_width=HEAD_MAP_SIZE,
-                frame_height=HEAD_MAP_SIZE,
-                fontsize={"title": 10},
-                cmap=views.head_cmap(head, head in self.enabled_heads),
+            marker = self._add(  # the selected query's row, as on the matrix
+                f"head {head} query marker",
+                lambda sel: views.query_marker(ds, sel),
+                ["query"],
+                pane,
+                title=False,
+            )
+            image = (
+                (image * marker)
+                .relabel(image.label)
+                .opts(*views.options())
+                .opts(
+                    hv.opts.Image(
+                        frame_width=HEAD_MAP_SIZE,
+                        frame_height=HEAD_MAP_SIZE,
+                        fontsize={"title": 10},
+                        cmap=views.head_cmap(head, head in self.enabled_heads),
+                    ),
+                    hv.opts.Overlay(fontsize={"title": 10}),
+                )
             )
             toggle = pn.widgets.Toggle(
                 label=f"head {head}",

@@ -111,6 +111,9 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
     box = handles(explorer, "matrix", "HSpan")["glyph"]
     assert (box.bottom, box.top) == (16.5, 17.5)
     assert box.level == "overlay"
+    for head in range(trace.sizes["head"]):  # every head map marks the same row
+        row = handles(explorer, f"head {head}", "HSpan")["glyph"]
+        assert (row.bottom, row.top) == (16.5, 17.5)
     bars = handles(explorer, "aggregation weights", "Rectangles")["source"].data
     np.testing.assert_allclose(
         bars["top"], trace["weights"].isel(batch=0, head=0, query=17), rtol=1e-5, atol=1e-7
