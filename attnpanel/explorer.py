@@ -237,6 +237,9 @@ class AttentionExplorer(pn.viewable.Viewer):
 
         def hook(plot, element):
             plot.state.output_backend = "webgl"
+            if plot.state.toolbar is not None:
+                # shown while the mouse is over the plot: at rest it hid small plots' titles
+                plot.state.toolbar.autohide = True
             if element.group == "Marker" and isinstance(element, hv.HSpan | hv.VLine):
                 # Overlay-level annotations repaint on the 2D overlay canvas alone: moving
                 # the query never redraws the WebGL image or curves beneath (~30-60 ms each

@@ -22,6 +22,7 @@ import holoviews.plotting.bokeh  # noqa: F401  (registers the backend that .opts
 import numpy as np
 import pandas as pd
 import xarray as xr
+from bokeh.models import BasicTickFormatter
 
 from attnpanel import summary
 from attnpanel.palette import HEAD_COLORS, head_color  # noqa: F401 - views.HEAD_COLORS
@@ -575,7 +576,7 @@ def aggregation_weights(
     bars = _bars(weights, ["#b2182b"] * len(weights), "key", "weight")
     return hv.Overlay(
         [bars, hv.VLine(sel.query, group="Marker")],
-        label=f"weights of query {sel.query} over {len(weights)} keys ({head})",
+        label=f"weights of query {sel.query} ({head})",  # fits the narrow column
     )
 
 
@@ -767,6 +768,7 @@ def options(width: int = 400, height: int = 160) -> list:
             color="color",
             line_color=None,
             tools=["hover"],
+            yformatter=BasicTickFormatter(use_scientific=False),  # 0.007, not 7.000e-3
             width=width,
             height=height,
             show_legend=False,
