@@ -30,7 +30,7 @@ from holoviews.plotting.util import process_cmap
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
-from attnpanel import explorer_model, linked, model_views, untrusted, views
+from attnpanel import explorer_model, linked, model_views, summary, untrusted, views
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import STAGES, mask_options
 from attnpanel.views import MissingVariable, Selection, StageCache
@@ -789,26 +789,30 @@ class AttentionExplorer(pn.viewable.Viewer):
         )
 
     def _shape_table(self):
-        def keep_source(plot, element):
-            self._shape_source = plot.handles["source"]
-
-        table = views.shape_table(self.trace, mask=self.mask)
-        table = table.opts(width=1000, height=320, hooks=[keep_source])
+        self._shape_pane = pn.pane.Markdown(self._shape_markdown(), width=1010, margin=(0, 5))
         return pn.Column(
-            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
-            pn.pane.HoloViews(table, width=1010),
+            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)), self._shape_pane
         )
 
+    def _shape_markdown(self) -> str:
+        """The shape table (``summary.shape_table``) as Markdown, naming the mask shown."""
+        table = summary.shape_table(self.trace, mask=self.mask)
+        lines = [
+            "| # | " + " | ".join(table.columns) + " |",
+            "|---" * (len(table.columns) + 1) + "|",
+        ]
+        for index, row in enumerate(table.itertuples(index=False)):
+            cells = " | ".join(untrusted.markup(cell) for cell in row)
+            lines.append(f"| {index} | {cells} |")
+        return "\n".join(lines)
+
     def _update_shape_table(self) -> None:
-        """Name the mask shown in the table's masking step: a patch of one column, in place
-        (re-rendering the table would re-lay out the page, ~1 s in Chromium)."""
-        source = getattr(self, "_shape_source", None)
-        if source is None:
-            return
-        table = views.shape_table(self.trace, mask=self.mask)
-        operations = list(table.dimension_values("operation"))
-        if list(source.data["operation"]) != operations:
-            source.data = {**source.data, "operation": operations}
+        """Name the mask shown in the table's masking step. A text pane: Bokeh's DataTable
+        kept drawing the old text after its source changed (it said "mask diagonal" after
+        switching to causal)."""
+        pane = getattr(self, "_shape_pane", None)
+        if pane is not None:
+            pane.object = self._shape_markdown()
 
     def _build(self):
         ds = self.trace
