@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+import weakref
 from dataclasses import dataclass
 from functools import partial
 
@@ -233,9 +234,17 @@ class AttentionExplorer(pn.viewable.Viewer):
             pn.state.notifications.error(untrusted.html_text(message), duration=8000)
 
     def _capture(self, pane: str):
-        """A HoloViews hook that records the Bokeh handles of each layer drawn into ``pane``."""
+        """A HoloViews hook that records the Bokeh handles of each layer drawn into ``pane``.
+
+        It holds the explorer weakly: HoloViews caches the options that carry it for the
+        life of the process, and a closed session's explorer must be freed.
+        """
+        explorer = weakref.ref(self)
 
         def hook(plot, element):
+            owner = explorer()
+            if owner is None:
+                return
             plot.state.output_backend = "webgl"
             if plot.state.toolbar is not None:
                 # shown while the mouse is over the plot: at rest it hid small plots' titles
@@ -246,10 +255,10 @@ class AttentionExplorer(pn.viewable.Viewer):
                 # with software GL).
                 plot.handles["glyph"].level = "overlay"
             key = ("Overlay", "", "") if isinstance(element, hv.Overlay) else _layer_key(element)
-            found = self._handles.setdefault(pane, {}).setdefault(key, [])
+            found = owner._handles.setdefault(pane, {}).setdefault(key, [])
             if not any(h is plot.handles for h in found):
                 found.append(plot.handles)
-                self.linked.attach(plot, element)
+                owner.linked.attach(plot, element)
 
         return hook
 
@@ -284,6 +293,14 @@ class AttentionExplorer(pn.viewable.Viewer):
         element = self._element(view, self.selection)
         self._views.append(view)
         return element
+
+    def _marked(self, image: hv.Image, name: str, pane: str, **add) -> hv.Overlay:
+        """``image`` with the selected query's row boxed (a hot-path view of its own)."""
+        ds = self.trace
+        marker = self._add(
+            name, lambda sel: views.query_marker(ds, sel), ["query"], pane, title=False, **add
+        )
+        return (image * marker).relabel(image.label).opts(*views.options())
 
     def _element(self, view: _View, sel: Selection):
         if view.raster is None:
@@ -561,29 +578,15 @@ class AttentionExplorer(pn.viewable.Viewer):
             first=True,
         )
         image = image.element(views.STAGE_LABELS[self.stage])
-        marker = self._add(
-            "query marker",
-            lambda sel: views.query_marker(ds, sel),
-            ["query"],
-            pane,
-            title=False,
-            active=active,
-            first=True,
-        )
-        plot = (
-            (image * marker)
-            .relabel(image.label)
-            .opts(*views.options())
-            .opts(
-                hv.opts.Image(
-                    frame_width=MATRIX_SIZE,
-                    frame_height=MATRIX_SIZE,
-                    cmap=self.colormap,
-                    tools=["hover", "tap"],
-                    default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
-                    **explorer_model.matrix_ticks(self),
-                ),
-            )
+        plot = self._marked(image, "query marker", pane, active=active, first=True).opts(
+            hv.opts.Image(
+                frame_width=MATRIX_SIZE,
+                frame_height=MATRIX_SIZE,
+                cmap=self.colormap,
+                tools=["hover", "tap"],
+                default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
+                **explorer_model.matrix_ticks(self),
+            ),
         )
         tap = hv.streams.Tap(source=plot, transient=True)
         tap.add_subscriber(self._on_matrix_tap)
@@ -659,26 +662,14 @@ class AttentionExplorer(pn.viewable.Viewer):
             except MissingVariable as err:
                 cells.append(self._missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE))
                 continue
-            marker = self._add(  # the selected query's row, as on the matrix
-                f"head {head} query marker",
-                lambda sel: views.query_marker(ds, sel),
-                ["query"],
-                pane,
-                title=False,
-            )
-            image = (
-                (image * marker)
-                .relabel(image.label)
-                .opts(*views.options())
-                .opts(
-                    hv.opts.Image(
-                        frame_width=HEAD_MAP_SIZE,
-                        frame_height=HEAD_MAP_SIZE,
-                        fontsize={"title": 10},
-                        cmap=views.head_cmap(head, head in self.enabled_heads),
-                    ),
-                    hv.opts.Overlay(fontsize={"title": 10}),
-                )
+            image = self._marked(image, f"head {head} query marker", pane).opts(  # as on the matrix
+                hv.opts.Image(
+                    frame_width=HEAD_MAP_SIZE,
+                    frame_height=HEAD_MAP_SIZE,
+                    fontsize={"title": 10},
+                    cmap=views.head_cmap(head, head in self.enabled_heads),
+                ),
+                hv.opts.Overlay(fontsize={"title": 10}),
             )
             toggle = pn.widgets.Toggle(
                 label=f"head {head}",

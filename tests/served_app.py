@@ -27,6 +27,16 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 
+# The text of every rendered view (shadow DOMs included), as a person reads it.
+PAGE_TEXT_JS = (
+    "() => { const out = [];"
+    " const walk = (node) => { if (!node) return;"
+    "  if (node.nodeType === 3) out.push(node.textContent);"
+    "  if (node.shadowRoot) walk(node.shadowRoot);"
+    "  for (const c of node.childNodes || []) walk(c); };"
+    " walk(document.body); return out.join(' '); }"
+)
+
 
 def launch_chromium(playwright):
     """Debian's Chromium, headless, with the flags every test and benchmark uses."""

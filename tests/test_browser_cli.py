@@ -10,18 +10,9 @@ import sys
 
 import pytest
 from hostile import SOURCE, hostile_capture
-from served_app import free_port, opened, serving, shot
+from served_app import PAGE_TEXT_JS, free_port, opened, serving, shot
 
 import attnpanel
-
-PAGE_TEXT_JS = (
-    "() => { const out = [];"
-    " const walk = (node) => { if (!node) return;"
-    "  if (node.nodeType === 3) out.push(node.textContent);"
-    "  if (node.shadowRoot) walk(node.shadowRoot);"
-    "  for (const c of node.childNodes || []) walk(c); };"
-    " walk(document.body); return out.join(' '); }"
-)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import h5netcdf
 import h5py
@@ -21,6 +19,7 @@ import pytest
 import torch
 import xarray as xr
 from dask.callbacks import Callback
+from test_cli import run_cli
 
 import attnpanel.attention as attention
 import attnpanel.io as io
@@ -63,17 +62,6 @@ def memory(monkeypatch):
         monkeypatch.setattr(attention, "MAX_ATTENTION_BYTES", n_bytes)
 
     return limit
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "attnpanel", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 @pytest.mark.parametrize("lazy", [False, True])

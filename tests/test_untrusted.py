@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from hostile import LAYER, NOTE, SOURCE, TOKENS, hostile_capture
-from served_app import HELPERS_JS, ROOT, opened, serve, shot
+from served_app import HELPERS_JS, PAGE_TEXT_JS, ROOT, opened, serve, shot
 
 import attnpanel
 from attnpanel import untrusted
@@ -18,16 +18,6 @@ from attnpanel.cli import main
 from attnpanel.explorer import explore, notify_errors
 
 APP = ROOT / "tests" / "hostile_app.py"
-
-# The text of every rendered view (shadow DOMs included), as a person reads it.
-PAGE_TEXT_JS = (
-    "() => { const out = [];"
-    " const walk = (node) => { if (!node) return;"
-    "  if (node.nodeType === 3) out.push(node.textContent);"
-    "  if (node.shadowRoot) walk(node.shadowRoot);"
-    "  for (const c of node.childNodes || []) walk(c); };"
-    " walk(document.body); return out.join(' '); }"
-)
 
 
 def test_markup_shows_markup_characters_as_written():
