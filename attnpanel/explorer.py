@@ -31,7 +31,7 @@ from holoviews.plotting.util import process_cmap
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
-from attnpanel import explorer_model, linked, model_views, summary, untrusted, views
+from attnpanel import explorer_model, linked, model_views, untrusted, views
 from attnpanel.attention import MASK_MODES
 from attnpanel.trace import STAGES, mask_options
 from attnpanel.views import MissingVariable, Selection, StageCache
@@ -254,6 +254,9 @@ class AttentionExplorer(pn.viewable.Viewer):
                 # the query never redraws the WebGL image or curves beneath (~30-60 ms each
                 # with software GL).
                 plot.handles["glyph"].level = "overlay"
+            if isinstance(element, hv.Overlay):
+                # HoloViews sets an overlay's active tools after its layers' hooks ran
+                owner.linked.restore_drag(plot.state)
             key = ("Overlay", "", "") if isinstance(element, hv.Overlay) else _layer_key(element)
             found = owner._handles.setdefault(pane, {}).setdefault(key, [])
             if not any(h is plot.handles for h in found):
@@ -316,8 +319,6 @@ class AttentionExplorer(pn.viewable.Viewer):
             self._recolor_head_maps()
         if "layer" in changed:
             explorer_model.switch_layer(self)  # every view reads the new layer
-        if "mask" in changed:
-            self._update_shape_table()
         due = [v for v in self._views if v.parameters & changed or "layer" in changed]
         doc = pn.state.curdoc
         if doc is None or doc.session_context is None:
@@ -780,30 +781,15 @@ class AttentionExplorer(pn.viewable.Viewer):
         )
 
     def _shape_table(self):
-        self._shape_pane = pn.pane.Markdown(self._shape_markdown(), width=1010, margin=(0, 5))
+        # The masking step names no mask: the page's Mask selector says which is shown. A
+        # table that named it went stale (Bokeh's DataTable kept drawing the first mask
+        # after its source changed), and a text pane redrawn in a notebook fetched Panel's
+        # stylesheets from its CDN.
+        table = views.shape_table(self.trace, mask="selected above")
         return pn.Column(
-            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)), self._shape_pane
+            pn.pane.Markdown("### Shapes of every step", margin=(0, 5)),
+            pn.pane.HoloViews(table.opts(width=1000, height=320), width=1010),
         )
-
-    def _shape_markdown(self) -> str:
-        """The shape table (``summary.shape_table``) as Markdown, naming the mask shown."""
-        table = summary.shape_table(self.trace, mask=self.mask)
-        lines = [
-            "| # | " + " | ".join(table.columns) + " |",
-            "|---" * (len(table.columns) + 1) + "|",
-        ]
-        for index, row in enumerate(table.itertuples(index=False)):
-            cells = " | ".join(untrusted.markup(cell) for cell in row)
-            lines.append(f"| {index} | {cells} |")
-        return "\n".join(lines)
-
-    def _update_shape_table(self) -> None:
-        """Name the mask shown in the table's masking step. A text pane: Bokeh's DataTable
-        kept drawing the old text after its source changed (it said "mask diagonal" after
-        switching to causal)."""
-        pane = getattr(self, "_shape_pane", None)
-        if pane is not None:
-            pane.object = self._shape_markdown()
 
     def _build(self):
         ds = self.trace

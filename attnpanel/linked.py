@@ -167,6 +167,7 @@ class LinkedMaps:
         self._figures: list = []
         self._boxes: list = []
         self._watched: set = set()
+        self._drags: dict = {}  # id(figure) -> the box select a head map's drag draws
         self._changed_at = 0.0
         self._pending_window = None
         self._scheduled = False
@@ -191,6 +192,7 @@ class LinkedMaps:
         figure.add_tools(select)
         if element.group == "HeadMap":
             # The small maps show no toolbar: the wheel zooms and a drag draws the box.
+            self._drags[id(figure)] = select
             figure.toolbar.active_drag = select
             wheel = [t for t in figure.tools if isinstance(t, WheelZoomTool)]
             if wheel:
@@ -211,6 +213,12 @@ class LinkedMaps:
         figure.add_layout(box)
         self._boxes.append(box)
         figure.on_event(SelectionGeometry, self._on_select)
+
+    def restore_drag(self, figure) -> None:
+        """Make a head map's drag draw the box again (an overlay resets its active tools)."""
+        select = self._drags.get(id(figure))
+        if select is not None:
+            figure.toolbar.active_drag = select
 
     def _on_new_range(self, figure, attr, old, new) -> None:
         self._watch_ranges(figure)
