@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import sys
 from collections.abc import Callable
@@ -44,15 +45,23 @@ def shared_trace(key: str, build: Callable[[], xr.Dataset | xr.DataTree]):
     return pn.state.as_cached(f"attnpanel:{key}", lambda: freeze(build()))
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another platform or C library); looked up once
+    (``find_library`` runs ``ldconfig``)."""
+    libc_name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    try:
+        return ctypes.CDLL(libc_name).malloc_trim if libc_name else None
+    except (OSError, AttributeError):
+        return None
+
+
 def _trim_memory() -> None:
     """Collect garbage and return freed heap pages to the system (glibc keeps them)."""
     gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    if sys.platform.startswith("linux") and libc_name:
-        try:
-            ctypes.CDLL(libc_name).malloc_trim(0)
-        except (OSError, AttributeError):  # another C library: nothing to trim
-            pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def release_on_close() -> None:

@@ -324,11 +324,12 @@ def image_limits(values: np.ndarray, group: str) -> tuple[float, float]:
     """
     if group == "HeadMap":
         return color_limits(values, 0.0)
-    finite = values[np.isfinite(values)]
-    if finite.size and finite.min() < 0:
+    low, high = color_limits(values)  # one pass over the finite cells in the usual case
+    if low < 0:  # signed: centred on 0
+        finite = values[np.isfinite(values)]
         reach = float(np.percentile(np.abs(finite), COLOR_TOP_PERCENTILE)) or 1e-9
         return (-reach, reach)
-    return color_limits(values)
+    return low, high
 
 
 def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=None) -> hv.Image:
