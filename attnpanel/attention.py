@@ -220,6 +220,11 @@ def cached_mask(mask: str, length: int, device=None) -> torch.Tensor | None:
     return _cached_mode_mask(mask, int(length), torch.device(device or "cpu"))
 
 
+def forget_cached_masks() -> None:
+    """Drop every mask :func:`cached_mask` keeps (they are rebuilt on the next call)."""
+    _cached_mode_mask.cache_clear()
+
+
 def _is_diagonal(blocked: torch.Tensor) -> bool:
     # every layer and trace path gets its diagonal mask from the cache, so identity suffices
     known = _DIAGONALS.get(id(blocked))

@@ -33,55 +33,15 @@ from bokeh.events import SelectionGeometry
 from bokeh.models import BoxAnnotation, BoxSelectTool, WheelZoomTool
 from panel.io.state import set_curdoc
 
-from attnpanel import views
+from attnpanel import readouts, styling, views
+from attnpanel.engine import LINKED_GROUPS, LiveEngine
 
 log = logging.getLogger(__name__)
 
-LINKED_GROUPS = ("Attention", "HeadMap")  # image groups whose maps zoom together
 ZOOM_DEBOUNCE_MS = 25  # a wheel zoom sends a range change per wheel step: act on the last
 BOX_COLOR = "#111111"
 SHARE_LABEL = "mass in box / mass of its queries"
 MASS_PANE = "mass share"
-
-
-def snap_window(bounds, shape, width: int, height: int, x_range, y_range):
-    """The part of a visible window to rasterize, snapped outwards to whole cells.
-
-    Parameters
-    ----------
-    bounds : tuple of float
-        ``(left, bottom, right, top)`` of the full grid.
-    shape : tuple of int
-        ``(rows, cols)`` of the grid.
-    width, height : int
-        Pixel size of the plot frame (for the whole visible window).
-    x_range, y_range : tuple of float
-        The visible window (either order: an inverted axis has ``start > end``).
-
-    Returns
-    -------
-    tuple or None
-        ``(width, height, x_range, y_range)`` to pass to ``views.raster_values``: the
-        window clipped to the grid and widened to cell edges, with the pixel size scaled to
-        the part of the frame it covers; ``None`` when no cell is visible.
-    """
-    left, bottom, right, top = bounds
-    rows, cols = shape
-    cell_x, cell_y = (right - left) / cols, (top - bottom) / rows
-    x0, x1 = sorted(float(v) for v in x_range)
-    y0, y1 = sorted(float(v) for v in y_range)
-    if x1 <= x0 or y1 <= y0:
-        return None
-    # Whole cells, so that a window holding fewer cells than pixels shows the cells exactly.
-    sx0 = left + cell_x * math.floor(round((max(x0, left) - left) / cell_x, 6))
-    sx1 = left + cell_x * math.ceil(round((min(x1, right) - left) / cell_x, 6))
-    sy0 = bottom + cell_y * math.floor(round((max(y0, bottom) - bottom) / cell_y, 6))
-    sy1 = bottom + cell_y * math.ceil(round((min(y1, top) - bottom) / cell_y, 6))
-    if sx1 <= sx0 or sy1 <= sy0:
-        return None
-    px = max(1, round(width * (sx1 - sx0) / (x1 - x0)))
-    py = max(1, round(height * (sy1 - sy0) / (y1 - y0)))
-    return px, py, (sx0, sx1), (sy0, sy1)
 
 
 def box_cells(x_range, y_range, n_query: int, n_key: int) -> tuple[slice, slice]:
@@ -120,13 +80,13 @@ def mass_share(weights: np.ndarray, x_range, y_range) -> np.ndarray:
         return np.where(total > 0, inside / np.where(total > 0, total, 1.0), np.nan)
 
 
-def mass_bars(ds, sel: views.Selection, cache, box) -> hv.Rectangles:
+def mass_bars(ds, sel: readouts.Selection, cache, box) -> hv.Rectangles:
     """The per-head mass-share bars (head colours, grey when off) for a box, or empty bars."""
     n_heads = ds.sizes["head"]
     heads = np.arange(n_heads)
-    colors = views._head_colors(heads, set(sel.enabled_heads) or None)
+    colors = styling.head_colors(heads, set(sel.enabled_heads) or None)
     if box is None:
-        return views._bars(
+        return views.vector_bars(
             np.zeros(n_heads),
             colors,
             "head",
@@ -134,7 +94,7 @@ def mass_bars(ds, sel: views.Selection, cache, box) -> hv.Rectangles:
             heads,
             "box-select a region of a head map to compare the heads",
         )
-    weights = views.stage_heads(ds, sel.with_(stage="softmax"), cache)
+    weights = readouts.stage_heads(ds, sel.with_(stage="softmax"), cache)
     shares = mass_share(weights, *box)
     rows, cols = box_cells(*box, weights.shape[1], weights.shape[2])
     if cols.stop <= cols.start or rows.stop <= rows.start:
@@ -144,26 +104,27 @@ def mass_bars(ds, sel: views.Selection, cache, box) -> hv.Rectangles:
             f"attention mass of queries {rows.start}-{rows.stop - 1} on keys "
             f"{cols.start}-{cols.stop - 1}"
         )
-    return views._bars(np.nan_to_num(shares), colors, "head", SHARE_LABEL, heads, label)
+    return views.vector_bars(np.nan_to_num(shares), colors, "head", SHARE_LABEL, heads, label)
 
 
 class LinkedMaps:
     """The linked zoom and box selection of one explorer's attention maps.
 
-    The explorer calls :meth:`attach` from its plot hook for every image it renders and
-    :meth:`raster_args` when it rasterizes one; everything else happens here.
+    It follows every map the engine renders (:meth:`LiveEngine.on_render`): the shared
+    ranges' changes re-rasterize every linked map for the new window (the engine's
+    ``window``), and a box selection marks every map and sets :attr:`box`.
 
     Parameters
     ----------
-    explorer : attnpanel.explorer.AttentionExplorer
-        The explorer whose maps are linked.
+    engine : attnpanel.engine.LiveEngine
+        The engine that draws the maps.
     """
 
-    def __init__(self, explorer):
-        self.explorer = explorer
-        self.window: tuple | None = None  # ((x0, x1), (y0, y1)) as the ranges give them
+    def __init__(self, engine: LiveEngine):
+        self.engine = engine
         self.box: tuple | None = None  # ((x0, x1), (y0, y1)) of the box selection
         self.last_zoom_ms: float | None = None  # server time of the last linked zoom
+        self._box_watchers: list = []
         self._figures: list = []
         self._boxes: list = []
         self._watched: set = set()
@@ -172,8 +133,30 @@ class LinkedMaps:
         self._pending_window = None
         self._scheduled = False
         self._zooming = False
+        engine.on_render(self._attach)
+        # HoloViews sets an overlay's active tools after its layers' hooks ran
+        engine.on_render(self._restore_drag, overlay=True)
 
-    def attach(self, plot, element) -> None:
+    @property
+    def window(self) -> tuple | None:
+        """``((x0, x1), (y0, y1))`` shown by every linked map, or None (the whole map)."""
+        return self.engine.window
+
+    @property
+    def figures(self) -> tuple:
+        """The Bokeh figures of the linked maps."""
+        return tuple(self._figures)
+
+    @property
+    def boxes(self) -> tuple:
+        """The box annotations marking the selection, one per linked map."""
+        return tuple(self._boxes)
+
+    def on_box(self, callback) -> None:
+        """Call ``callback()`` after the box selection changes (set or cleared)."""
+        self._box_watchers.append(callback)
+
+    def _attach(self, plot, element) -> None:
         """Link a freshly rendered map: range callbacks, box select, box annotation."""
         if not isinstance(element, hv.Image) or element.group not in LINKED_GROUPS:
             return
@@ -214,11 +197,11 @@ class LinkedMaps:
         self._boxes.append(box)
         figure.on_event(SelectionGeometry, self._on_select)
 
-    def restore_drag(self, figure) -> None:
+    def _restore_drag(self, plot, element) -> None:
         """Make a head map's drag draw the box again (an overlay resets its active tools)."""
-        select = self._drags.get(id(figure))
+        select = self._drags.get(id(plot.state))
         if select is not None:
-            figure.toolbar.active_drag = select
+            plot.state.toolbar.active_drag = select
 
     def _on_new_range(self, figure, attr, old, new) -> None:
         self._watch_ranges(figure)
@@ -229,31 +212,6 @@ class LinkedMaps:
                 self._watched.add(id(rng))
                 rng.on_change("start", partial(self._on_range, figure))
                 rng.on_change("end", partial(self._on_range, figure))
-
-    def rasterize(self, view, values: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """Rasterize a view's ``(rows, cols)`` array (rows by ascending y) for its plot.
-
-        A linked map shows the current window: only the window's cells (snapped to whole
-        cells) are passed to datashader, as a contiguous block, at the map's pixel size.
-        """
-        rows, cols = values.shape
-        bounds = (-0.5, -0.5, cols - 0.5, rows - 0.5)
-        snapped = None
-        if self.window is not None and view.pane_group in LINKED_GROUPS:
-            snapped = snap_window(bounds, values.shape, *view.raster, *self.window)
-        if snapped is None:
-            return views.raster_values(values, bounds, *view.raster)
-        width, height, (x0, x1), (y0, y1) = snapped
-        # A contiguous block: datashader's kernel for a strided slice of the full array is
-        # a second numba specialization (1.3 s to compile on the first zoom).
-        block = np.ascontiguousarray(
-            values[round(y0 + 0.5) : round(y1 + 0.5), round(x0 + 0.5) : round(x1 + 0.5)]
-        )
-        if block.shape[0] <= height and block.shape[1] <= width:
-            # No more cells than pixels: datashader would return the cells themselves
-            # (raster_values never upsamples), so skip its ~3-5 ms per map.
-            return block.astype(np.float32, copy=False), (x0, y0, x1, y1)
-        return views.raster_values(block, (x0, y0, x1, y1), width, height)
 
     def _on_range(self, figure, attr, old, new) -> None:
         window = (
@@ -289,7 +247,7 @@ class LinkedMaps:
         and written into its rendered Bokeh image; ranges not shared are set to the window.
         """
         start = time.perf_counter()
-        self.window = (tuple(x_range), tuple(y_range))
+        self.engine.window = (tuple(x_range), tuple(y_range))
         self._zooming = True
         try:
             for figure in self._figures:
@@ -298,11 +256,7 @@ class LinkedMaps:
                         rng.start, rng.end = lo, hi
         finally:
             self._zooming = False
-        explorer = self.explorer
-        sel = explorer.selection
-        for view in explorer._views:
-            if view.raster is not None and view.pane_group in LINKED_GROUPS:
-                explorer._refresh(view, sel)
+        self.engine.redraw(lambda view: view.raster is not None and view.group in LINKED_GROUPS)
         self.last_zoom_ms = 1000 * (time.perf_counter() - start)
 
     def _on_select(self, event) -> None:
@@ -312,7 +266,7 @@ class LinkedMaps:
         self.select((geometry["x0"], geometry["x1"]), (geometry["y0"], geometry["y1"]))
 
     def select(self, x_range, y_range) -> None:
-        """Mark the box ``x_range x y_range`` on every map and update the mass bars."""
+        """Mark the box ``x_range x y_range`` on every map and tell the box's watchers."""
         self.box = (tuple(sorted(x_range)), tuple(sorted(y_range)))
         for box in self._boxes:
             box.update(
@@ -322,47 +276,15 @@ class LinkedMaps:
                 top=self.box[1][1],
                 visible=True,
             )
-        self._refresh_bars()
+        self._box_changed()
 
     def clear(self, *_) -> None:
         """Remove the box selection from every map."""
         self.box = None
         for box in self._boxes:
             box.visible = False
-        self._refresh_bars()
+        self._box_changed()
 
-    def _refresh_bars(self) -> None:
-        for view in self.explorer._views:
-            if view.pane == MASS_PANE:
-                self.explorer._refresh(view, self.explorer.selection)
-
-    def section(self) -> list:
-        """The mass-share bars and a button clearing the box (for the head comparison)."""
-        explorer = self.explorer
-        ds = explorer.trace
-        try:
-            bars = explorer._add(
-                "mass share",
-                lambda sel: mass_bars(ds, sel, explorer.cache, self.box),
-                ["sample", "mask", "enabled_heads"],
-                MASS_PANE,
-            )
-        except views.MissingVariable as err:
-            return [explorer._missing(err, 420)]
-        bars = bars.opts(*views.options(420, 190)).opts(
-            hv.opts.Rectangles(
-                width=420, height=190, toolbar=None, fontsize={"title": 10}, ylim=(0, 1)
-            )
-        )
-        clear = pn.widgets.Button(label="Clear box", width=100, margin=(60, 5))
-        clear.on_click(self.clear)
-        note = pn.pane.Markdown(
-            "Wheel: zoom every map (re-rasterized at full resolution). Drag on a head map "
-            "(or use the matrix's box select): the share of each head's attention, from "
-            f"the box's queries, that goes to the box's keys ({SHARE_LABEL}).",
-            width=260,
-            styles={"font-size": "11px"},
-            margin=(20, 5),
-        )
-        pane = explorer._render(bars, MASS_PANE, width=430, height=200, margin=0)
-        return [pn.Row(pane, pn.Column(note, clear), margin=(5, 0))]
+    def _box_changed(self) -> None:
+        for callback in self._box_watchers:
+            callback()

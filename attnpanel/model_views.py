@@ -23,56 +23,25 @@ import numpy as np
 import xarray as xr
 
 from attnpanel.positional import head_average, sinusoidal_encoding
-from attnpanel.views import (
-    FAST_DATATYPE,
-    HIGHLIGHT,
+from attnpanel.raster import raster_values
+from attnpanel.readouts import (  # noqa: F401 - layer_names, at_layer re-exported
+    POSITIONAL_ATTR,
     Selection,
     StageCache,
-    _mask_mode,
-    _selected_weights,
+    at_layer,
     attention_values,
     blocked_cells,
-    raster_values,
+    layer_names,
+    mask_mode,
+    selected_weights,
+    uses_sinusoidal,
 )
+from attnpanel.styling import HIGHLIGHT
+from attnpanel.views import FAST_DATATYPE
 
 MAX_TICKS = 64  # more token labels than this on an axis overlap; every n-th is shown
 STRIP_LOW = np.array([255, 255, 255], dtype=float)  # token box with no weight: white
 STRIP_HIGH = np.array([178, 24, 43], dtype=float)  # the most-attended token: dark red
-POSITIONAL_ATTR = "positional_encoding"  # trace attribute naming the model's encoding
-
-
-class LayerCache(StageCache):
-    """A :class:`StageCache` shared by every layer of a trace: keys are per layer.
-
-    The explorer switches ``layer`` when the user does; one byte budget covers all layers.
-    """
-
-    def __init__(self, max_bytes: int = 256 * 2**20):
-        super().__init__(max_bytes)
-        self.layer = 0
-
-    def get(self, key, compute):
-        """Return the cached value of ``key`` for the current layer (see StageCache.get)."""
-        return super().get((self.layer, key), compute)
-
-    def __contains__(self, key) -> bool:
-        return super().__contains__((self.layer, key))
-
-
-def layer_names(ds: xr.Dataset) -> list[str]:
-    """The names of a multi-layer trace's layers (its ``layer`` coordinate); [] for one layer."""
-    if "layer" not in ds.dims:
-        return []
-    if "layer" in ds.coords:
-        return [str(name) for name in ds["layer"].values]
-    return [str(i) for i in range(ds.sizes["layer"])]
-
-
-def at_layer(ds: xr.Dataset, layer: int) -> xr.Dataset:
-    """One layer of a multi-layer trace (by position); a one-layer trace as it is."""
-    if "layer" not in ds.dims:
-        return ds
-    return ds.isel(layer=int(layer))
 
 
 def tokens(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
@@ -119,7 +88,7 @@ def token_boxes(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     rounds to the position) with value dimensions ``weight``, ``token`` and ``color``
     (white to dark red relative to the row's largest weight).
     """
-    weights = np.asarray(_selected_weights(ds, sel, cache), dtype=np.float32)
+    weights = np.asarray(selected_weights(ds, sel, cache), dtype=np.float32)
     labels = position_labels(ds, sel.sample)
     n = len(labels)
     index = np.arange(n, dtype=np.float32)
@@ -276,15 +245,6 @@ def mosaic_cell(x: float, y: float, n_layers: int, n_heads: int) -> tuple[int, i
     return layer, head
 
 
-def uses_sinusoidal(ds: xr.Dataset) -> bool:
-    """Whether the trace says its model adds the sinusoidal encoding.
-
-    Read from the attribute ``positional_encoding`` (``"sinusoidal"``), which a user (or a
-    capture that knows) sets; a Hugging Face BERT learns its positions instead.
-    """
-    return str(ds.attrs.get(POSITIONAL_ATTR, "")).lower() == "sinusoidal"
-
-
 def model_width(ds: xr.Dataset) -> int:
     """``d_model`` of a trace: its attribute, else the width of ``x``, else heads x head_dim."""
     if "d_model" in ds.attrs:
@@ -326,7 +286,7 @@ def head_average_values(
     ``nn.MultiheadAttention`` returns by default); with another mask, the mean of the
     recomputed weights. Blocked cells are NaN, as in the matrix.
     """
-    if _mask_mode(ds, sel) == ds.attrs.get("mask", "none"):
+    if mask_mode(ds, sel) == ds.attrs.get("mask", "none"):
         # one sample first: the mean over the whole batch would hold 32 x 480 x 480 temporaries
         one = ds["weights"].isel(batch=sel.sample)
         values = np.array(head_average(one).values, dtype=np.float32)

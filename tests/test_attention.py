@@ -152,7 +152,7 @@ def test_masks_are_cached_not_rebuilt(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention, "build_mask", counting)
-    attention._cached_mode_mask.cache_clear()
+    attention.forget_cached_masks()
     layer = make_layer(mask="causal")
     x = torch.randn(2, 9, 16)
     with torch.no_grad():

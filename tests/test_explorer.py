@@ -10,6 +10,7 @@ import panel as pn
 import pytest
 import torch
 from bokeh.document import Document
+from drawn import handles, shown_matrix
 
 import attnpanel
 from attnpanel import views
@@ -46,16 +47,6 @@ def explorer(trace):
     return explorer
 
 
-def handles(explorer, pane, kind, group=""):
-    found = explorer._handles[pane]
-    key = next(k for k in found if k[0] == kind and (not group or k[1] == group))
-    return found[key][0]
-
-
-def shown_matrix(explorer):
-    return handles(explorer, "matrix", "Image", "Attention")["source"].data["image"][0]
-
-
 def test_parameters_follow_the_trace(explorer, trace):
     assert explorer.param.sample.bounds == (0, 1)
     assert explorer.param.query.bounds == (0, LENGTH - 1)
@@ -76,6 +67,7 @@ def test_initial_params_are_applied(trace):
         mask="causal",
         stage="softmax",
         enabled_heads=tuple(range(8)),
+        layer=0,
     )
 
 
@@ -128,9 +120,9 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
 
 
 def test_tapping_the_curve_and_the_matrix_select_the_query(explorer, trace):
-    explorer._top_tap.event(x=trace["time"].values[23])
+    explorer.sections["sequence"].tap.event(x=trace["time"].values[23])
     assert explorer.query == 23
-    explorer._taps[0].event(x=3.2, y=9.4)
+    explorer.sections["matrix"].taps[0].event(x=3.2, y=9.4)
     assert explorer.query == 9
 
 
@@ -138,7 +130,7 @@ def test_switching_heads_off_recomputes_the_output(explorer, trace):
     explorer.query = 5
     plot = handles(explorer, "output", "Overlay")["plot"]
     assert "changed 0.0%" in plot.title.text
-    explorer._head_toggles[2].value = False
+    explorer.sections["heads"].toggles[2].value = False
     assert explorer.enabled_heads == [0, 1, 3, 4, 5, 6, 7]
     assert "changed 0.0%" not in plot.title.text
     bars = handles(explorer, "output", "Rectangles")["source"].data
@@ -148,7 +140,7 @@ def test_switching_heads_off_recomputes_the_output(explorer, trace):
     assert head_map["plot"].title.text == "head 2 (off)"
     assert head_map["color_mapper"].palette[-1] == "#8a8a8a"
     explorer.enabled_heads = list(range(8))
-    assert explorer._head_toggles[2].value is True
+    assert explorer.sections["heads"].toggles[2].value is True
     assert "changed 0.0%" in plot.title.text
 
 
@@ -161,8 +153,8 @@ def test_sample_change_moves_the_time_axis(explorer, trace):
 
 
 def test_show_appliances_hides_their_curves(explorer):
-    found = explorer._handles["sequence"]
-    appliance_keys = [k for k in found if k[1] == "Sequence" and k[2] != "aggregate"]
+    found = explorer.engine.plots("sequence")
+    appliance_keys = [k for k in found if k.group == "Sequence" and k.label != "aggregate"]
     assert len(appliance_keys) == 2
     explorer.show_appliances = False
     assert not any(found[k][0]["glyph_renderer"].visible for k in appliance_keys)
@@ -171,10 +163,10 @@ def test_show_appliances_hides_their_curves(explorer):
 
 
 def test_player_and_colormap(explorer):
-    explorer._widgets["player"].value = 0
+    explorer.widgets["player"].value = 0
     assert explorer.stage == "raw"
     explorer.stage = "masked"
-    assert explorer._widgets["player"].value == 2
+    assert explorer.widgets["player"].value == 2
     explorer.colormap = "viridis"
     palette = handles(explorer, "matrix", "Image", "Attention")["color_mapper"].palette
     assert palette[0].lower().startswith("#44")
@@ -211,7 +203,7 @@ def test_a_failing_view_is_reported_and_the_session_goes_on(explorer, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    view = next(v for v in explorer._views if v.name == "context vector")
+    view = next(v for v in explorer.engine.views if v.name == "context vector")
     monkeypatch.setattr(view, "build", broken)
     explorer.query = 30
     assert "context vector" in explorer.last_error and "boom" in explorer.last_error
@@ -246,11 +238,8 @@ def test_importing_attnpanel_does_not_import_panel():
 
 
 def mapper_limits(explorer, pane, group):
-    return [
-        (found[0]["color_mapper"].low, found[0]["color_mapper"].high)
-        for (kind, image_group, *_), found in explorer._handles[pane].items()
-        if kind == "Image" and image_group == group and found
-    ][0]
+    mapper = handles(explorer, pane, "Image", group)["color_mapper"]
+    return mapper.low, mapper.high
 
 
 def test_colour_scales_do_not_depend_on_history(explorer):

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 import xarray as xr
 from bokeh.document import Document
+from drawn import handles
 
 from attnpanel import linked, views
+from attnpanel.engine import LINKED_GROUPS
 from attnpanel.explorer import AttentionExplorer
+from attnpanel.raster import snap_window, window_raster
 
 
 def small_trace(n: int = 40, heads: int = 3) -> xr.Dataset:
@@ -47,17 +50,17 @@ def test_snap_window_clips_to_whole_cells_and_scales_the_pixels():
     bounds, shape = (-0.5, -0.5, 479.5, 479.5), (480, 480)
     # Window 100.2-219.7 in a 150 px frame: the cells 100..220 that it touches, on
     # 150 px x 121 / 119.5.
-    width, height, x_range, y_range = linked.snap_window(
+    width, height, x_range, y_range = snap_window(
         bounds, shape, 150, 150, (100.2, 219.7), (300.0, 180.0)
     )
     assert x_range == (99.5, 220.5) and width == 152
     assert y_range == (179.5, 300.5) and height == 151
     # Zoomed out past the data: only the data is rasterized, on its share of the frame.
-    width, height, x_range, y_range = linked.snap_window(
+    width, height, x_range, y_range = snap_window(
         bounds, shape, 150, 150, (-480, 960), (-0.5, 479.5)
     )
     assert x_range == (-0.5, 479.5) and width == 50 and height == 150
-    assert linked.snap_window(bounds, shape, 150, 150, (600, 700), (0, 10)) is None
+    assert snap_window(bounds, shape, 150, 150, (600, 700), (0, 10)) is None
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +73,11 @@ def explorer():
 
 def images(ex) -> dict:
     out = {}
-    for pane, found in ex._handles.items():
-        for key, handles in found.items():
+    for pane in ex.engine.panes():
+        for key, found in ex.engine.plots(pane).items():
             # The head average is hidden (and not redrawn) until show_head_average.
-            if key[0] == "Image" and key[1] in linked.LINKED_GROUPS and pane != "head average":
-                out[pane] = handles[0]
+            if key.kind == "Image" and key.group in LINKED_GROUPS and pane != "head average":
+                out[pane] = found[0]
     return out
 
 
@@ -86,8 +89,8 @@ def test_maps_share_ranges_and_a_zoom_rerasterizes_the_window(explorer):
     assert len({id(f.y_range) for f in figures}) == 1
     weights = explorer.trace["weights"].values[0]
     explorer.linked.zoom((4.6, 20.2), (30.4, 10.0))
-    for pane, handles in maps.items():
-        data = handles["source"].data
+    for pane, found in maps.items():
+        data = found["source"].data
         assert (data["x"][0], data["y"][0], data["dw"][0], data["dh"][0]) == (4.5, 9.5, 16, 21)
         if pane.startswith("head "):
             # 16 x 21 cells in 150 px: the image is the array's window itself.
@@ -100,24 +103,21 @@ def test_maps_share_ranges_and_a_zoom_rerasterizes_the_window(explorer):
 
 def test_windowed_raster_downsamples_with_datashader_when_cells_exceed_pixels():
     values = np.arange(480 * 480, dtype=np.float32).reshape(480, 480)
-    view = type("View", (), {"raster": (150, 150), "pane_group": "HeadMap"})()
-    maps = linked.LinkedMaps(explorer=None)
-    maps.window = ((-0.5, 299.5), (-0.5, 299.5))
-    raster, bounds = maps.rasterize(view, values)
+    raster, bounds = window_raster(values, 150, 150, ((-0.5, 299.5), (-0.5, 299.5)))
     assert raster.shape == (150, 150) and bounds == (-0.5, -0.5, 299.5, 299.5)
     expected = values[:300, :300].reshape(150, 2, 150, 2).mean(axis=(1, 3))
     np.testing.assert_allclose(raster, expected, rtol=1e-6)
-    maps.window = ((99.5, 199.5), (9.5, 109.5))  # 100 cells <= 150 px: the slice itself
-    raster, bounds = maps.rasterize(view, values)
+    # 100 cells <= 150 px: the slice itself
+    raster, bounds = window_raster(values, 150, 150, ((99.5, 199.5), (9.5, 109.5)))
     np.testing.assert_array_equal(raster, values[10:110, 100:200])
     assert bounds == (99.5, 9.5, 199.5, 109.5)
 
 
 def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
     explorer.linked.select((20.4, 5.2), (3.0, 12.6))
-    for box in explorer.linked._boxes:
+    for box in explorer.linked.boxes:
         assert box.visible and (box.left, box.right, box.bottom, box.top) == (5.2, 20.4, 3, 12.6)
-    bars = explorer._handles[linked.MASS_PANE][("Rectangles", "Vector", "")][0]
+    bars = handles(explorer, linked.MASS_PANE, "Rectangles", "Vector")
     weights = explorer.trace["weights"].values[explorer.sample].astype(np.float64)
     expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
     np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
@@ -128,5 +128,5 @@ def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
     expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
     np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
     explorer.linked.clear()
-    assert not any(box.visible for box in explorer.linked._boxes)
+    assert not any(box.visible for box in explorer.linked.boxes)
     assert (bars["source"].data["top"] == 0).all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,63 @@ def test_ruff_lint_is_clean():
 def test_ruff_format_is_clean():
     result = _ruff("format", "--check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Private names of other libraries that a file may read, and why no public one serves.
+FOREIGN_PRIVATE = {
+    "_attn_implementation": "transformers keeps the attention kernel there (read to restore)",
+    "_forward_hooks": "torch has no public count of a module's hooks (tests count them)",
+    "_forward_pre_hooks": "as _forward_hooks",
+    "_repr_mimebundle_": "IPython's display protocol, public despite its underscore",
+}
+CHECKED = ("attnpanel", "apps", "tests", "benchmarks")
+
+
+def _defined_private_names(tree: ast.AST) -> set[str]:
+    """Private names a file defines: functions, classes, and attributes it assigns."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {name for name in names if name.startswith("_")}
+
+
+def private_reads(path: Path) -> list[str]:
+    """``x._name`` reads in a file of a private name that the file itself does not define."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own = _defined_private_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") or node.attr in own or node.attr in FOREIGN_PRIVATE:
+            continue
+        found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_members():
+    found = [
+        f"{path.parent.relative_to(ROOT)}/{hit}"
+        for root in CHECKED
+        for path in sorted((ROOT / root).rglob("*.py"))
+        for hit in private_reads(path)
+    ]
+    assert found == []
+
+
+def test_the_private_member_check_finds_a_read_and_allows_a_definition(tmp_path):
+    source = tmp_path / "reader.py"
+    source.write_text(
+        "class Engine:\n"
+        "    def _record(self):\n"
+        "        self._handles = {}\n"
+        "def f(explorer, engine):\n"
+        "    engine._record()\n"  # defined in this file: its own module's member
+        "    return explorer._views\n"
+    )
+    assert private_reads(source) == ["reader.py:6: explorer._views"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.document import Document
+from drawn import handles, shown_matrix
 from minilm import SENTENCE, TOKENS
 from torch import nn
 
@@ -48,16 +49,6 @@ def explorer(rendered):
     return rendered
 
 
-def handles(explorer, pane, kind, group=""):
-    found = explorer._handles[pane]
-    key = next(k for k in found if k[0] == kind and (not group or k[1] == group))
-    return found[key][0]
-
-
-def shown_matrix(explorer):
-    return handles(explorer, "matrix", "Image", "Attention")["source"].data["image"][0]
-
-
 def test_minilm_trace_is_a_text_trace(trace):
     assert trace.sizes["layer"] == 6 and trace.sizes["head"] == 12
     assert model_views.tokens(trace) == TOKENS
@@ -67,7 +58,7 @@ def test_minilm_trace_is_a_text_trace(trace):
 
 def test_layer_switches_every_view(explorer, trace):
     assert explorer.param.layer.bounds == (0, 5)
-    assert explorer._widgets_extra["layer"].name == "Layer"
+    assert explorer.widgets["layer"].name == "Layer"
     first = shown_matrix(explorer).copy()
     explorer.param.update(layer=3, query=4, head=5)
     layer3 = trace.isel(layer=3)
@@ -96,15 +87,15 @@ def test_layer_switches_every_view(explorer, trace):
 def test_initial_layer_and_bad_layer(trace):
     explorer = AttentionExplorer(trace, layer=2, head=1)
     assert explorer.trace["layer"].item() == "encoder.layer.2.attention.self"
-    assert explorer.cache.layer == 2
-    with pytest.raises(ValueError, match="layer must be in 0..5"):
+    assert explorer.selection.layer == 2
+    with pytest.raises(ValueError, match="layer.* must be at most 5, not 9"):
         AttentionExplorer(trace, layer=9)
 
 
 def test_token_strip_picks_and_marks_the_query(explorer, trace):
     labels = handles(explorer, "tokens", "Labels", "Tokens")["source"].data
     assert list(labels["token"]) == TOKENS
-    explorer._top_tap.event(x=2.2, y=0.5)  # a click on "cat"
+    explorer.sections["sequence"].tap.event(x=2.2, y=0.5)  # a click on "cat"
     assert explorer.query == 2
     marker = handles(explorer, "tokens", "Rectangles", "Selected")["source"].data
     assert (list(marker["left"]), list(marker["right"])) == ([1.5], [2.5])
@@ -128,7 +119,7 @@ def test_matrix_axes_are_labelled_by_token(explorer):
 
 def test_most_attended_token_per_position(explorer, trace):
     explorer.param.update(layer=4, head=2)
-    table = explorer._top_attended.object
+    table = explorer.sections["top attended"].pane.object
     weights = trace["weights"].isel(layer=4, batch=0, head=2).values
     best = weights.argmax(axis=1)
     assert list(table.dimension_values("attends most to")) == [f"{TOKENS[k]} ({k})" for k in best]
@@ -145,7 +136,7 @@ def test_model_view_tiles_every_map_and_opens_one(explorer, trace):
     finite = cell.values[np.isfinite(cell.values).any(axis=1)]
     finite = finite[:, np.isfinite(finite).any(axis=0)]
     np.testing.assert_array_equal(finite, trace["weights"].isel(layer=2, batch=0, head=7))
-    explorer._model_tap.event(x=7.2, y=2.1)
+    explorer.sections["model view"].tap.event(x=7.2, y=2.1)
     assert (explorer.layer, explorer.head) == (2, 7)
     marker = handles(explorer, "model view", "Rectangles", "Selected")["source"].data
     assert (list(marker["left"]), list(marker["bottom"])) == ([6.5], [1.5])
@@ -193,7 +184,7 @@ def test_multi_layer_series_trace_keeps_the_curve_and_integer_positions():
     trace = attnpanel.capture(Encoder(), torch.randn(2, 20, 16))
     explorer = AttentionExplorer(trace)
     explorer.__panel__().get_root(Document())
-    assert "sequence" in explorer._handles and "tokens" not in explorer._handles
+    assert "sequence" in explorer.engine.panes() and "tokens" not in explorer.engine.panes()
     assert model_views.position_labels(trace, 0) == [str(i) for i in range(20)]
     assert model_views.token_ticks(trace) == {}
     explorer.param.update(layer=1, mask="causal", head=2)

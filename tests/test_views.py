@@ -72,8 +72,11 @@ def test_cache_reuses_results_and_stays_bounded(trace):
     for mask in ("none", "diagonal"):
         for stage in ("raw", "softmax"):
             views.stage_heads(trace, sel.with_(mask=mask, stage=stage), cache)
-    assert cache._bytes <= cache.max_bytes
-    assert ("stage", 0, "causal", "softmax") not in cache
+    assert cache.nbytes <= cache.max_bytes
+    # keys: (kind, layer, sample, mask, stage); the oldest went, the newest stayed
+    assert ("stage", 0, 0, "causal", "softmax") not in cache
+    assert ("stage", 0, 0, "none", "raw") not in cache
+    assert ("stage", 0, 0, "diagonal", "softmax") in cache
 
 
 def test_attention_matrix_orientation_and_rasterized_keeps_full_resolution(trace):

@@ -93,7 +93,7 @@ def test_the_explorer_draws_the_model_attention(captured):
         else:
             explorer.layer = entry.name
             inner = explorer.explorer
-        if not inner._handles:
+        if not inner.engine.panes():
             inner.__panel__().get_root(Document())
         ds = inner.trace
         weights = references[entry.name if entry.name in references else ""]

@@ -1,0 +1,462 @@
+"""The explorer's live-update engine: views drawn once, then redrawn in place.
+
+A section registers each of its views with :meth:`LiveEngine.add`: a function of the
+:class:`~attnpanel.readouts.Selection` that builds the view's element, the state
+parameters it depends on, and the pane it is drawn into. The engine renders the element
+once through HoloViews (a plot hook records the Bokeh models of every layer it draws,
+under a typed :class:`PlotKey`); when a parameter changes, it rebuilds only the views
+that depend on it and writes their data straight into those Bokeh models. No figure is
+rebuilt and no HoloViews re-render runs on that path: it costs ~1 ms per plot, where a
+``DynamicMap`` refresh measured 25-45 ms per plot here (see ``docs/explorer.md``).
+
+Maps are :class:`Raster` payloads: the engine regrids them to their plot's pixels for the
+visible window (:func:`attnpanel.raster.window_raster`), so a zoomed map is re-rasterized
+from the full array, never magnified.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import holoviews as hv
+import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
+import numpy as np
+import panel as pn
+from panel.io.notebook import push_notebook
+from panel.io.state import set_curdoc
+
+from attnpanel import untrusted
+from attnpanel.raster import image_limits, window_raster
+from attnpanel.state import SELECTION_PARAMS, ExplorerState
+
+log = logging.getLogger(__name__)
+hv.Store.set_current_backend("bokeh")
+
+LINKED_GROUPS = ("Attention", "HeadMap")  # map groups that zoom together
+IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repaint maps
+SECONDARY_DELAY_MS = 120
+QUERY_DELAY_MS = 30
+RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
+
+
+class PlotKey(NamedTuple):
+    """Which layer of a pane a Bokeh model set draws: element type, group, label."""
+
+    kind: str  # the HoloViews element type: "Image", "Rectangles", "Curve", "Overlay" ...
+    group: str  # the element's group: "Attention", "HeadMap", "Vector", "Sequence" ...
+    label: str = ""  # only for sequence curves (one per appliance); else ""
+
+    @classmethod
+    def of(cls, element) -> PlotKey:
+        """The key of an element drawn into a pane (labels change with the selection)."""
+        if isinstance(element, Raster):
+            return cls("Image", element.group)
+        if isinstance(element, hv.Overlay):
+            return cls("Overlay", "")
+        label = element.label if element.group == "Sequence" else ""
+        return cls(type(element).__name__, element.group, label)
+
+
+@dataclass
+class Raster:
+    """A map on the live path: the array the Bokeh image glyph draws.
+
+    Building an ``hv.Image`` costs ~20 ms of parameter validation; the nine images a mask
+    change redraws skip it and only the first render goes through HoloViews.
+    """
+
+    values: np.ndarray  # float32, rows by ascending y
+    bounds: tuple  # (left, bottom, right, top)
+    group: str
+    label: str
+    value_label: str = ""  # the colour bar's title
+
+    def element(self, vdim: str = "value", kdims=("key", "query")) -> hv.Image:
+        """The ``hv.Image`` of the first render, with the colour limits every update sets."""
+        return hv.Image(
+            self.values[::-1],
+            bounds=self.bounds,
+            kdims=list(kdims),
+            vdims=[vdim],
+            group=self.group,
+            label=self.label,
+        ).opts(clim=image_limits(self.values, self.group))
+
+
+@dataclass
+class LiveView:
+    """One view on the live path: how to build it and where it is drawn."""
+
+    name: str
+    build: Callable  # Selection -> element, Raster, or (values, label[, value label]) to regrid
+    parameters: frozenset  # the state parameters it depends on
+    pane: str  # the rendered plot it draws into
+    raster: tuple[int, int] | None = None  # regrid build's (values, label) to (width, height)
+    title: bool = True  # whether the element's label is the plot's title
+    active: Callable | None = None  # () -> bool; skipped while False (a hidden plot)
+    group: str = ""  # group of a regridded map (Attention, HeadMap)
+    first: bool = False  # drawn in the same message as the change, before the others
+
+
+class LiveEngine:
+    """Draws the registered views of one explorer and redraws them when the state changes.
+
+    Parameters
+    ----------
+    state : attnpanel.state.ExplorerState
+        The state the views read; the engine watches its selection parameters.
+    """
+
+    def __init__(self, state: ExplorerState):
+        self.state = state
+        self.window: tuple | None = None  # ((x0, x1), (y0, y1)) shown by the linked maps
+        self.root = None  # the layout pushed to a notebook after an update
+        self._views: list[LiveView] = []
+        self._handles: dict[str, dict[PlotKey, list[dict]]] = {}
+        self._render_callbacks: list[Callable] = []
+        self._overlay_callbacks: list[Callable] = []
+        self._pending: dict[int, LiveView] = {}
+        self._scheduled = False
+        state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_appliances"])
+
+    def on_render(self, callback: Callable, overlay: bool = False) -> None:
+        """Call ``callback(plot, element)`` for every layer (or overlay) rendered from now."""
+        (self._overlay_callbacks if overlay else self._render_callbacks).append(callback)
+
+    def add(
+        self,
+        name: str,
+        build: Callable,
+        parameters,
+        pane: str,
+        *,
+        raster: tuple[int, int] | None = None,
+        title: bool = True,
+        active: Callable | None = None,
+        group: str = "",
+        first: bool = False,
+        follows_layer: bool = True,
+    ):
+        """Register a view and return its first element (a :class:`Raster` for a map).
+
+        Parameters
+        ----------
+        name : str
+            What the view is, in the user's words (error messages name it).
+        build : callable
+            ``Selection -> element``; for a regridded map, ``Selection -> (values, label)``
+            or ``(values, label, colour-bar title)`` with ``values`` rows by ascending y.
+        parameters : iterable of str
+            The state parameters the view depends on.
+        pane : str
+            The plot it draws into (several views may share one: an overlay).
+        raster : (int, int), optional
+            Pixel size the map is regridded to, for the visible window.
+        title : bool
+            Whether the element's label becomes the plot's title.
+        active : callable, optional
+            ``() -> bool``: the view is skipped while it is False (a hidden plot).
+        group : str
+            Group of a regridded map; ``Attention`` and ``HeadMap`` maps zoom together.
+        first : bool
+            Drawn in the same message as the change, before the other views.
+        follows_layer : bool
+            Whether it reads the shown layer (most views do: they read ``state.trace``);
+            such a view depends on ``layer`` without naming it.
+        """
+        parameters = set(parameters) | ({"layer"} if follows_layer else set())
+        view = LiveView(
+            name, build, frozenset(parameters), pane, raster, title, active, group, first
+        )
+        element = self._element(view, self.state.selection)
+        self._views.append(view)
+        return element
+
+    def render(self, element, pane: str, **pane_kw) -> pn.pane.HoloViews:
+        """Wrap an (already styled) element in a HoloViews pane whose Bokeh models are recorded.
+
+        Every layer of ``element`` is drawn into ``pane``; later updates of the views
+        registered on ``pane`` are written into those models.
+        """
+        hook = self._hook(pane)
+        layers = element if isinstance(element, hv.Overlay) else [element]
+        kinds = {type(layer).__name__ for layer in layers}
+        hooks = [getattr(hv.opts, kind)(hooks=[hook]) for kind in kinds]
+        if isinstance(element, hv.Overlay):
+            hooks.append(hv.opts.Overlay(hooks=[hook]))
+        pane_kw.setdefault("linked_axes", False)
+        return pn.pane.HoloViews(element.opts(*hooks), **pane_kw)
+
+    def _hook(self, pane: str):
+        """A HoloViews hook recording the Bokeh models of each layer drawn into ``pane``.
+
+        It holds the engine weakly: HoloViews caches the options that carry it for the
+        life of the process, and a closed session's explorer must be freed.
+        """
+        engine = weakref.ref(self)
+
+        def hook(plot, element):
+            owner = engine()
+            if owner is not None:
+                owner._record(pane, plot, element)
+
+        return hook
+
+    def _record(self, pane: str, plot, element) -> None:
+        plot.state.output_backend = "webgl"
+        if plot.state.toolbar is not None:
+            # shown while the mouse is over the plot: at rest it hid small plots' titles
+            plot.state.toolbar.autohide = True
+        if element.group == "Marker" and isinstance(element, hv.HSpan | hv.VLine):
+            # Overlay-level annotations repaint on the 2D overlay canvas alone: moving the
+            # query never redraws the WebGL image or curves beneath (~30-60 ms each with
+            # software GL).
+            plot.handles["glyph"].level = "overlay"
+        key = PlotKey.of(element)
+        found = self._handles.setdefault(pane, {}).setdefault(key, [])
+        if any(h is plot.handles for h in found):
+            return
+        found.append(plot.handles)
+        callbacks = (
+            self._overlay_callbacks if isinstance(element, hv.Overlay) else self._render_callbacks
+        )
+        for callback in callbacks:
+            callback(plot, element)
+
+    @property
+    def views(self) -> tuple[LiveView, ...]:
+        """Every registered view, in registration order."""
+        return tuple(self._views)
+
+    def handles(self, pane: str, key: PlotKey) -> list[dict]:
+        """The Bokeh models (HoloViews plot handles) drawing ``key`` in ``pane``."""
+        return list(self._handles.get(pane, {}).get(key, []))
+
+    def plots(self, pane: str) -> dict[PlotKey, list[dict]]:
+        """Every layer drawn into ``pane`` so far, by key, with its Bokeh models."""
+        return {key: list(found) for key, found in self._handles.get(pane, {}).items()}
+
+    def panes(self) -> list[str]:
+        """The panes rendered so far."""
+        return list(self._handles)
+
+    def drawn(self, pane: str = "matrix", group: str = "Attention") -> np.ndarray:
+        """The image a pane's map holds now, as the browser draws it (rows by query).
+
+        Parameters
+        ----------
+        pane : str
+            ``"matrix"``, ``"unmasked"``, ``"head N"``, ``"head average"``, ``"w_q"`` ...
+        group : str
+            The image's group: ``"Attention"``, ``"HeadMap"``, ``"Weight"`` ...
+
+        Returns
+        -------
+        numpy.ndarray
+            A copy of the rasterized values in the page's Bokeh source; masked cells NaN.
+        """
+        found = self.handles(pane, PlotKey("Image", group))
+        if not found:
+            raise KeyError(f"no {group} image has been drawn in pane {pane!r}")
+        return np.array(found[0]["source"].data["image"][0])
+
+    def title(self, pane: str) -> str:
+        """The title the plot of ``pane`` shows now."""
+        for found in self._handles.get(pane, {}).values():
+            if found:
+                return found[0]["plot"].title.text
+        raise KeyError(f"nothing has been drawn in pane {pane!r}")
+
+    def report(self, err: BaseException, where: str) -> None:
+        """Show an error as a notification and log it; the session goes on."""
+        message = f"{where} failed: {err}"
+        log.error("%s\n%s", message, "".join(traceback.format_exception(err)))
+        self.state.last_error = message
+        if pn.state.notifications is not None:
+            pn.state.notifications.error(untrusted.html_text(message), duration=8000)
+
+    def soon(self, callback: Callable, *args, **kwargs) -> None:
+        """Run ``callback`` on the document's next tick (now, outside a server).
+
+        HoloViews runs stream callbacks (a tap) outside the Bokeh document lock, where
+        model changes would be refused.
+        """
+        doc = pn.state.curdoc
+        if doc is None or doc.session_context is None:
+            callback(*args, **kwargs)
+        else:
+            doc.add_next_tick_callback(partial(callback, *args, **kwargs))
+
+    def redraw(self, where: Callable[[LiveView], bool]) -> None:
+        """Redraw the views for which ``where(view)`` is true, now."""
+        sel = self.state.selection
+        for view in self._views:
+            if where(view):
+                self._refresh(view, sel)
+        self._push_notebook()
+
+    def _element(self, view: LiveView, sel):
+        if view.raster is None:
+            return view.build(sel)
+        values, label, *value_label = view.build(sel)
+        window = self.window if view.group in LINKED_GROUPS else None
+        raster, bounds = window_raster(values, *view.raster, window)
+        return Raster(raster, bounds, view.group, label, "".join(value_label))
+
+    def _on_change(self, *events) -> None:
+        changed = {event.name for event in events}
+        due = [v for v in self._views if v.parameters & changed]
+        doc = pn.state.curdoc
+        if doc is None or doc.session_context is None:
+            sel = self.state.selection
+            for view in due:
+                self._refresh(view, sel)
+            self._push_notebook()
+            return
+        # Panel sends a change's model updates together when its callback returns: the
+        # large matrix and the query markers go now, the other views later, so what the
+        # user acts on repaints first. A new image takes the browser ~100 ms to map and
+        # paint (software GL); the other views' updates would block that frame, so they
+        # wait that long (a moved marker is cheap: 30 ms). Pending views coalesce across
+        # fast events (a dragged slider).
+        sel = self.state.selection
+        with pn.io.hold(doc):  # one message for all of them, not one per property
+            for view in due:
+                if view.first:
+                    self._refresh(view, sel)
+                else:
+                    self._pending[id(view)] = view
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            # A timeout, not the next tick: the held priority message is flushed on a
+            # next tick too and must go out before the other views are computed.
+            delay = SECONDARY_DELAY_MS if changed & IMAGE_PARAMS else QUERY_DELAY_MS
+            doc.add_timeout_callback(partial(self._refresh_pending, doc), delay)
+
+    def _push_notebook(self) -> None:
+        doc = pn.state.curdoc
+        if (doc is None or doc.session_context is None) and self.root is not None:
+            # In a notebook, Bokeh models edited in place reach the page only when pushed
+            # (a server session syncs them by itself).
+            push_notebook(self.root)
+
+    def _refresh_pending(self, doc) -> None:
+        self._scheduled = False
+        pending, self._pending = list(self._pending.values()), {}
+        sel = self.state.selection
+        with set_curdoc(doc), pn.io.hold(doc):
+            for view in pending:
+                self._refresh(view, sel)
+
+    def _refresh(self, view: LiveView, sel) -> None:
+        if view.active is not None and not view.active():
+            return
+        try:
+            self._draw(view, self._element(view, sel))
+        except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
+            self.report(err, f"updating the {view.name}")
+
+    def _draw(self, view: LiveView, element) -> None:
+        """Write an element's data into the Bokeh models already on the page."""
+        captured = self._handles.get(view.pane, {})
+        layers = list(element) if isinstance(element, hv.Overlay) else [element]
+        present = set()
+        figures = {}
+        for layer in layers:
+            key = PlotKey.of(layer)
+            present.add(key)
+            if key.group == "Lanes":
+                continue  # the lane shading never changes
+            for handles in captured.get(key, []):
+                extent = push(handles, layer)
+                figure = handles["plot"]
+                if "glyph_renderer" in handles:
+                    handles["glyph_renderer"].visible = True
+                if extent is not None:
+                    lo, hi = figures.get(id(figure), (figure, (np.inf, -np.inf)))[1]
+                    figures[id(figure)] = (figure, (min(lo, extent[0]), max(hi, extent[1])))
+                else:
+                    figures.setdefault(id(figure), (figure, None))
+        # Appliance curves switched off are hidden, but only by a redraw of the curves
+        # themselves: the query marker shares their pane and must not hide them.
+        redrawn_sequence = any(key.group == "Sequence" for key in present)
+        for key, found in captured.items():
+            if redrawn_sequence and key.group == "Sequence" and key not in present:
+                for handles in found:
+                    handles["glyph_renderer"].visible = False
+        for figure, extent in figures.values():
+            if view.title:
+                figure.title.text = element.label
+            if extent is not None and np.isfinite(extent).all():
+                pad = 0.06 * (extent[1] - extent[0]) or 1.0
+                figure.y_range.start, figure.y_range.end = extent[0] - pad, extent[1] + pad
+
+
+def _ms(value) -> float:
+    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
+    if isinstance(value, np.datetime64):
+        return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
+    return float(value)
+
+
+def push(handles: dict, element):
+    """Write one element's data into its rendered Bokeh models; return its y extent."""
+    glyph = handles.get("glyph")
+    if isinstance(element, hv.HSpan):
+        glyph.bottom, glyph.top = (_ms(v) for v in element.data)
+        return None
+    if isinstance(element, hv.VLine):
+        glyph.location = _ms(element.data)
+        return None
+    source = handles["source"]
+    if isinstance(element, Raster):
+        left, bottom, right, top = element.bounds
+        image = element.values
+        source.data = dict(
+            image=[image], x=[left], y=[bottom], dw=[right - left], dh=[top - bottom]
+        )
+        mapper = handles.get("color_mapper")
+        if mapper is not None:
+            mapper.low, mapper.high = image_limits(image, element.group)
+        colorbar = handles.get("colorbar")
+        if colorbar is not None and element.value_label:
+            colorbar.title = element.value_label
+        return None
+    if isinstance(element, hv.HeatMap):
+        values = element.dimension_values("value")
+        data = {
+            "dim": element.dimension_values("dim"),
+            "key": element.dimension_values("key"),
+            "zvalues": values,
+            "value": values,
+        }
+        old = source.data.get("width")
+        data["width"] = old if old is not None and len(old) == len(values) else np.ones(len(values))
+        source.data = {k: v for k, v in data.items() if k in source.data}
+        # Reversed, as HoloViews lays them out with an inverted axis: most attended on top.
+        handles["y_range"].factors = [str(k) for k in dict.fromkeys(data["key"])][::-1]
+        limit = float(np.abs(values).max()) or 1.0
+        handles["color_mapper"].low, handles["color_mapper"].high = -limit, limit
+        return None
+    columns = element.data if isinstance(element.data, dict) else {}
+    data = {}
+    for column in source.data:
+        name = RECT_COLUMNS.get(column, column) if isinstance(element, hv.Rectangles) else column
+        data[column] = columns[name] if name in columns else element.dimension_values(name)
+    source.data = data
+    if isinstance(element, hv.Rectangles):
+        if element.group != "Vector":
+            return None  # an outline or token boxes: their axis is fixed
+        return float(np.min(data["bottom"])), float(np.max(data["top"]))
+    xs = element.dimension_values(0)
+    if len(xs) and np.issubdtype(np.asarray(xs).dtype, np.datetime64):
+        # A new sample covers other hours: the time axis follows it.
+        handles["x_range"].start, handles["x_range"].end = _ms(xs.min()), _ms(xs.max())
+    values = element.dimension_values(1)
+    return float(np.nanmin(values)), float(np.nanmax(values))

@@ -1,0 +1,119 @@
+"""The controls: every widget is made from a parameter of the explorer's state."""
+
+from __future__ import annotations
+
+import panel as pn
+
+from attnpanel.readouts import layer_names
+from attnpanel.sections.base import Section
+from attnpanel.trace import STAGES
+
+STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked", "softmax": "softmax"}
+
+
+# Panel waits 50 ms after a widget change for more (its class attribute ``_debounce``), a
+# third of the 150 ms budget; the selection's changes are discrete, so they go at once.
+# The engine coalesces its own deferred updates instead.
+class ImmediateSelect(pn.widgets.Select):
+    """A ``Select`` whose change is sent to the server at once."""
+
+    _debounce = 0
+
+
+class ImmediateIntSlider(pn.widgets.IntSlider):
+    """An ``IntSlider`` whose change is sent to the server at once."""
+
+    _debounce = 0
+
+
+class Controls(Section):
+    """Layer, sample, head, query, mask, stage (and its player), colormap and toggles."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        state = self.state
+        head_options = {f"head {h}": h for h in range(state.n_heads)}
+        head_options["mean of heads"] = "mean"
+        widgets = {}
+        if state.layers is not None:
+            names = layer_names(state.layers)
+            widgets["layer"] = ImmediateSelect.from_param(
+                state.param.layer,
+                name="Layer",
+                width=230,
+                options={f"{i}: {name}": i for i, name in enumerate(names)},
+            )
+        widgets.update(
+            sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=180),
+            head=ImmediateSelect.from_param(
+                state.param.head, name="Head", options=head_options, width=140
+            ),
+            query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=260),
+            mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=120),
+            stage=ImmediateSelect.from_param(
+                state.param.stage, name="Stage", options=STAGE_NAMES, width=130
+            ),
+            colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=120),
+        )
+        player = pn.widgets.Player(
+            label="Stage player",
+            start=0,
+            end=len(STAGES) - 1,
+            value=STAGES.index(state.stage),
+            interval=1200,
+            loop_policy="loop",
+            show_loop_controls=False,
+            width=200,
+            visible_buttons=["previous", "play", "pause", "next"],
+        )
+        player.param.watch(lambda e: state.param.update(stage=STAGES[e.new]), "value")
+        state.param.watch(lambda e: setattr(player, "value", STAGES.index(e.new)), "stage")
+        widgets["player"] = player
+        widgets["side_by_side"] = pn.widgets.Checkbox.from_param(
+            state.param.side_by_side, name="masked and unmasked side by side"
+        )
+        widgets["show_appliances"] = pn.widgets.Checkbox.from_param(
+            state.param.show_appliances,
+            name="show appliance truth",
+            visible="appliance_power" in state.trace,
+        )
+        widgets["show_positional"] = pn.widgets.Checkbox.from_param(
+            state.param.show_positional, name="positional encoding"
+        )
+        widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
+            state.param.show_head_average, name="head average beside the head maps"
+        )
+        self._widgets = widgets
+
+    @property
+    def widgets(self) -> dict:
+        """The widgets by the state parameter they drive (``player`` drives ``stage``)."""
+        return dict(self._widgets)
+
+    def build(self):
+        w = self._widgets
+        selectors = [w[name] for name in ("layer", "sample", "head", "query", "mask") if name in w]
+        return pn.Column(
+            pn.Row(
+                *selectors,
+                w["stage"],
+                w["colormap"],
+                w["player"],
+                pn.Column(pn.Spacer(height=18), w["side_by_side"]),
+                sizing_mode="stretch_width",
+                stylesheets=[":host { flex-wrap: wrap; }"],
+            ),
+            pn.Row(
+                w["show_appliances"],
+                w["show_positional"],
+                w["show_head_average"],
+                pn.pane.Markdown(
+                    "Click the curve (or a token) or a row of the matrix to pick the query.",
+                    margin=(0, 10),
+                ),
+                sizing_mode="stretch_width",
+                stylesheets=[":host { flex-wrap: wrap; }"],
+            ),
+            sizing_mode="stretch_width",
+            margin=0,
+        )

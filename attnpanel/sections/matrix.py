@@ -1,0 +1,128 @@
+"""The large attention matrix of the selected head and stage, and the unmasked one beside it.
+
+The matrix is regridded by datashader from the full array for its window (see
+:mod:`attnpanel.raster`); the selected query's row is a separate marker, so moving the
+query never touches the image. A click on a row picks that query.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+from holoviews.plotting.util import process_cmap
+
+from attnpanel import model_views, views
+from attnpanel.engine import PlotKey
+from attnpanel.readouts import MissingVariable
+from attnpanel.sections.base import Section
+
+MATRIX_SIZE = 520
+MAP_KEY = PlotKey("Image", "Attention")
+
+
+class AttentionMatrix(Section):
+    """The matrix, its colour map, token tick labels, and the side-by-side unmasked copy."""
+
+    title = "Attention matrix"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.taps: list = []  # clicks on the matrices (tests send them through these)
+        self._unmasked = None
+        self.state.param.watch(self._on_colormap, "colormap")
+        self.state.param.watch(self._on_side_by_side, "side_by_side")
+        self.state.param.watch(self._relabel_axes, ["sample", "layer"], precedence=1)
+
+    def build(self):
+        try:
+            main = self._matrix("matrix")
+        except MissingVariable as err:
+            return pn.Column(self.missing(err, MATRIX_SIZE))
+        return pn.Row(
+            pn.Column(self.heading(), main),
+            pn.panel(pn.bind(self._unmasked_column, self.state.param.side_by_side)),
+        )
+
+    def _unmasked_column(self, side_by_side: bool):
+        if not side_by_side:
+            return pn.Spacer(width=0)
+        if self._unmasked is None:
+            self._unmasked = self._matrix(
+                "unmasked", mask_override="none", active=lambda: self.state.side_by_side
+            )
+        return pn.Column(pn.pane.Markdown("**without mask**", margin=(0, 5)), self._unmasked)
+
+    def _matrix(self, pane: str, mask_override=None, active=None):
+        def build(sel):
+            if mask_override is not None:
+                sel = sel.with_(mask=mask_override)
+            return (
+                views.attention_values(self.trace, sel, self.cache),
+                views.matrix_title(self.trace, sel),
+                views.STAGE_LABELS[sel.stage],
+            )
+
+        parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
+        if mask_override is not None:
+            parameters.discard("mask")
+        raster = self.engine.add(
+            "attention matrix",
+            build,
+            parameters,
+            pane,
+            raster=(MATRIX_SIZE, MATRIX_SIZE),
+            active=active,
+            group="Attention",
+            first=True,
+        )
+        image = raster.element(views.STAGE_LABELS[self.state.stage])
+        plot = self.marked(image, "query marker", pane, active=active, first=True).opts(
+            hv.opts.Image(
+                frame_width=MATRIX_SIZE,
+                frame_height=MATRIX_SIZE,
+                cmap=self.state.colormap,
+                tools=["hover", "tap"],
+                default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
+                **self._ticks(),
+            ),
+        )
+        tap = hv.streams.Tap(source=plot, transient=True)
+        tap.add_subscriber(self._on_tap)
+        self.taps.append(tap)
+        return self.engine.render(plot, pane, margin=0, linked_axes=True)  # zooms with the heads
+
+    def _ticks(self) -> dict:
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        if not ticks:
+            return {}
+        pairs = list(ticks.items())
+        return dict(xticks=pairs, yticks=pairs, xrotation=90)
+
+    def _relabel_axes(self, *_events) -> None:
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        if not ticks:
+            return
+        overrides = {int(k): v for k, v in ticks.items()}
+        for pane in ("matrix", "unmasked"):
+            for handles in self.engine.handles(pane, MAP_KEY):
+                for axis in ("xaxis", "yaxis"):
+                    if axis in handles:
+                        handles[axis].major_label_overrides = overrides
+
+    def _on_tap(self, x=None, y=None):
+        if y is None:
+            return
+        n_query = self.trace.sizes["query"]
+        query = int(np.clip(round(float(y)), 0, n_query - 1))
+        self.engine.soon(self.state.param.update, query=query)
+
+    def _on_colormap(self, event) -> None:
+        palette = process_cmap(event.new, 256)
+        for pane in ("matrix", "unmasked"):
+            for handles in self.engine.handles(pane, MAP_KEY):
+                handles["color_mapper"].palette = palette
+
+    def _on_side_by_side(self, event) -> None:
+        if event.new and self._unmasked is not None:
+            self.engine.redraw(lambda view: view.pane == "unmasked")

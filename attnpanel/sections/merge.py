@@ -1,0 +1,48 @@
+"""Head merge and the output projection: the heads' contexts joined, Wo, the output."""
+
+from __future__ import annotations
+
+import panel as pn
+
+from attnpanel import views
+from attnpanel.sections.base import Section
+from attnpanel.sections.projection import weight_map
+
+DEPENDS = ["sample", "query", "mask", "enabled_heads"]
+
+
+class MergeOutput(Section):
+    """The merged vector (switched-off heads zeroed), Wo, and the output against all heads."""
+
+    title = "Head merge and output projection"
+
+    def build(self):
+        merge = self.bars(
+            "head merge",
+            lambda sel: views.head_merge(self.trace, sel, self.cache),
+            DEPENDS,
+            430,
+            170,
+        )
+        wo = weight_map(self, "w_o", 190, 170, colorbar=False, toolbar=None)
+        output = self.bars(
+            "output",
+            lambda sel: views.output_change(self.trace, sel, self.cache),
+            DEPENDS,
+            480,
+            170,
+        )
+        arrow = dict(margin=(60, 5))
+        return pn.Column(
+            self.heading(),
+            pn.Row(
+                merge,
+                pn.pane.Markdown("## →", **arrow),
+                wo,
+                pn.pane.Markdown("## →", **arrow),
+                output,
+                sizing_mode="stretch_width",
+                stylesheets=[":host { flex-wrap: wrap; }"],
+            ),
+            sizing_mode="stretch_width",
+        )

@@ -1,0 +1,83 @@
+"""Q/K/V projection and the split into heads: x at the query, Wq/Wk/Wv, and q, k, v."""
+
+from __future__ import annotations
+
+import numpy as np
+import panel as pn
+
+from attnpanel import views
+from attnpanel.engine import Raster
+from attnpanel.readouts import MissingVariable, require
+from attnpanel.sections.base import Section
+
+WIDTH = 330
+WEIGHT_NAMES = {"w_q": "Wq", "w_k": "Wk", "w_v": "Wv", "w_o": "Wo"}
+
+
+def weight_raster(ds, name: str) -> Raster:
+    """A projection matrix (out x in) as a map: output row 0 at the bottom."""
+    require(ds, name, f"{name} heatmap")
+    values = np.asarray(ds[name].values, dtype=np.float32)
+    n_out, n_in = values.shape
+    label = f"{WEIGHT_NAMES.get(name, name)} ({n_out}×{n_in})"
+    return Raster(values, (-0.5, -0.5, n_in - 0.5, n_out - 0.5), "Weight", label)
+
+
+def weight_map(section: Section, name: str, width: int, height: int, **opts):
+    """A weight matrix drawn by the engine (it follows the layer), or an alert."""
+    try:
+        raster = section.engine.add(
+            f"{name} heatmap", lambda sel: weight_raster(section.trace, name), ["layer"], name
+        )
+    except MissingVariable as err:
+        return section.missing(err, width, height)
+    image = (
+        raster.element("weight", kdims=("in", "out"))
+        .opts(*views.options())
+        .opts(width=width, height=height, **opts)
+    )
+    return section.engine.render(image, name, width=width + 2, height=height + 2, margin=1)
+
+
+class Projection(Section):
+    """The input vector at the query, the projection matrices and the q, k, v vectors."""
+
+    title = "Q/K/V projection"
+
+    def build(self):
+        items = [self.heading()]
+        items.append(
+            self.bars(
+                "input vector",
+                lambda sel: views.input_vector(self.trace, sel),
+                ["sample", "query"],
+                WIDTH,
+                125,
+            )
+        )
+        maps = [
+            weight_map(
+                self,
+                name,
+                112,
+                118,
+                colorbar=False,
+                xaxis=None,
+                yaxis=None,
+                toolbar=None,
+                fontsize={"title": 9},
+            )
+            for name in ("w_q", "w_k", "w_v")
+        ]
+        items.append(pn.Row(*maps, margin=0))
+        for name in ("q", "k", "v"):
+            items.append(
+                self.bars(
+                    f"{name.upper()} vector",
+                    lambda sel, name=name: views.projection_vector(self.trace, sel, name),
+                    ["sample", "query"],
+                    WIDTH,
+                    112,
+                )
+            )
+        return pn.Column(*items, width=WIDTH + 15)

@@ -1,0 +1,112 @@
+"""The input sequence at the top of the page: the power curve, or the tokens of a text.
+
+A click on it picks the query (the nearest position, or the clicked token).
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+
+from attnpanel import model_views, views
+from attnpanel.sections.base import Section
+
+CURVE_HEIGHT = 210
+TOKEN_STRIP_HEIGHT = 120
+
+
+class InputSequence(Section):
+    """The sequence the layer reads, with the selected query marked."""
+
+    def build(self):
+        if "token" in self.trace.coords:
+            plot, pane, height = self._token_strip(), "tokens", TOKEN_STRIP_HEIGHT
+        else:
+            plot, pane, height = self._curves(), "sequence", CURVE_HEIGHT
+        tap = hv.streams.Tap(source=plot, transient=True)
+        tap.add_subscriber(self._on_tap)
+        self.tap = tap  # a click on the sequence (tests send one through it)
+        return self.engine.render(
+            plot, pane, sizing_mode="stretch_width", height=height + 10, margin=(0, 5)
+        )
+
+    def _curves(self):
+        state = self.state
+        self.engine.add(
+            "sequence view",
+            lambda sel: views.sequence_curve(
+                self.trace, sel, show_appliances=state.show_appliances
+            ),
+            ["sample", "show_appliances"],
+            "sequence",
+        )
+        # Every appliance curve is drawn once; switching them off hides their renderers.
+        curves = views.sequence_curve(self.trace, state.selection, show_appliances=True)
+        marker = self.engine.add(
+            "position marker",
+            lambda sel: views.position_marker(self.trace, sel),
+            ["sample", "query"],
+            "sequence",
+            title=False,
+            first=True,
+        )
+        colors = ["black", *views.APPLIANCE_COLORS]
+        for i, curve in enumerate(curves):
+            curve.opts(
+                color=colors[i % len(colors)],
+                line_width=1.6 if i == 0 else 1,
+                visible=i == 0 or state.show_appliances,
+            )
+        plot = (curves * marker).relabel(curves.label).opts(*views.options())
+        return plot.opts(
+            hv.opts.Curve(responsive=True, height=CURVE_HEIGHT),
+            hv.opts.Overlay(
+                responsive=True, height=CURVE_HEIGHT, show_legend=True, legend_position="right"
+            ),
+        )
+
+    def _token_strip(self):
+        add = self.engine.add
+        boxes = add(
+            "token strip",
+            lambda sel: model_views.token_boxes(self.trace, sel, self.cache),
+            ["sample", "head", "query", "mask", "enabled_heads"],
+            "tokens",
+        )
+        labels = add(
+            "token labels",
+            lambda sel: model_views.token_labels(self.trace, sel),
+            ["sample"],
+            "tokens",
+            title=False,
+        )
+        marker = add(
+            "token marker",
+            lambda sel: model_views.selected_token(self.trace, sel),
+            ["query"],
+            "tokens",
+            title=False,
+            first=True,
+        )
+        n = self.trace.sizes["query"]
+        plot = (boxes * labels * marker).relabel(boxes.label)
+        return plot.opts(*views.options(), *model_views.options()).opts(
+            hv.opts.Rectangles(
+                responsive=True,
+                height=TOKEN_STRIP_HEIGHT,
+                xaxis=None,
+                xlim=(-0.5, n - 0.5),
+                ylim=(-0.06, 1.06),
+                fontsize={"title": 10},
+            ),
+            hv.opts.Overlay(responsive=True, height=TOKEN_STRIP_HEIGHT),
+        )
+
+    def _on_tap(self, x=None, y=None):
+        if x is None:
+            return
+        try:
+            query = views.position_from_x(self.trace, self.state.selection, x)
+        except Exception as err:  # noqa: BLE001 - shown to the user; the session goes on
+            self.engine.report(err, "selecting the query on the top view")
+            return
+        self.engine.soon(self.state.param.update, query=query)
