@@ -124,6 +124,14 @@ class ExplorerState(param.Parameterized):
             if "show_positional" not in params:
                 self.show_positional = uses_sinusoidal(first)
         self.param.update(**late)
+        self._start = self.param.values()
+
+    def reset(self) -> None:
+        """Go back to the selection the state started with (every parameter)."""
+        start = {name: value for name, value in self._start.items() if name != "name"}
+        start["enabled_heads"] = list(start["enabled_heads"])
+        start["last_error"] = ""
+        self.param.update(**start)
 
     @property
     def trace(self) -> xr.Dataset:

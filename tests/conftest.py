@@ -14,6 +14,13 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 param.parameterized.warnings_as_exceptions = True
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them)."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -40,11 +40,28 @@ def trace():
     return make_trace()
 
 
-@pytest.fixture
-def explorer(trace):
+@pytest.fixture(scope="module")
+def rendered(trace):
     explorer = AttentionExplorer(trace)
     explorer.__panel__().get_root(Document())
     return explorer
+
+
+@pytest.fixture
+def explorer(rendered):
+    """The module's rendered explorer, back at its start (rendering one takes seconds)."""
+    rendered.reset()
+    return rendered
+
+
+def test_reset_goes_back_to_the_start(rendered):
+    start = rendered.param.values()
+    rendered.param.update(head="mean", query=7, mask="causal", enabled_heads=[1], colormap="fire")
+    rendered.reset()
+    assert rendered.param.values() == start
+    np.testing.assert_array_equal(
+        shown_matrix(rendered), views.attention_values(rendered.trace, rendered.selection)
+    )
 
 
 def test_parameters_follow_the_trace(explorer, trace):

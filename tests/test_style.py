@@ -21,6 +21,14 @@ def test_ruff_lint_is_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_pre_commit_runs_the_same_ruff_checks():
+    import yaml
+
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    entries = [hook["entry"] for repo in config["repos"] for hook in repo["hooks"]]
+    assert entries == ["python -m ruff check --fix", "python -m ruff format"]
+
+
 def test_ruff_format_is_clean():
     result = _ruff("format", "--check", ".")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -45,7 +45,7 @@ def rendered(trace):
 @pytest.fixture
 def explorer(rendered):
     """The module's rendered explorer, back at its start (rendering one takes seconds)."""
-    rendered.param.update(layer=0, head=0, query=0, show_head_average=False)
+    rendered.reset()
     return rendered
 
 
