@@ -31,7 +31,7 @@ import panel as pn
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
-from attnpanel import untrusted
+from attnpanel import styling, untrusted
 from attnpanel.raster import image_limits, window_raster
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
@@ -272,6 +272,49 @@ class LiveEngine:
             if found:
                 return found[0]["plot"].title.text
         raise KeyError(f"nothing has been drawn in pane {pane!r}")
+
+    def dynamic_map(self, name: str) -> hv.DynamicMap:
+        """A registered view as a HoloViews ``DynamicMap`` following the state.
+
+        For composing with one's own HoloViews objects in a notebook: it redraws through
+        HoloViews when a parameter the view depends on changes (``hv.streams.Params`` on
+        the state). A map comes at full resolution, rasterized by datashader
+        (``holoviews.operation.datashader.rasterize``) for the plot it is shown in.
+
+        Parameters
+        ----------
+        name : str
+            A view's name (``[v.name for v in engine.views]``): ``"attention matrix"``,
+            ``"head 3 map"``, ``"context vector"`` ...
+        """
+        found = [v for v in self._views if v.name == name]
+        if not found:
+            names = ", ".join(sorted({v.name for v in self._views}))
+            raise KeyError(f"no view named {name!r}; the views are: {names}")
+        view = found[0]
+
+        def element(**_params):
+            built = view.build(self.state.selection)
+            if view.raster is None:
+                return built.element() if isinstance(built, Raster) else built
+            values, label, *value_label = built
+            rows, cols = values.shape
+            return hv.Image(
+                values[::-1],
+                bounds=(-0.5, -0.5, cols - 0.5, rows - 0.5),
+                kdims=["key", "query"],
+                vdims=[hv.Dimension("value", label="".join(value_label) or "value")],
+                group=view.group,
+                label=label,
+            )
+
+        stream = hv.streams.Params(self.state, sorted(view.parameters))
+        dmap = hv.DynamicMap(element, streams=[stream])
+        if view.raster is not None:
+            from holoviews.operation.datashader import rasterize
+
+            dmap = rasterize(dmap, aggregator="mean")
+        return dmap.opts(*styling.options())
 
     def report(self, err: BaseException, where: str) -> None:
         """Show an error as a notification and log it; the session goes on."""

@@ -88,6 +88,26 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         """The image a pane's map holds now, as the browser draws it (see ``LiveEngine.drawn``)."""
         return self.engine.drawn(pane, group)
 
+    def dynamic_map(self, name: str):
+        """A view of the page as a HoloViews ``DynamicMap`` driven by this explorer's state.
+
+        Compose it with your own HoloViews objects in a notebook; it follows
+        ``explorer.param.update(...)`` like the page does (see ``LiveEngine.dynamic_map``).
+
+        Parameters
+        ----------
+        name : str
+            The view's name: ``"attention matrix"``, ``"head 0 map"``, ``"aggregation
+            weights"``, ``"context vector"``, ``"head merge"``, ``"output"``, ...
+            (``[v.name for v in explorer.engine.views]``).
+
+        Returns
+        -------
+        holoviews.DynamicMap
+        """
+        self.__panel__()  # the sections register their views when they are laid out
+        return self.engine.dynamic_map(name)
+
     def _build(self):
         s = self.sections
         title = (str(self.trace.attrs.get("source", "")).strip() or "trace").splitlines()[0][:100]

@@ -289,3 +289,32 @@ def test_maps_hover_whole_positions_and_charts_leave_the_wheel_to_the_page(trace
     bars = next(f for t, f in figures.items() if t.startswith("weights of query"))
     assert not isinstance(bars.toolbar.active_scroll, WheelZoomTool)  # the page scrolls
     assert isinstance(matrix.toolbar.active_scroll, WheelZoomTool)  # maps zoom together
+
+
+def test_every_view_is_a_dynamic_map_that_follows_the_state(trace):
+    """A notebook user composes the page's views with their own HoloViews objects."""
+    import holoviews as hv
+
+    explorer = AttentionExplorer(trace)
+    matrix = explorer.dynamic_map("attention matrix")
+    context = explorer.dynamic_map("context vector")
+    assert isinstance(matrix, hv.DynamicMap) and isinstance(context, hv.DynamicMap)
+    for change in (dict(), dict(head=3, mask="causal"), dict(stage="scaled", sample=1)):
+        explorer.param.update(**change)
+        image = matrix[()]  # rasterized by datashader (no more cells than pixels: the cells)
+        np.testing.assert_array_equal(
+            image.dimension_values(2, flat=False),
+            views.attention_values(trace, explorer.selection),
+            err_msg=str(change),
+        )
+    bars = context[()]
+    expected = views.context_vector(trace, explorer.selection)
+    np.testing.assert_array_equal(
+        bars.dimension_values("value"), expected.dimension_values("value")
+    )
+    overlay = matrix * hv.HLine(5)  # composes like any HoloViews object
+    from bokeh.plotting import figure
+
+    assert isinstance(hv.render(overlay), figure)
+    with pytest.raises(KeyError, match="no view named 'nope'; the views are: .*attention matrix"):
+        explorer.dynamic_map("nope")
