@@ -36,12 +36,10 @@ from attnpanel.readouts import (  # noqa: F401 - layer_names, at_layer re-export
     selected_weights,
     uses_sinusoidal,
 )
-from attnpanel.styling import HIGHLIGHT
+from attnpanel.styling import HIGHLIGHT, shade
 from attnpanel.views import FAST_DATATYPE
 
 MAX_TICKS = 64  # more token labels than this on an axis overlap; every n-th is shown
-STRIP_LOW = np.array([255, 255, 255], dtype=float)  # token box with no weight: white
-STRIP_HIGH = np.array([178, 24, 43], dtype=float)  # the most-attended token: dark red
 
 
 def tokens(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
@@ -73,14 +71,6 @@ def token_ticks(ds: xr.Dataset, sample: int = 0) -> dict[int, str]:
     return {i: found[i] for i in range(0, len(found), step)}
 
 
-def _shade(weights: np.ndarray) -> list[str]:
-    """White to dark red, by each weight relative to the largest."""
-    top = float(np.nanmax(weights)) if weights.size and np.isfinite(weights).any() else 0.0
-    level = np.nan_to_num(weights / top) if top > 0 else np.zeros_like(weights)
-    rgb = np.round(STRIP_LOW + level[:, None] * (STRIP_HIGH - STRIP_LOW)).astype(int)
-    return ["#{:02x}{:02x}{:02x}".format(*c) for c in rgb]
-
-
 def token_boxes(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None):
     """One box per token, shaded by the selected query's weight on it (group ``Tokens``).
 
@@ -101,7 +91,7 @@ def token_boxes(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
             np.ones(n, np.float32),
             np.nan_to_num(weights),
             np.array(labels, dtype=object),
-            np.array(_shade(weights)),
+            np.array(shade(weights)),
         ),
         kdims=["x0", "y0", "x1", "y1"],
         vdims=["weight", "token", "color"],

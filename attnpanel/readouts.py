@@ -247,6 +247,29 @@ def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:
     return np.arange(ds.sizes["query"]), "position"
 
 
+def clock_labels(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
+    """The clock time of each position of a sample as text, or None without ``time``.
+
+    ``HH:MM`` within one calendar day, ``MM-DD HH:MM`` across days, with seconds when the
+    steps are shorter than a minute.
+    """
+    if "time" not in ds.coords:
+        return None
+    time = ds["time"]
+    if "batch" in time.dims:
+        time = time.isel(batch=sample)
+    values = np.asarray(time.values).astype("datetime64[s]")
+    if values.size == 0 or np.isnat(values).any():
+        return None
+    days = values.astype("datetime64[D]")
+    steps = np.diff(values)
+    fine = steps.size and np.min(np.abs(steps)) < np.timedelta64(60, "s")
+    text = np.datetime_as_string(values, unit="s")  # YYYY-MM-DDTHH:MM:SS
+    start = 5 if days.min() != days.max() else 11
+    stop = 19 if fine else 16
+    return [s[start:stop].replace("T", " ") for s in text]
+
+
 def selected_weights(ds: xr.Dataset, sel: Selection, cache: StageCache | None) -> np.ndarray:
     """Softmax weights of the selected query row (mean of enabled heads for "mean")."""
     heads = stage_heads(ds, sel.with_(stage="softmax"), cache)

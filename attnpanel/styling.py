@@ -95,3 +95,16 @@ def options(width: int = 400, height: int = 160) -> list:
         ),
         hv.opts.Overlay(title="{label}", show_legend=False),
     ]
+
+
+WEIGHT_LOW = np.array([255, 255, 255], dtype=float)  # no weight: white
+WEIGHT_HIGH = np.array([178, 24, 43], dtype=float)  # the most-attended position: dark red
+
+
+def shade(weights: np.ndarray) -> list[str]:
+    """White to dark red, by each weight relative to the largest (token boxes, curve bands)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    top = float(np.nanmax(weights)) if weights.size and np.isfinite(weights).any() else 0.0
+    level = np.nan_to_num(weights / top) if top > 0 else np.zeros_like(weights)
+    rgb = np.round(WEIGHT_LOW + level[:, None] * (WEIGHT_HIGH - WEIGHT_LOW)).astype(int)
+    return ["#{:02x}{:02x}{:02x}".format(*c) for c in rgb]

@@ -52,6 +52,7 @@ from attnpanel.styling import (  # noqa: F401 - re-exported
     head_cmap,
     head_colors,
     options,
+    shade,
 )
 
 TOP_KEYS = 5
@@ -106,10 +107,10 @@ def query_marker(ds: xr.Dataset, sel: Selection) -> hv.HSpan:
 def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True) -> hv.Overlay:
     """The input sequence of the selected sample over its positions (group ``Sequence``).
 
-    The household aggregate power (with each appliance's ground truth, when asked and
-    present) for a NILM trace; otherwise the norm of the input vector ``x`` per position;
-    for a trace with only weights, the attention each position receives (mean over heads
-    and queries).
+    The household aggregate power (with each appliance's ground truth and the model's
+    prediction, ``predicted_power``, when asked and present) for a NILM trace; otherwise
+    the norm of the input vector ``x`` per position; for a trace with only weights, the
+    attention each position receives (mean over heads and queries).
     """
     xs, xname = position_axis(ds, sel)
     xdim = hv.Dimension(xname)
@@ -122,8 +123,10 @@ def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True)
                 (xs, power), xdim, ydim, group="Sequence", label="aggregate", datatype=FAST_DATATYPE
             )
         )
-        if show_appliances and "appliance_power" in ds:
-            per_appliance = ds["appliance_power"].isel(batch=sel.sample)
+        for variable, suffix in (("appliance_power", ""), ("predicted_power", " (predicted)")):
+            if not show_appliances or variable not in ds:
+                continue
+            per_appliance = ds[variable].isel(batch=sel.sample)
             for i, name in enumerate(per_appliance["appliance"].values):
                 curves.append(
                     hv.Curve(
@@ -131,7 +134,7 @@ def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True)
                         xdim,
                         ydim,
                         group="Sequence",
-                        label=str(name),
+                        label=f"{name}{suffix}",
                         datatype=FAST_DATATYPE,
                     )
                 )
@@ -155,6 +158,64 @@ def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True)
         )
         title = f"sample {sel.sample}: attention each position receives"
     return hv.Overlay(curves, label=title)
+
+
+def weight_band(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> hv.Rectangles:
+    """The selected query's weights painted behind the input curve (group ``QueryWeights``).
+
+    One band per key position, white to dark red by its weight relative to the largest,
+    spanning the curves' height; empty when the keys are not the curve's positions
+    (cross-attention).
+    """
+    xs, _ = position_axis(ds, sel)
+    weights = np.asarray(selected_weights(ds, sel, cache), dtype=np.float32)
+    head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
+    label = f"weights of query {sel.query} ({head})"
+    if len(weights) != len(xs) or len(xs) == 0:
+        empty = np.zeros(0, dtype=np.float32)
+        columns = (empty, empty, empty, empty, empty, np.zeros(0, dtype=object))
+    else:
+        edges = _cell_edges(xs)
+        low, high = _curve_extent(ds, sel)
+        n = len(xs)
+        columns = (
+            edges[:-1],
+            np.full(n, low, dtype=np.float32),
+            edges[1:],
+            np.full(n, high, dtype=np.float32),
+            weights,
+            np.array(shade(weights)),
+        )
+    first = sequence_curve(ds, sel, show_appliances=False).get(0)
+    xname, yname = first.kdims[0].pprint_label, first.vdims[0].pprint_label
+    return hv.Rectangles(
+        columns,
+        # labelled as the curves' axes: the band is the overlay's first layer
+        kdims=[hv.Dimension("x0", label=xname), hv.Dimension("y0", label=yname), "x1", "y1"],
+        vdims=["weight", "color"],
+        group="QueryWeights",
+        label=label,
+        datatype=FAST_DATATYPE,
+    )
+
+
+def _cell_edges(xs: np.ndarray) -> np.ndarray:
+    """``len(xs) + 1`` edges halfway between positions (or timestamps)."""
+    if len(xs) == 1:
+        half = np.timedelta64(30, "s") if np.issubdtype(xs.dtype, np.datetime64) else 0.5
+        return np.array([xs[0] - half, xs[0] + half])
+    middle = xs[:-1] + (xs[1:] - xs[:-1]) / 2
+    return np.concatenate([[xs[0] - (xs[1] - xs[0]) / 2], middle, [xs[-1] + (xs[-1] - xs[-2]) / 2]])
+
+
+def _curve_extent(ds: xr.Dataset, sel: Selection) -> tuple[float, float]:
+    """The range the top view's curves span for a sample (every curve, shown or not)."""
+    values = [np.asarray(c.dimension_values(1), dtype=np.float64) for c in sequence_curve(ds, sel)]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
+    if finite.size == 0:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    return min(low, 0.0), high if high > low else low + 1.0
 
 
 def position_marker(ds: xr.Dataset, sel: Selection) -> hv.VLine:
@@ -283,7 +344,7 @@ def top_values(
     order = np.argsort(weights, kind="stable")[::-1][:top]
     n_dims = values.shape[1]
     labels = np.repeat(
-        [f"key {key} w={weights[key]:.3f}" for rank, key in enumerate(order)], n_dims
+        [f"{key}: w {weights[key]:.3f}" for key in order], n_dims
     )
     table = pd.DataFrame(
         {
@@ -297,7 +358,7 @@ def top_values(
         kdims=["dim", "key"],
         vdims=["value"],
         group="Values",
-        label=f"value vectors of the {len(order)} most-attended keys",
+        label=f"values of the {len(order)} most-attended keys",
     )
 
 

@@ -14,6 +14,7 @@ from served_app import opened
 
 import attnpanel
 from attnpanel import linked
+from attnpanel.sections.heads import HEAD_MAP_SIZE as SIZE
 
 # Every linked map with its image: title, x/y range, image extent and shape, box annotation.
 MAPS_JS = r"""
@@ -74,12 +75,12 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
     before = maps(page)
     heads = [t for t in before if t.startswith("head ") and t[5:].isdigit()]
     assert len(heads) == trace.sizes["head"]
-    assert before["head 3"]["shape"] == [150, 150]  # 480 cells in 150 px: downsampled
+    assert before["head 3"]["shape"] == [SIZE, SIZE]  # 480 cells in 140 px: downsampled
     target = page.evaluate(
         "(() => { const p = attn.plot('head 2'); return attn.frame_point(p, 0.3, 0.6); })()"
     )
     page.mouse.move(target["x"], target["y"])
-    for _ in range(12):  # wheel steps until the window holds fewer cells than 150 pixels
+    for _ in range(12):  # wheel steps until the window holds fewer cells than SIZE pixels
         page.mouse.wheel(0, -240)
         page.wait_for_timeout(60)
         span = page.evaluate(
@@ -91,7 +92,7 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
     assert span < 120
     # Wait until the server's re-rasterized windows arrived in every map.
     page.wait_for_function(
-        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) < 150)",
+        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) < {SIZE})",
         timeout=20_000,
         polling=100,
     )
@@ -114,8 +115,8 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
     expected = head_weights(trace, 3)[r0 : r0 + round(height), c0 : c0 + round(width)]
     shown = np.array([np.nan if v is None else v for v in m["values"]], dtype=np.float32)
     np.testing.assert_allclose(shown.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
-    # More detail than the magnified image: the full 150 px went to the window alone.
-    assert m["shape"][1] > 150 * width / 480
+    # More detail than the magnified image: the map's full width went to the window alone.
+    assert m["shape"][1] > SIZE * width / 480
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
     page.evaluate(
         "(() => { const p = attn.plot('head 2'); "
@@ -127,7 +128,7 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
         timeout=20_000,
         polling=100,
     )
-    assert maps(page)["head 3"]["shape"] == [150, 150]
+    assert maps(page)["head 3"]["shape"] == [SIZE, SIZE]
 
 
 def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifacts):

@@ -32,6 +32,10 @@ def make_trace(n_batch=2):
         ("batch", "appliance", "position"),
         rng.random((n_batch, 2, LENGTH)).astype(np.float32),
     )
+    ds["predicted_power"] = (
+        ("batch", "appliance", "position"),
+        rng.random((n_batch, 2, LENGTH)).astype(np.float32),
+    )
     return ds.assign_coords(appliance=["fridge", "kettle"])
 
 
@@ -129,7 +133,7 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
     )
     factors = handles(explorer, "top values", "HeatMap")["y_range"].factors
     best = int(np.argmax(trace["weights"].isel(batch=0, head=0, query=17).values))
-    assert factors[-1].startswith(f"key {best} ")  # drawn at the top
+    assert factors[-1].startswith(f"{best}: ")  # drawn at the top
     span = handles(explorer, "sequence", "VLine")["glyph"]
     assert span.location == pytest.approx(
         trace["time"].values[17].astype("datetime64[ms]").astype(np.int64)
@@ -172,7 +176,7 @@ def test_sample_change_moves_the_time_axis(explorer, trace):
 def test_show_appliances_hides_their_curves(explorer):
     found = explorer.engine.plots("sequence")
     appliance_keys = [k for k in found if k.group == "Sequence" and k.label != "aggregate"]
-    assert len(appliance_keys) == 2
+    assert len(appliance_keys) == 4  # truth and prediction of each
     explorer.show_appliances = False
     assert not any(found[k][0]["glyph_renderer"].visible for k in appliance_keys)
     explorer.show_appliances = True
@@ -282,6 +286,18 @@ def test_maps_hover_whole_positions_and_charts_leave_the_wheel_to_the_page(trace
     figures = {f.title.text: f for f in root.select({"type": figure})}
     matrix = next(f for t, f in figures.items() if t.startswith("sample 0, head 0"))
     hover = next(iter(matrix.select({"type": HoverTool})))
+    # with clock times: the position and its time ("17 (06:17)"), ticks read as times
+    assert ("key", "$x{custom}") in hover.tooltips and ("query", "$y{custom}") in hover.tooltips
+    assert hover.formatters["$x"].args["labels"][17] == "06:17"
+    assert matrix.xaxis[0].formatter.args["labels"][:2] == ["06:00", "06:01"]
+    untimed = AttentionExplorer(trace.drop_vars("time"))
+    untimed_root = untimed.__panel__().get_root(Document())
+    untimed_matrix = next(
+        f
+        for f in untimed_root.select({"type": figure})
+        if f.title.text.startswith("sample 0, head 0")
+    )
+    hover = next(iter(untimed_matrix.select({"type": HoverTool})))
     assert ("key", "$x{0}") in hover.tooltips and ("query", "$y{0}") in hover.tooltips
     colorbar = next(iter(matrix.select({"type": ColorBar})))
     assert isinstance(colorbar.formatter, PrintfTickFormatter)
@@ -318,3 +334,29 @@ def test_every_view_is_a_dynamic_map_that_follows_the_state(trace):
     assert isinstance(hv.render(overlay), figure)
     with pytest.raises(KeyError, match="no view named 'nope'; the views are: .*attention matrix"):
         explorer.dynamic_map("nope")
+
+
+def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, trace):
+    from attnpanel.styling import shade
+
+    explorer.param.update(query=17, head=2, sample=1)
+    band = handles(explorer, "sequence", "Rectangles", "QueryWeights")
+    weights = trace["weights"].isel(batch=1, head=2, query=17).values  # the model's own
+    assert list(band["source"].data["color"]) == shade(weights)
+    time = trace["time"].values
+    left = band["source"].data["left"]
+    assert left[1] == time[0] + (time[1] - time[0]) / 2  # one band per key, between steps
+    explorer.param.update(head="mean", mask="causal")
+    recomputed = views.attention_values(trace, explorer.selection)[17]
+    assert list(band["source"].data["color"]) == shade(np.nan_to_num(recomputed))
+    curves = explorer.engine.plots("sequence")
+    predicted = [k for k in curves if k.label.endswith("(predicted)")]
+    assert [k.label for k in predicted] == ["fridge (predicted)", "kettle (predicted)"]
+    glyph = curves[predicted[0]][0]["glyph"]
+    assert glyph.line_dash == [6]  # Bokeh's "dashed"
+    fridge = curves[next(k for k in curves if k.label == "fridge")][0]["glyph"]
+    assert glyph.line_color == fridge.line_color  # the same colour as its truth
+    data = curves[predicted[1]][0]["source"].data
+    np.testing.assert_array_equal(
+        data["power"], trace["predicted_power"].isel(batch=1, appliance=1).values
+    )

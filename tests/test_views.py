@@ -153,7 +153,7 @@ def test_value_aggregation_is_the_trace_context(trace):
     top = views.top_values(trace, sel)
     assert len(set(top.dimension_values("key"))) == views.TOP_KEYS
     best = int(np.argmax(weights))
-    assert top.dimension_values("key")[0].startswith(f"key {best} ")
+    assert top.dimension_values("key")[0].startswith(f"{best}: ")
 
 
 def test_merged_output_matches_trace_and_changes_without_a_head(trace):
@@ -282,3 +282,18 @@ def test_model_view_maps_read_like_the_matrix_query_0_on_top():
             assert float(image[x, y]) == pytest.approx(float(weights[layer, 0, query, 1]))
     style = next(o for o in model_views.options() if o.key == "Image.ModelView")
     assert style.kwargs["invert_yaxis"] is True  # layer 0 and each query 0 at the top
+
+
+def test_clock_labels_name_each_position_by_its_time():
+    import xarray as xr
+
+    from attnpanel.readouts import clock_labels
+
+    def labels(start, step, n):
+        time = np.datetime64(start) + np.arange(n) * np.timedelta64(*step)
+        return clock_labels(xr.Dataset(coords={"time": ("position", time)}))
+
+    assert labels("2025-06-02T06:00", (1, "m"), 3) == ["06:00", "06:01", "06:02"]
+    assert labels("2025-06-02T23:59", (1, "m"), 2) == ["06-02 23:59", "06-03 00:00"]
+    assert labels("2025-06-02T06:00", (10, "s"), 2) == ["06:00:00", "06:00:10"]
+    assert clock_labels(xr.Dataset(coords={"position": np.arange(3)})) is None

@@ -7,7 +7,7 @@ import panel as pn
 from attnpanel import views
 from attnpanel.sections.base import Section
 
-WIDTH = 380
+WIDTH = 300
 DEPENDS = ["sample", "head", "query", "mask", "enabled_heads"]
 
 
@@ -26,12 +26,17 @@ class ValueAggregation(Section):
                 WIDTH,
                 180,
             ),
-            self.bars(
-                "top values",
-                lambda sel: views.top_values(self.trace, sel, self.cache),
-                DEPENDS,
-                WIDTH,
-                190,
+            # In a row of its own: Bokeh aligns the frames of the plots of one column, and
+            # this one's key labels and colour bar would narrow the others' frames.
+            pn.Row(
+                self.bars(
+                    "top values",
+                    lambda sel: views.top_values(self.trace, sel, self.cache),
+                    DEPENDS,
+                    WIDTH,
+                    190,
+                ),
+                margin=0,
             ),
             self.bars(
                 "context vector",

@@ -19,7 +19,7 @@ from attnpanel.palette import head_color
 from attnpanel.readouts import MissingVariable
 from attnpanel.sections.base import Section
 
-HEAD_MAP_SIZE = 150
+HEAD_MAP_SIZE = 140
 HEAD_MAP_KEY = PlotKey("Image", "HeadMap")
 HEAD_AVERAGE_COLORS = views.head_cmap(0, enabled=False)  # white to grey
 

@@ -10,15 +10,53 @@ from __future__ import annotations
 import holoviews as hv
 import numpy as np
 import panel as pn
+from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
-from attnpanel import model_views, views
+from attnpanel import model_views, readouts, views
 from attnpanel.engine import PlotKey
 from attnpanel.readouts import MissingVariable
 from attnpanel.sections.base import Section
 
-MATRIX_SIZE = 520
+MATRIX_SIZE = 480  # one pixel per cell at the demo length
 MAP_KEY = PlotKey("Image", "Attention")
+# Browser-side lookups of a position's clock time (the labels are data passed as args).
+TICK_CODE = "const i = Math.round(tick); return (i >= 0 && i < labels.length) ? labels[i] : '';"
+HOVER_CODE = (
+    "const i = Math.round(value); "
+    "return (i >= 0 && i < labels.length) ? i + ' (' + labels[i] + ')' : String(i);"
+)
+
+
+def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
+    """Label a map's axes and hover with clock times (positions stay the coordinates)."""
+    for axis, n in ((figure.xaxis, n_key), (figure.yaxis, n_query)):
+        if n == len(labels):
+            axis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICK_CODE)
+    formatter = CustomJSHover(args=dict(labels=labels), code=HOVER_CODE)
+    for hover in figure.select({"type": HoverTool}):
+        fields = {}
+        if n_key == len(labels):
+            fields["$x"] = formatter
+        if n_query == len(labels):
+            fields["$y"] = formatter
+        hover.formatters = fields
+        hover.tooltips = [
+            ("key", "$x{custom}" if "$x" in fields else "$x{0}"),
+            ("query", "$y{custom}" if "$y" in fields else "$y{0}"),
+            ("value", "@image{0.0000}"),
+        ]
+
+
+def set_clock_labels(figure, labels: list[str]) -> None:
+    """Point a map's time formatters at another sample's clock times."""
+    for model in (figure.xaxis[0].formatter, figure.yaxis[0].formatter):
+        if isinstance(model, CustomJSTickFormatter):
+            model.args = dict(labels=labels)
+    for hover in figure.select({"type": HoverTool}):
+        for formatter in dict(hover.formatters or {}).values():
+            if isinstance(formatter, CustomJSHover):
+                formatter.args = dict(labels=labels)
 
 
 class AttentionMatrix(Section):
@@ -30,28 +68,32 @@ class AttentionMatrix(Section):
         super().__init__(**params)
         self.taps: list = []  # clicks on the matrices (tests send them through these)
         self._unmasked = None
+        self._beside = None
         self.state.param.watch(self._on_colormap, "colormap")
         self.state.param.watch(self._on_side_by_side, "side_by_side")
         self.state.param.watch(self._relabel_axes, ["sample", "layer"], precedence=1)
+        self.engine.on_render(self._on_render)
 
     def build(self):
         try:
             main = self._matrix("matrix")
         except MissingVariable as err:
             return pn.Column(self.missing(err, MATRIX_SIZE))
-        return pn.Row(
-            pn.Column(self.heading(), main),
-            pn.panel(pn.bind(self._unmasked_column, self.state.param.side_by_side)),
-        )
+        # Hidden (and taking no room) until side_by_side; built the first time it shows.
+        self._beside = pn.Column(margin=0, visible=self.state.param.side_by_side)
+        if self.state.side_by_side:
+            self._show_unmasked()
+        return pn.Row(pn.Column(self.heading(), main, margin=0), self._beside, margin=0)
 
-    def _unmasked_column(self, side_by_side: bool):
-        if not side_by_side:
-            return pn.Spacer(width=0)
+    def _show_unmasked(self) -> None:
         if self._unmasked is None:
             self._unmasked = self._matrix(
                 "unmasked", mask_override="none", active=lambda: self.state.side_by_side
             )
-        return pn.Column(pn.pane.Markdown("**without mask**", margin=(0, 5)), self._unmasked)
+            self._beside.objects = [
+                pn.pane.Markdown("**without mask**", margin=(0, 5)),
+                self._unmasked,
+            ]
 
     def _matrix(self, pane: str, mask_override=None, active=None):
         def build(sel):
@@ -99,7 +141,18 @@ class AttentionMatrix(Section):
         pairs = list(ticks.items())
         return dict(xticks=pairs, yticks=pairs, xrotation=90)
 
+    def _on_render(self, plot, element) -> None:
+        labels = readouts.clock_labels(self.trace, self.state.sample)
+        if labels is None or element.group != "Attention":
+            return
+        clock_axes(plot.state, labels, self.trace.sizes["query"], self.trace.sizes["key"])
+
     def _relabel_axes(self, *_events) -> None:
+        labels = readouts.clock_labels(self.trace, self.state.sample)
+        if labels is not None:
+            for pane in ("matrix", "unmasked"):
+                for handles in self.engine.handles(pane, MAP_KEY):
+                    set_clock_labels(handles["plot"], labels)
         ticks = model_views.token_ticks(self.trace, self.state.sample)
         if not ticks:
             return
@@ -124,5 +177,9 @@ class AttentionMatrix(Section):
                 handles["color_mapper"].palette = palette
 
     def _on_side_by_side(self, event) -> None:
-        if event.new and self._unmasked is not None:
+        if not event.new or self._layout is None:
+            return
+        if self._unmasked is None:
+            self._show_unmasked()  # drawn with the current selection
+        else:
             self.engine.redraw(lambda view: view.pane == "unmasked")

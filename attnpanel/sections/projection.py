@@ -10,7 +10,7 @@ from attnpanel.engine import Raster
 from attnpanel.readouts import MissingVariable, require
 from attnpanel.sections.base import Section
 
-WIDTH = 330
+WIDTH = 280
 WEIGHT_NAMES = {"w_q": "Wq", "w_k": "Wk", "w_v": "Wv", "w_o": "Wo"}
 
 

@@ -10,7 +10,8 @@ import holoviews as hv
 from attnpanel import model_views, views
 from attnpanel.sections.base import Section
 
-CURVE_HEIGHT = 210
+CURVE_HEIGHT = 230
+CURVE_COLORS = ("black", *views.APPLIANCE_COLORS)  # the aggregate, then each appliance
 TOKEN_STRIP_HEIGHT = 120
 
 
@@ -31,6 +32,13 @@ class InputSequence(Section):
 
     def _curves(self):
         state = self.state
+        band = self.engine.add(
+            "query weights on the curve",
+            lambda sel: views.weight_band(self.trace, sel, self.cache),
+            ["sample", "head", "query", "mask", "enabled_heads"],
+            "sequence",
+            title=False,
+        )
         self.engine.add(
             "sequence view",
             lambda sel: views.sequence_curve(
@@ -49,18 +57,27 @@ class InputSequence(Section):
             title=False,
             first=True,
         )
-        colors = ["black", *views.APPLIANCE_COLORS]
+        colors = {}
         for i, curve in enumerate(curves):
+            name = curve.label.removesuffix(" (predicted)")
+            color = colors.setdefault(name, CURVE_COLORS[len(colors) % len(CURVE_COLORS)])
             curve.opts(
-                color=colors[i % len(colors)],
+                color=color,
                 line_width=1.6 if i == 0 else 1,
+                line_dash="dashed" if curve.label.endswith("(predicted)") else "solid",
                 visible=i == 0 or state.show_appliances,
             )
-        plot = (curves * marker).relabel(curves.label).opts(*views.options())
+        band = band.opts(color="color", line_color=None, alpha=0.55, show_legend=True)
+        plot = (band * curves * marker).relabel(curves.label).opts(*views.options())
         return plot.opts(
             hv.opts.Curve(responsive=True, height=CURVE_HEIGHT),
             hv.opts.Overlay(
-                responsive=True, height=CURVE_HEIGHT, show_legend=True, legend_position="right"
+                responsive=True,
+                height=CURVE_HEIGHT,
+                show_legend=True,
+                legend_position="right",
+                legend_cols=2 if len(curves) > 6 else 1,  # truth and prediction side by side
+                legend_opts={"label_text_font_size": "8pt", "spacing": 0, "padding": 4},
             ),
         )
 
