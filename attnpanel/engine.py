@@ -28,6 +28,7 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
 import numpy as np
 import panel as pn
+from bokeh.models import ColumnDataSource
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
@@ -209,10 +210,13 @@ class LiveEngine:
         return hook
 
     def _record(self, pane: str, plot, element) -> None:
-        plot.state.output_backend = "webgl"
-        if plot.state.toolbar is not None:
+        # A table's hook runs before its layout is made: its DataTable stands in.
+        state = plot.handles.get("plot", plot.handles.get("table"))
+        if hasattr(state, "output_backend"):
+            state.output_backend = "webgl"
+        if getattr(state, "toolbar", None) is not None:
             # shown while the mouse is over the plot: at rest it hid small plots' titles
-            plot.state.toolbar.autohide = True
+            state.toolbar.autohide = True
         if element.group == "Marker" and isinstance(element, hv.HSpan | hv.VLine):
             # Overlay-level annotations repaint on the 2D overlay canvas alone: moving the
             # query never redraws the WebGL image or curves beneath (~30-60 ms each with
@@ -492,6 +496,11 @@ def push(handles: dict, element):
     for column in source.data:
         name = RECT_COLUMNS.get(column, column) if isinstance(element, hv.Rectangles) else column
         data[column] = columns[name] if name in columns else element.dimension_values(name)
+    if isinstance(element, hv.Table):
+        # BokehJS redraws a table's cells when its view's indices change, which new data
+        # of as many rows never does; a new source makes it draw them.
+        handles["source"] = handles["table"].source = ColumnDataSource(data)
+        return None
     source.data = data
     if isinstance(element, hv.Rectangles):
         if element.group != "Vector":

@@ -359,3 +359,57 @@ def uses_sinusoidal(ds: xr.Dataset) -> bool:
     capture that knows) sets; a Hugging Face BERT learns its positions instead.
     """
     return str(ds.attrs.get(POSITIONAL_ATTR, "")).lower() == "sinusoidal"
+
+
+def head_statistics(weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Where each head looks, over the queries of one sample.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray
+        ``(head, query, key)`` softmax weights of one sample (query and key on the same
+        positions; blocked cells 0).
+
+    Returns
+    -------
+    dict of numpy.ndarray, each ``(head,)``
+        ``distance``: mean attention distance ``sum_k w[q, k] |q - k|`` averaged over
+        the queries; ``lag``: the most common offset ``key - query`` of each query's
+        most-attended key; ``lag_share``: the share of queries whose top key is at that
+        lag; ``entropy``: the mean row entropy relative to a uniform row (1 = uniform).
+    """
+    weights = np.asarray(weights, dtype=np.float32)
+    n_heads, n_query, n_key = weights.shape
+    positions = np.arange(n_query, dtype=np.float32)
+    distance = np.abs(positions[:, None] - np.arange(n_key, dtype=np.float32)[None, :])
+    mean_distance = np.einsum("hqk,qk->hq", weights, distance, dtype=np.float64).mean(axis=1)
+    offsets = weights.argmax(axis=2) - np.arange(n_query)[None, :]  # (H, Q)
+    lag = np.empty(n_heads, dtype=np.int64)
+    share = np.empty(n_heads, dtype=np.float64)
+    for head in range(n_heads):
+        values, counts = np.unique(offsets[head], return_counts=True)
+        lag[head] = values[counts.argmax()]
+        share[head] = counts.max() / n_query
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(weights > 0, np.log(np.where(weights > 0, weights, 1.0)), 0.0)
+    entropy = -(weights * logs).sum(axis=2, dtype=np.float64).mean(axis=1)
+    uniform = np.log(n_key) if n_key > 1 else 1.0
+    return {
+        "distance": mean_distance,
+        "lag": lag,
+        "lag_share": share,
+        "entropy": entropy / uniform,
+    }
+
+
+def time_step(ds: xr.Dataset, sample: int = 0) -> np.timedelta64 | None:
+    """The regular step between positions of a sample with ``time``, else None."""
+    if "time" not in ds.coords or ds.sizes.get("position", ds.sizes["query"]) < 2:
+        return None
+    time = ds["time"]
+    if "batch" in time.dims:
+        time = time.isel(batch=sample)
+    steps = np.diff(np.asarray(time.values).astype("datetime64[s]"))
+    if steps.size == 0 or np.isnat(steps).any() or not (steps == steps[0]).all():
+        return None
+    return steps[0]

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from attnpanel.readouts import head_statistics
+
 
 def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
     """The operation and real shape of every step of the attention for a trace.
@@ -96,26 +98,20 @@ def head_summary(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
         of queries whose top key is that offset, the mean row entropy relative to uniform,
         and the three keys that receive the most attention overall.
     """
-    weights = np.asarray(ds["weights"].isel(batch=batch).values, dtype=np.float64)
-    heads, length, _ = weights.shape
-    positions = np.arange(length)
-    distance = np.abs(positions[:, None] - positions[None, :])
+    weights = np.asarray(ds["weights"].isel(batch=batch).values, dtype=np.float32)
+    stats = head_statistics(weights)
     labels = _labels(ds, batch)
     records = []
-    for head in range(heads):
-        w = weights[head]
-        top = w.argmax(axis=1)
-        offsets, counts = np.unique(top - positions, return_counts=True)
-        entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(axis=1)
-        received = w.sum(axis=0)
+    for head in range(weights.shape[0]):
+        received = weights[head].sum(axis=0, dtype=np.float64)
         most = np.argsort(received)[::-1][:3]
         records.append(
             {
                 "head": int(ds["head"].values[head]),
-                "mean_distance": float((w * distance).sum(axis=1).mean()),
-                "top_offset": int(offsets[counts.argmax()]),
-                "top_offset_share": float(counts.max() / length),
-                "entropy_vs_uniform": float(entropy.mean() / np.log(length)),
+                "mean_distance": float(stats["distance"][head]),
+                "top_offset": int(stats["lag"][head]),
+                "top_offset_share": float(stats["lag_share"][head]),
+                "entropy_vs_uniform": float(stats["entropy"][head]),
                 "most_attended": ", ".join(labels[i] for i in most),
             }
         )

@@ -35,6 +35,7 @@ from attnpanel.readouts import (  # noqa: F401 - re-exported
     blocked_cells,
     enabled_set,
     head_contexts,
+    head_statistics,
     mask_mode,
     matrix_title,
     merged_output,
@@ -44,6 +45,7 @@ from attnpanel.readouts import (  # noqa: F401 - re-exported
     selected_weights,
     short_layer_name,
     stage_heads,
+    time_step,
     values_for,
 )
 from attnpanel.styling import (  # noqa: F401 - re-exported
@@ -343,9 +345,7 @@ def top_values(
     values = values_for(ds, sel)
     order = np.argsort(weights, kind="stable")[::-1][:top]
     n_dims = values.shape[1]
-    labels = np.repeat(
-        [f"{key}: w {weights[key]:.3f}" for key in order], n_dims
-    )
+    labels = np.repeat([f"{key}: w {weights[key]:.3f}" for key in order], n_dims)
     table = pd.DataFrame(
         {
             "dim": np.tile(np.arange(n_dims), len(order)),
@@ -432,6 +432,54 @@ def head_map(
         group="HeadMap",
         label=f"head {head}" + ("" if enabled else " (off)"),
     )
+
+
+def head_summary(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> hv.Table:
+    """Per head, where it looks in the selected sample under the selected mask.
+
+    The mean attention distance (in steps, and in time for a trace with a regular clock),
+    the most-attended lag with the share of queries whose top key is at it, and the mean
+    row entropy relative to uniform (:func:`attnpanel.readouts.head_statistics`), from the
+    softmax weights the explorer draws (recomputed for another mask than the trace's).
+    """
+    weights = stage_heads(ds, sel.with_(stage="softmax"), cache)
+    stats = head_statistics(np.nan_to_num(weights))
+    step = time_step(ds, sel.sample)
+    columns = {
+        "head": np.array([f"head {h}" for h in range(len(weights))]),
+        "distance": np.round(stats["distance"], 1),
+    }
+    if step is not None:
+        columns["span"] = np.array([_duration(d * step) for d in stats["distance"]])
+    columns["lag"] = stats["lag"]
+    columns["share"] = np.round(stats["lag_share"], 3)
+    columns["entropy"] = np.round(stats["entropy"], 3)
+    labels = {
+        "distance": "mean distance (steps)",
+        "span": "mean distance (time)",
+        "lag": "most-attended lag",
+        "share": "queries at that lag",
+        "entropy": "entropy / uniform",
+    }
+    vdims = [hv.Dimension(name, label=labels[name]) for name in columns if name != "head"]
+    return hv.Table(
+        columns,
+        kdims=["head"],
+        vdims=vdims,
+        group="HeadSummary",
+    )
+
+
+def _duration(delta) -> str:
+    """A duration as people write it: ``1 h 05 min``, ``12 min 30 s``, ``45 s``."""
+    seconds = int(round(float(delta / np.timedelta64(1, "s"))))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {seconds:02d} s" if seconds else f"{minutes} min"
+    return f"{seconds} s"
 
 
 def shape_table(ds: xr.Dataset, mask: str | None = None) -> hv.Table:

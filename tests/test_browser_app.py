@@ -52,7 +52,7 @@ def test_page_loads_without_console_errors(app, artifacts):
         "K[",
         "V[",
         "weights of query",
-        "value vectors",
+        "values of the 5 most-attended",
         "context of query",
         "head 0",
         "head 7",
@@ -171,3 +171,33 @@ def test_switching_a_head_off_changes_output(app, artifacts):
     shot(page, artifacts, "head_off")
     page.get_by_role("button", name="head 2", exact=True).click()
     page.wait_for_function("attn.plot('output Wo').model.title.text.includes('changed 0.0%')")
+
+
+SUMMARY_JS = """() => {
+  const table = attn.views().find((v) => v.model && v.model.type === "DataTable" &&
+                                   "entropy" in v.model.source.data);
+  const cells = [...table.el.shadowRoot.querySelectorAll(".slick-row")].map(
+    (row) => [...row.querySelectorAll(".slick-cell")].map((c) => c.textContent.trim()));
+  const data = table.model.source.data;
+  return { cells, distance: [...data.distance].map((d) => d.toFixed(1)) };
+}"""
+
+
+def test_head_summary_table_redraws_with_the_mask(app, artifacts):
+    """The per-head table shows the numbers the server sent, and new ones after a mask
+    switch (a table that kept drawing its first data once misled here)."""
+    page, console = app
+    set_widget(page, "Mask", "diagonal")
+    page.wait_for_timeout(500)
+    before = page.evaluate(SUMMARY_JS)
+    assert len(before["cells"]) == 8
+    assert [row[1] for row in before["cells"]] == [f"head {h}" for h in range(8)]
+    assert [row[2] for row in before["cells"]] == before["distance"]
+    set_widget(page, "Mask", "causal")
+    page.wait_for_function(
+        f"(b) => JSON.stringify(({SUMMARY_JS})().cells) !== JSON.stringify(b)", arg=before["cells"]
+    )
+    after = page.evaluate(SUMMARY_JS)
+    assert [row[2] for row in after["cells"]] == after["distance"] != before["distance"]
+    set_widget(page, "Mask", "diagonal")
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []

@@ -360,3 +360,18 @@ def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, t
     np.testing.assert_array_equal(
         data["power"], trace["predicted_power"].isel(batch=1, appliance=1).values
     )
+
+
+def test_head_summary_table_follows_sample_and_mask(explorer, trace):
+    from attnpanel.readouts import head_statistics
+
+    for change in (dict(), dict(sample=1, mask="causal")):
+        explorer.param.update(**change)
+        weights = views.stage_heads(trace, explorer.selection.with_(stage="softmax"))
+        expected = head_statistics(np.nan_to_num(weights))
+        # read again: a table's source is replaced on each update (so that it redraws)
+        data = handles(explorer, "head summary", "Table")["source"].data
+        np.testing.assert_allclose(data["distance"], np.round(expected["distance"], 1))
+        np.testing.assert_array_equal(data["lag"], expected["lag"])
+        assert list(data["head"]) == [f"head {h}" for h in range(8)]
+        assert data["span"][0].endswith(("min", "s"))  # one-minute steps: a time span

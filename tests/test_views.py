@@ -297,3 +297,25 @@ def test_clock_labels_name_each_position_by_its_time():
     assert labels("2025-06-02T23:59", (1, "m"), 2) == ["06-02 23:59", "06-03 00:00"]
     assert labels("2025-06-02T06:00", (10, "s"), 2) == ["06:00:00", "06:00:10"]
     assert clock_labels(xr.Dataset(coords={"position": np.arange(3)})) is None
+
+
+def test_head_statistics_match_a_direct_computation():
+    from attnpanel.readouts import head_statistics
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(3, 7, 7)) * 3
+    logits[:, np.eye(7, dtype=bool)] = -np.inf  # a diagonal mask: zeros on the diagonal
+    weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    stats = head_statistics(weights.astype(np.float32))
+    q, k = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
+    for h in range(3):
+        w = weights[h]
+        np.testing.assert_allclose(stats["distance"][h], (w * abs(q - k)).sum(1).mean(), rtol=1e-5)
+        offsets = w.argmax(1) - np.arange(7)
+        values, counts = np.unique(offsets, return_counts=True)
+        assert stats["lag"][h] == values[counts.argmax()] != 0  # never the masked diagonal
+        assert stats["lag_share"][h] == counts.max() / 7
+        entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(1).mean() / np.log(7)
+        np.testing.assert_allclose(stats["entropy"][h], entropy, rtol=1e-5)
+    uniform = head_statistics(np.full((1, 4, 4), 0.25, dtype=np.float32))
+    np.testing.assert_allclose(uniform["entropy"], [1.0], rtol=1e-6)

@@ -52,7 +52,32 @@ class HeadComparison(Section):
                 sizing_mode="stretch_width",
                 stylesheets=[":host { flex-wrap: wrap; }"],
             ),
+            self._summary(),
             sizing_mode="stretch_width",
+        )
+
+    def _summary(self):
+        """Per head: mean attention distance, most-attended lag, entropy (a table)."""
+        try:
+            table = self.engine.add(
+                "head summary",
+                lambda sel: views.head_summary(self.trace, sel, self.cache),
+                ["sample", "mask"],
+                "head summary",
+                title=False,
+            )
+        except MissingVariable as err:
+            return self.missing(err, 600)
+        height = 30 + 25 * self.state.n_heads
+        width = 110 * len(table.dimensions())
+        table = table.opts(width=width, height=height)
+        return pn.Column(
+            pn.pane.Markdown(
+                "**Where each head looks** (the sample and mask shown; lag = key − query)",
+                margin=(5, 5, 0, 5),
+            ),
+            self.engine.render(table, "head summary", width=width + 10, height=height + 10),
+            margin=0,
         )
 
     def _title(self, head: int) -> str:
