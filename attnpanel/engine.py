@@ -2,12 +2,14 @@
 
 A section registers each of its views with :meth:`LiveEngine.add`: a function of the
 :class:`~attnpanel.readouts.Selection` that builds the view's element, the state
-parameters it depends on, and the pane it is drawn into. The engine renders the element
-once through HoloViews (a plot hook records the Bokeh models of every layer it draws,
-under a typed :class:`PlotKey`); when a parameter changes, it rebuilds only the views
-that depend on it and writes their data straight into those Bokeh models. No figure is
-rebuilt and no HoloViews re-render runs on that path: it costs ~1 ms per plot, where a
-``DynamicMap`` refresh measured 25-45 ms per plot here (see ``docs/explorer.md``).
+parameters it depends on, and the pane it is drawn into. :meth:`LiveEngine.render` draws
+the element once, straight into Bokeh models (:func:`attnpanel.figures.draw`), and records
+the models of every layer under a typed :class:`PlotKey`; when a parameter changes, the
+engine rebuilds only the views that depend on it and writes their data into those models.
+No figure is rebuilt and HoloViews renders nothing on the served page: a first render costs
+~15 ms a plot where HoloViews took 40-70 ms, an update ~1 ms a plot where a ``DynamicMap``
+refresh took 25-45 ms (see ``docs/explorer.md``). :meth:`LiveEngine.dynamic_map` gives any
+view to a notebook user as a HoloViews ``DynamicMap``.
 
 Maps are :class:`Raster` payloads: the engine regrids them to their plot's pixels for the
 visible window (:func:`attnpanel.raster.window_raster`), so a zoomed map is re-rasterized
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import traceback
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -28,11 +29,13 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
 import numpy as np
 import panel as pn
-from bokeh.models import ColumnDataSource
+from bokeh.events import Tap
+from bokeh.models import ColumnDataSource, Range1d
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
+from attnpanel.figures import draw
 from attnpanel.raster import image_limits, window_raster
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
@@ -69,7 +72,7 @@ class Raster:
     """A map on the live path: the array the Bokeh image glyph draws.
 
     Building an ``hv.Image`` costs ~20 ms of parameter validation; the nine images a mask
-    change redraws skip it and only the first render goes through HoloViews.
+    change redraws skip it (only the first render and ``dynamic_map`` make one).
     """
 
     values: np.ndarray  # float32, rows by ascending y
@@ -79,7 +82,7 @@ class Raster:
     value_label: str = ""  # the colour bar's title
 
     def element(self, vdim: str = "value", kdims=("key", "query")) -> hv.Image:
-        """The ``hv.Image`` of the first render, with the colour limits every update sets."""
+        """The ``hv.Image`` of the first render (its colours follow ``image_limits``)."""
         return hv.Image(
             self.values[::-1],
             bounds=self.bounds,
@@ -87,7 +90,7 @@ class Raster:
             vdims=[vdim],
             group=self.group,
             label=self.label,
-        ).opts(clim=image_limits(self.values, self.group))
+        )
 
 
 @dataclass
@@ -121,14 +124,14 @@ class LiveEngine:
         self._views: list[LiveView] = []
         self._handles: dict[str, dict[PlotKey, list[dict]]] = {}
         self._render_callbacks: list[Callable] = []
-        self._overlay_callbacks: list[Callable] = []
+        self._ranges: dict | None = None  # the linked maps' shared ranges
         self._pending: dict[int, LiveView] = {}
         self._scheduled = False
         state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_appliances"])
 
-    def on_render(self, callback: Callable, overlay: bool = False) -> None:
-        """Call ``callback(plot, element)`` for every layer (or overlay) rendered from now."""
-        (self._overlay_callbacks if overlay else self._render_callbacks).append(callback)
+    def on_render(self, callback: Callable) -> None:
+        """Call ``callback(figure, element, handles)`` for every layer rendered from now."""
+        self._render_callbacks.append(callback)
 
     def add(
         self,
@@ -179,59 +182,58 @@ class LiveEngine:
         self._views.append(view)
         return element
 
-    def render(self, element, pane: str, **pane_kw) -> pn.pane.HoloViews:
-        """Wrap an (already styled) element in a HoloViews pane whose Bokeh models are recorded.
+    def render(
+        self,
+        element,
+        pane: str,
+        *,
+        on_tap: Callable | None = None,
+        linked: bool = False,
+        style: dict | None = None,
+        **pane_kw,
+    ) -> pn.pane.Bokeh:
+        """Draw an element into a Bokeh figure whose models the views registered on
+        ``pane`` then update in place.
 
-        Every layer of ``element`` is drawn into ``pane``; later updates of the views
-        registered on ``pane`` are written into those models.
+        Parameters
+        ----------
+        element : holoviews.Element or holoviews.Overlay
+            The first element of the pane's views (:meth:`add` returns it).
+        pane : str
+            The name the views draw into.
+        on_tap : callable, optional
+            ``on_tap(x=..., y=...)`` with the data coordinates of a click.
+        linked : bool
+            A map that zooms with the other linked maps (shared ranges).
+        style : dict, optional
+            How the figure looks (:func:`attnpanel.figures.draw`'s keywords).
+        **pane_kw
+            Options of the ``pn.pane.Bokeh`` that holds it (margin, width ...).
         """
-        hook = self._hook(pane)
-        layers = element if isinstance(element, hv.Overlay) else [element]
-        kinds = {type(layer).__name__ for layer in layers}
-        hooks = [getattr(hv.opts, kind)(hooks=[hook]) for kind in kinds]
-        if isinstance(element, hv.Overlay):
-            hooks.append(hv.opts.Overlay(hooks=[hook]))
-        pane_kw.setdefault("linked_axes", False)
-        return pn.pane.HoloViews(element.opts(*hooks), **pane_kw)
+        style = dict(style or {})
+        if linked:
+            style.update(self._shared_ranges(element))
+        figure, layers = draw(element, **style)
+        for key, handles in layers:
+            self._record(pane, key, handles, element)
+        if on_tap is not None:
+            figure.on_event(Tap, lambda event: on_tap(x=event.x, y=event.y))
+        pane_kw.setdefault("margin", 0)
+        return pn.pane.Bokeh(figure, **pane_kw)
 
-    def _hook(self, pane: str):
-        """A HoloViews hook recording the Bokeh models of each layer drawn into ``pane``.
+    def _shared_ranges(self, element) -> dict:
+        """The key and query ranges every linked map shares (made by the first one)."""
+        if self._ranges is None:
+            image = next(layer for layer in _layers(element) if isinstance(layer, hv.Image))
+            left, bottom, right, top = image.bounds.lbrt()
+            self._ranges = dict(x_range=Range1d(left, right), y_range=Range1d(top, bottom))
+        return dict(self._ranges)
 
-        It holds the engine weakly: HoloViews caches the options that carry it for the
-        life of the process, and a closed session's explorer must be freed.
-        """
-        engine = weakref.ref(self)
-
-        def hook(plot, element):
-            owner = engine()
-            if owner is not None:
-                owner._record(pane, plot, element)
-
-        return hook
-
-    def _record(self, pane: str, plot, element) -> None:
-        # A table's hook runs before its layout is made: its DataTable stands in.
-        state = plot.handles.get("plot", plot.handles.get("table"))
-        if hasattr(state, "output_backend"):
-            state.output_backend = "webgl"
-        if getattr(state, "toolbar", None) is not None:
-            # shown while the mouse is over the plot: at rest it hid small plots' titles
-            state.toolbar.autohide = True
-        if element.group == "Marker" and isinstance(element, hv.HSpan | hv.VLine):
-            # Overlay-level annotations repaint on the 2D overlay canvas alone: moving the
-            # query never redraws the WebGL image or curves beneath (~30-60 ms each with
-            # software GL).
-            plot.handles["glyph"].level = "overlay"
-        key = PlotKey.of(element)
-        found = self._handles.setdefault(pane, {}).setdefault(key, [])
-        if any(h is plot.handles for h in found):
-            return
-        found.append(plot.handles)
-        callbacks = (
-            self._overlay_callbacks if isinstance(element, hv.Overlay) else self._render_callbacks
-        )
-        for callback in callbacks:
-            callback(plot, element)
+    def _record(self, pane: str, key: PlotKey, handles: dict, element) -> None:
+        self._handles.setdefault(pane, {}).setdefault(key, []).append(handles)
+        layer = next((la for la in _layers(element) if PlotKey.of(la) == key), element)
+        for callback in self._render_callbacks:
+            callback(handles["plot"], layer, handles)
 
     @property
     def views(self) -> tuple[LiveView, ...]:
@@ -239,7 +241,7 @@ class LiveEngine:
         return tuple(self._views)
 
     def handles(self, pane: str, key: PlotKey) -> list[dict]:
-        """The Bokeh models (HoloViews plot handles) drawing ``key`` in ``pane``."""
+        """The Bokeh models (figure, source, glyph, colour mapper) drawing ``key`` in ``pane``."""
         return list(self._handles.get(pane, {}).get(key, []))
 
     def plots(self, pane: str) -> dict[PlotKey, list[dict]]:
@@ -331,8 +333,7 @@ class LiveEngine:
     def soon(self, callback: Callable, *args, **kwargs) -> None:
         """Run ``callback`` on the document's next tick (now, outside a server).
 
-        HoloViews runs stream callbacks (a tap) outside the Bokeh document lock, where
-        model changes would be refused.
+        A click's state change then goes out after the click's own message is handled.
         """
         doc = pn.state.curdoc
         if doc is None or doc.session_context is None:
@@ -512,3 +513,7 @@ def push(handles: dict, element):
         handles["x_range"].start, handles["x_range"].end = _ms(xs.min()), _ms(xs.max())
     values = element.dimension_values(1)
     return float(np.nanmin(values)), float(np.nanmax(values))
+
+
+def _layers(element) -> list:
+    return list(element) if isinstance(element, hv.Overlay) else [element]

@@ -4,9 +4,8 @@
 sample, layer, head, query, mask, stage, enabled heads ... as ``param`` parameters), so a
 notebook user or a test drives it with ``explorer.param.update(...)``. It composes:
 
-- a :class:`~attnpanel.engine.LiveEngine`, which draws every registered view once through
-  HoloViews and then redraws the views a parameter change concerns straight into their
-  Bokeh models;
+- a :class:`~attnpanel.engine.LiveEngine`, which draws every registered view once into
+  Bokeh models and then redraws the views a parameter change concerns in place;
 - :class:`~attnpanel.linked.LinkedMaps`, the linked zoom and box selection of the maps;
 - the sections (:mod:`attnpanel.sections`), one ``Viewer`` per part of the page, each
   registering its views with the engine next to where it lays them out.

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 ZOOM_DEBOUNCE_MS = 25  # a wheel zoom sends a range change per wheel step: act on the last
 BOX_COLOR = "#111111"
+BOX_NAME = "box selection"  # the box annotation's name on every linked map
 SHARE_LABEL = "mass in box / mass of its queries"
 MASS_PANE = "mass share"
 
@@ -128,14 +129,11 @@ class LinkedMaps:
         self._figures: list = []
         self._boxes: list = []
         self._watched: set = set()
-        self._drags: dict = {}  # id(figure) -> the box select a head map's drag draws
         self._changed_at = 0.0
         self._pending_window = None
         self._scheduled = False
         self._zooming = False
         engine.on_render(self._attach)
-        # HoloViews sets an overlay's active tools after its layers' hooks ran
-        engine.on_render(self._restore_drag, overlay=True)
 
     @property
     def window(self) -> tuple | None:
@@ -156,26 +154,21 @@ class LinkedMaps:
         """Call ``callback()`` after the box selection changes (set or cleared)."""
         self._box_watchers.append(callback)
 
-    def _attach(self, plot, element) -> None:
+    def _attach(self, figure, element, handles) -> None:
         """Link a freshly rendered map: range callbacks, box select, box annotation."""
         if not isinstance(element, hv.Image) or element.group not in LINKED_GROUPS:
             return
-        figure = plot.state
         if any(f is figure for f in self._figures):
             return
         self._figures.append(figure)
         self._watch_ranges(figure)
-        # Panel's linked_axes swaps in the shared ranges after the hooks ran: follow them.
-        figure.on_change("x_range", partial(self._on_new_range, figure))
-        figure.on_change("y_range", partial(self._on_new_range, figure))
         select = BoxSelectTool(
-            renderers=[plot.handles["glyph_renderer"]],
+            renderers=[handles["glyph_renderer"]],
             description="Box select: compare the heads' attention mass",
         )
         figure.add_tools(select)
         if element.group == "HeadMap":
             # The small maps show no toolbar: the wheel zooms and a drag draws the box.
-            self._drags[id(figure)] = select
             figure.toolbar.active_drag = select
             wheel = [t for t in figure.tools if isinstance(t, WheelZoomTool)]
             if wheel:
@@ -187,6 +180,7 @@ class LinkedMaps:
         if self.box is not None:
             (edges["left"], edges["right"]), (edges["bottom"], edges["top"]) = self.box
         box = BoxAnnotation(
+            name=BOX_NAME,
             **edges,
             fill_alpha=0.08,
             fill_color=BOX_COLOR,
@@ -200,15 +194,6 @@ class LinkedMaps:
         figure.add_layout(box)
         self._boxes.append(box)
         figure.on_event(SelectionGeometry, self._on_select)
-
-    def _restore_drag(self, plot, element) -> None:
-        """Make a head map's drag draw the box again (an overlay resets its active tools)."""
-        select = self._drags.get(id(plot.state))
-        if select is not None:
-            plot.state.toolbar.active_drag = select
-
-    def _on_new_range(self, figure, attr, old, new) -> None:
-        self._watch_ranges(figure)
 
     def _watch_ranges(self, figure) -> None:
         for rng in (figure.x_range, figure.y_range):

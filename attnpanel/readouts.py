@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -125,6 +126,21 @@ class StageCache:
     def __contains__(self, key) -> bool:
         return key in self._items
 
+    @classmethod
+    def shared(cls, trace: xr.Dataset) -> StageCache:
+        """The one cache of a trace object, shared by everything that explores it.
+
+        Every session of a served trace (one object per server process) then reuses the
+        stages another session computed; the cache goes with the trace.
+        """
+        key = id(trace)  # a Dataset is not hashable; its entry goes when it is collected
+        with _SHARED_LOCK:
+            found = _SHARED.get(key)
+            if found is None:
+                found = _SHARED[key] = cls()
+                weakref.finalize(trace, _SHARED.pop, key, None)
+            return found
+
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays held now (at most ``max_bytes``, unless one alone is more)."""
@@ -135,6 +151,10 @@ class StageCache:
         with self._lock:
             self._items.clear()
             self._bytes = 0
+
+
+_SHARED: dict[int, StageCache] = {}  # id(trace) -> its cache, while the trace lives
+_SHARED_LOCK = threading.Lock()
 
 
 def mask_mode(ds: xr.Dataset, sel: Selection) -> str:

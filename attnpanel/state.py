@@ -34,8 +34,9 @@ class ExplorerState(param.Parameterized):
         A trace (see ``attnpanel.trace``); only ``weights`` is required. A trace with a
         ``layer`` dim is explored one layer at a time (the ``layer`` parameter).
     cache : StageCache, optional
-        Where recomputed stages are kept; several states of one trace (the sessions of a
-        server) may share one. A new bounded cache by default.
+        Where recomputed stages are kept. By default the trace's shared cache
+        (:meth:`StageCache.shared`): every state of one trace object, such as the sessions
+        of a server, reuses what another computed.
     **params
         Initial values of the parameters below.
     """
@@ -96,7 +97,7 @@ class ExplorerState(param.Parameterized):
             sizes = ", ".join(f"{d}={n}" for d, n in trace["weights"].sizes.items())
             raise ValueError(f"this trace is empty ({sizes}): there is no attention to show")
         self.layers = trace if "layer" in trace.dims else None
-        self.cache = StageCache() if cache is None else cache
+        self.cache = StageCache.shared(trace) if cache is None else cache
         # Its own Dataset (a shallow copy: the arrays are shared, never written).
         self._one_layer = trace.copy(deep=False) if self.layers is None else None
         late = {

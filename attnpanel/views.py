@@ -171,8 +171,7 @@ def weight_band(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     """
     xs, _ = position_axis(ds, sel)
     weights = np.asarray(selected_weights(ds, sel, cache), dtype=np.float32)
-    head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
-    label = f"weights of query {sel.query} ({head})"
+    label = "weights of the selected query"  # a legend entry: the same for every query
     if len(weights) != len(xs) or len(xs) == 0:
         empty = np.zeros(0, dtype=np.float32)
         columns = (empty, empty, empty, empty, empty, np.zeros(0, dtype=object))

@@ -96,7 +96,8 @@ def test_click_top_curve_moves_row_and_aggregation(app, artifacts):
     assert abs(row - 0.6 * 479) < 10
     marker = page.evaluate(
         f"(() => {{ const pv = {matrix_js()}; return [...pv.renderer_views.values()]"
-        ".filter((rv) => rv.model.type === 'BoxAnnotation' && Number.isFinite(rv.model.bottom))"
+        ".filter((rv) => rv.model.type === 'BoxAnnotation' && rv.model.visible "
+        "&& Number.isFinite(rv.model.bottom))"
         ".map((rv) => rv.model.bottom) })()"
     )
     assert marker == [pytest.approx(row - 0.5)]
@@ -191,13 +192,13 @@ def test_head_summary_table_redraws_with_the_mask(app, artifacts):
     page.wait_for_timeout(500)
     before = page.evaluate(SUMMARY_JS)
     assert len(before["cells"]) == 8
-    assert [row[1] for row in before["cells"]] == [f"head {h}" for h in range(8)]
-    assert [row[2] for row in before["cells"]] == before["distance"]
+    assert [row[0] for row in before["cells"]] == [f"head {h}" for h in range(8)]
+    assert [row[1] for row in before["cells"]] == before["distance"]
     set_widget(page, "Mask", "causal")
     page.wait_for_function(
         f"(b) => JSON.stringify(({SUMMARY_JS})().cells) !== JSON.stringify(b)", arg=before["cells"]
     )
     after = page.evaluate(SUMMARY_JS)
-    assert [row[2] for row in after["cells"]] == after["distance"] != before["distance"]
+    assert [row[1] for row in after["cells"]] == after["distance"] != before["distance"]
     set_widget(page, "Mask", "diagonal")
     assert [e for e in console if e[0] in ("error", "pageerror")] == []

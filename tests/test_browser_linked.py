@@ -24,7 +24,7 @@ MAPS_JS = r"""
   if (!rv || !/^(sample \d+, |head \d)/.test(pv.model.title.text)) return [];
   const d = rv.model.data_source.data;
   const img = d.image[0];
-  const box = pv.model.center.find((a) => a.type === "BoxAnnotation" && a.level === "overlay");
+  const box = pv.model.center.find((a) => a.name === "box selection");
   return [{
     title: pv.model.title.text,
     x: [pv.model.x_range.start, pv.model.x_range.end],

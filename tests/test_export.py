@@ -173,7 +173,7 @@ def _canvas_hash(page) -> str:
     return hashlib.sha1(shot).hexdigest()
 
 
-@pytest.mark.parametrize("length", [480, 4096])
+@pytest.mark.parametrize("length", [480, pytest.param(4096, marks=pytest.mark.slow)])
 def test_export_is_small_self_contained_and_switchable_offline(
     length, browser, artifacts, tmp_path
 ):

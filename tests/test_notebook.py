@@ -17,6 +17,8 @@ import pytest
 from nbclient import NotebookClient
 from served_app import HELPERS_JS
 
+pytestmark = pytest.mark.slow  # JupyterLab and a notebook kernel: ~80 s
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
 TESTS = ROOT / "tests"

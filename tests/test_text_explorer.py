@@ -73,7 +73,7 @@ def test_layer_switches_every_view(explorer, trace):
     )
     wq = handles(explorer, "w_q", "Image", "Weight")["source"].data["image"][0]
     np.testing.assert_array_equal(wq, layer3["w_q"].values)
-    title = handles(explorer, "matrix", "Overlay")["plot"].title.text
+    title = explorer.engine.title("matrix")
     assert title == "sample 0, head 5, layer 3: softmax weights (mask none)"
     head_map = handles(explorer, "head 7", "Image", "HeadMap")["source"].data["image"][0]
     np.testing.assert_allclose(head_map, layer3["weights"].isel(batch=0, head=7), atol=1e-6)
@@ -95,7 +95,7 @@ def test_initial_layer_and_bad_layer(trace):
 def test_token_strip_picks_and_marks_the_query(explorer, trace):
     labels = handles(explorer, "tokens", "Labels", "Tokens")["source"].data
     assert list(labels["token"]) == TOKENS
-    explorer.sections["sequence"].tap.event(x=2.2, y=0.5)  # a click on "cat"
+    explorer.sections["sequence"].click(x=2.2, y=0.5)  # a click on "cat"
     assert explorer.query == 2
     marker = handles(explorer, "tokens", "Rectangles", "Selected")["source"].data
     assert (list(marker["left"]), list(marker["right"])) == ([1.5], [2.5])
@@ -136,7 +136,7 @@ def test_model_view_tiles_every_map_and_opens_one(explorer, trace):
     finite = cell.values[np.isfinite(cell.values).any(axis=1)]
     finite = finite[:, np.isfinite(finite).any(axis=0)]
     np.testing.assert_array_equal(finite, trace["weights"].isel(layer=2, batch=0, head=7))
-    explorer.sections["model view"].tap.event(x=7.2, y=2.1)
+    explorer.sections["model view"].click(x=7.2, y=2.1)
     assert (explorer.layer, explorer.head) == (2, 7)
     marker = handles(explorer, "model view", "Rectangles", "Selected")["source"].data
     assert (list(marker["left"]), list(marker["bottom"])) == ([6.5], [1.5])

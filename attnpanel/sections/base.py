@@ -70,20 +70,14 @@ class Section(pn.viewable.Viewer):
             margin=5,
         )
 
-    def bars(self, name, build, parameters, width: int, height: int):
+    def bars(self, name, build, parameters, width: int, height: int, **style):
         """A bar-chart view drawn by the engine, or an alert naming the variable it lacks."""
         try:
             element = self.engine.add(name, build, parameters, name)
         except MissingVariable as err:
             return self.missing(err, width)
-        element = element.opts(*views.options(width, height))
-        small = dict(width=width, height=height, toolbar=None, fontsize={"title": 10})
-        element = element.opts(
-            hv.opts.Rectangles(**small),
-            hv.opts.Curve(**small),
-            hv.opts.HeatMap(**small, colorbar=False),
-        )
-        return self.engine.render(element, name, width=width + 10, height=height + 10, margin=0)
+        style = dict(width=width, height=height, **style)
+        return self.engine.render(element, name, style=style, width=width, height=height)
 
     def marked(self, image: hv.Image, name: str, pane: str, **add) -> hv.Overlay:
         """``image`` with the selected query's row boxed (a view of its own)."""
@@ -95,4 +89,4 @@ class Section(pn.viewable.Viewer):
             title=False,
             **add,
         )
-        return (image * marker).relabel(image.label).opts(*views.options())
+        return hv.Overlay([image, marker], label=image.label)

@@ -8,7 +8,6 @@ mass the :class:`LinkedZoom` section compares across heads.
 
 from __future__ import annotations
 
-import holoviews as hv
 import panel as pn
 import param
 
@@ -70,13 +69,14 @@ class HeadComparison(Section):
             return self.missing(err, 600)
         height = 30 + 25 * self.state.n_heads
         width = 110 * len(table.dimensions())
-        table = table.opts(width=width, height=height)
         return pn.Column(
             pn.pane.Markdown(
                 "**Where each head looks** (the sample and mask shown; lag = key − query)",
                 margin=(5, 5, 0, 5),
             ),
-            self.engine.render(table, "head summary", width=width + 10, height=height + 10),
+            self.engine.render(
+                table, "head summary", style=dict(width=width, height=height), margin=5
+            ),
             margin=0,
         )
 
@@ -102,14 +102,14 @@ class HeadComparison(Section):
         except MissingVariable as err:
             return self.missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE)
         enabled = head in self.state.enabled_heads
-        image = self.marked(raster.element("weight"), f"head {head} query marker", pane).opts(
-            hv.opts.Image(
-                frame_width=HEAD_MAP_SIZE,
-                frame_height=HEAD_MAP_SIZE,
-                fontsize={"title": 10},
-                cmap=views.head_cmap(head, enabled),
-            ),
-            hv.opts.Overlay(fontsize={"title": 10}),
+        image = self.marked(raster.element("weight"), f"head {head} query marker", pane)
+        style = dict(
+            frame_width=HEAD_MAP_SIZE,
+            frame_height=HEAD_MAP_SIZE,
+            cmap=views.head_cmap(head, enabled),
+            xaxis=False,
+            yaxis=False,
+            tools=("wheel_zoom",),
         )
         toggle = pn.widgets.Toggle(
             label=f"head {head}",
@@ -121,7 +121,7 @@ class HeadComparison(Section):
         toggle.param.watch(lambda event: self.state.toggle_head(head, event.new), "value")
         self.toggles.append(toggle)
         return pn.Column(
-            self.engine.render(image, pane, linked_axes=True, margin=0), toggle, margin=0
+            self.engine.render(image, pane, style=style, linked=True), toggle, margin=0
         )
 
     def _average_cell(self):
@@ -143,15 +143,14 @@ class HeadComparison(Section):
             )
         except (MissingVariable, ValueError) as err:
             return self.missing(MissingVariable("weights", str(err)), size, size)
-        image = (
-            raster.element("weight")
-            .opts(*views.options())
-            .opts(
-                frame_width=size,
-                frame_height=size,
-                fontsize={"title": 10},
-                cmap=HEAD_AVERAGE_COLORS,
-            )
+        image = raster.element("weight")
+        style = dict(
+            frame_width=size,
+            frame_height=size,
+            cmap=HEAD_AVERAGE_COLORS,
+            xaxis=False,
+            yaxis=False,
+            tools=("wheel_zoom",),
         )
         note = pn.pane.Markdown(
             "mean of all heads: what `nn.MultiheadAttention` returns",
@@ -160,7 +159,7 @@ class HeadComparison(Section):
             styles={"font-size": "11px"},
         )
         return pn.Column(
-            self.engine.render(image, "head average", linked_axes=True, margin=0),
+            self.engine.render(image, "head average", style=style, linked=True),
             note,
             margin=(0, 0, 0, 15),
             visible=state.param.show_head_average,
@@ -200,12 +199,7 @@ class LinkedZoom(Section):
             )
         except MissingVariable as err:
             return self.missing(err, 420)
-        bars = bars.opts(*views.options(420, 190)).opts(
-            hv.opts.Rectangles(
-                width=420, height=190, toolbar=None, fontsize={"title": 10}, ylim=(0, 1)
-            )
-        )
-        clear = pn.widgets.Button(label="Clear box", width=100, margin=(60, 5))
+        clear = pn.widgets.Button(label="Clear box", width=100, margin=(10, 5))
         clear.on_click(self.linked.clear)
         note = pn.pane.Markdown(
             "Wheel: zoom every map (re-rasterized at full resolution). Drag on a head map "
@@ -215,7 +209,9 @@ class LinkedZoom(Section):
             styles={"font-size": "11px"},
             margin=(20, 5),
         )
-        pane = self.engine.render(bars, linked.MASS_PANE, width=430, height=200, margin=0)
+        pane = self.engine.render(
+            bars, linked.MASS_PANE, style=dict(width=420, height=190, ylim=(0, 1))
+        )
         return pn.Row(pane, pn.Column(note, clear), margin=(5, 0))
 
     def _on_box(self) -> None:

@@ -7,7 +7,6 @@ query never touches the image. A click on a row picks that query.
 
 from __future__ import annotations
 
-import holoviews as hv
 import numpy as np
 import panel as pn
 from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
@@ -66,7 +65,6 @@ class AttentionMatrix(Section):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.taps: list = []  # clicks on the matrices (tests send them through these)
         self._unmasked = None
         self._beside = None
         self.state.param.watch(self._on_colormap, "colormap")
@@ -119,20 +117,19 @@ class AttentionMatrix(Section):
             first=True,
         )
         image = raster.element(views.STAGE_LABELS[self.state.stage])
-        plot = self.marked(image, "query marker", pane, active=active, first=True).opts(
-            hv.opts.Image(
-                frame_width=MATRIX_SIZE,
-                frame_height=MATRIX_SIZE,
-                cmap=self.state.colormap,
-                tools=["hover", "tap"],
-                default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"],
-                **self._ticks(),
-            ),
+        plot = self.marked(image, "query marker", pane, active=active, first=True)
+        style = dict(
+            frame_width=MATRIX_SIZE,
+            frame_height=MATRIX_SIZE,
+            cmap=self.state.colormap,
+            colorbar=True,
+            toolbar=True,
+            map_tools=True,
+            title_size="12pt",
+            **self._ticks(),
         )
-        tap = hv.streams.Tap(source=plot, transient=True)
-        tap.add_subscriber(self._on_tap)
-        self.taps.append(tap)
-        return self.engine.render(plot, pane, margin=0, linked_axes=True)  # zooms with the heads
+        # zooms with the head maps
+        return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
 
     def _ticks(self) -> dict:
         ticks = model_views.token_ticks(self.trace, self.state.sample)
@@ -141,11 +138,11 @@ class AttentionMatrix(Section):
         pairs = list(ticks.items())
         return dict(xticks=pairs, yticks=pairs, xrotation=90)
 
-    def _on_render(self, plot, element) -> None:
+    def _on_render(self, figure, element, handles) -> None:
         labels = readouts.clock_labels(self.trace, self.state.sample)
         if labels is None or element.group != "Attention":
             return
-        clock_axes(plot.state, labels, self.trace.sizes["query"], self.trace.sizes["key"])
+        clock_axes(figure, labels, self.trace.sizes["query"], self.trace.sizes["key"])
 
     def _relabel_axes(self, *_events) -> None:
         labels = readouts.clock_labels(self.trace, self.state.sample)
@@ -163,7 +160,8 @@ class AttentionMatrix(Section):
                     if axis in handles:
                         handles[axis].major_label_overrides = overrides
 
-    def _on_tap(self, x=None, y=None):
+    def click(self, x=None, y=None) -> None:
+        """What a click on a matrix does: pick the query of the clicked row."""
         if y is None:
             return
         n_query = self.trace.sizes["query"]

@@ -24,7 +24,7 @@ class MergeOutput(Section):
             430,
             170,
         )
-        wo = weight_map(self, "w_o", 190, 170, colorbar=False, toolbar=None)
+        wo = weight_map(self, "w_o", 190, 170)
         output = self.bars(
             "output",
             lambda sel: views.output_change(self.trace, sel, self.cache),

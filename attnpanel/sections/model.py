@@ -65,7 +65,6 @@ class ModelView(Section):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.tap = None  # a click on the model view (tests send one through it)
 
     @property
     def shown(self) -> bool:
@@ -100,27 +99,22 @@ class ModelView(Section):
             "model view outline", self._marker, ["layer", "head"], "model view", title=False
         )
         names = layer_names(state.layers)
-        width, height = MODEL_CELL * n_heads, MODEL_CELL * n_layers
-        plot = (
-            (image * marker)
-            .relabel(image.label)
-            .opts(*model_views.options())
-            .opts(
-                hv.opts.Image(
-                    frame_width=width,
-                    frame_height=height,
-                    xaxis="top",
-                    xticks=[(h, f"head {h}") for h in range(n_heads)],
-                    yticks=[(i, f"{i}: {name}"[:40]) for i, name in enumerate(names)],
-                ),
-                hv.opts.Overlay(title="{label}"),
-            )
+        plot = hv.Overlay([image, marker], label=image.label)
+        style = dict(
+            frame_width=MODEL_CELL * n_heads,
+            frame_height=MODEL_CELL * n_layers,
+            xaxis="top",
+            xticks=[(h, f"head {h}") for h in range(n_heads)],
+            yticks=[(i, f"{i}: {name}"[:40]) for i, name in enumerate(names)],
+            colorbar=True,
+            toolbar=True,
+            title_size="11pt",
         )
-        self.tap = hv.streams.Tap(source=plot, transient=True)
-        self.tap.add_subscriber(self._on_tap)
-        return pn.Column(self.heading(), self.engine.render(plot, "model view", margin=(0, 5)))
+        pane = self.engine.render(plot, "model view", style=style, on_tap=self.click)
+        return pn.Column(self.heading(), pane, margin=(0, 5))
 
-    def _on_tap(self, x=None, y=None):
+    def click(self, x=None, y=None) -> None:
+        """What a click on the model view does: open that layer and head above."""
         if x is None or y is None:
             return
         n_layers = self.state.layers.sizes["layer"]
@@ -134,13 +128,20 @@ class Positional(Section):
     title = "Positional encoding (position x dimension)"
 
     def build(self):
+        # Drawn the first time it is shown (most traces never show it).
+        self._body = pn.Column(self.heading(), margin=0)
+        column = pn.Column(self._body, visible=self.state.param.show_positional, margin=0)
+        self.state.param.watch(self._show, "show_positional")
+        if self.state.show_positional:
+            self._show()
+        return column
+
+    def _show(self, *_events) -> None:
+        if len(self._body.objects) > 1 or not self.state.show_positional:
+            return
         image = model_views.positional_encoding(self.trace)
         length, width = image.dimension_values(2, flat=False).shape
         image = image.opts(*model_views.options()).opts(
             frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length))
         )
-        return pn.Column(
-            self.heading(),
-            pn.pane.HoloViews(image, margin=(0, 5)),
-            visible=self.state.param.show_positional,
-        )
+        self._body.append(pn.pane.HoloViews(image, margin=(0, 5)))

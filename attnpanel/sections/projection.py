@@ -23,7 +23,7 @@ def weight_raster(ds, name: str) -> Raster:
     return Raster(values, (-0.5, -0.5, n_in - 0.5, n_out - 0.5), "Weight", label)
 
 
-def weight_map(section: Section, name: str, width: int, height: int, **opts):
+def weight_map(section: Section, name: str, width: int, height: int, **style):
     """A weight matrix drawn by the engine (it follows the layer), or an alert."""
     try:
         raster = section.engine.add(
@@ -31,12 +31,9 @@ def weight_map(section: Section, name: str, width: int, height: int, **opts):
         )
     except MissingVariable as err:
         return section.missing(err, width, height)
-    image = (
-        raster.element("weight", kdims=("in", "out"))
-        .opts(*views.options())
-        .opts(width=width, height=height, **opts)
-    )
-    return section.engine.render(image, name, width=width + 2, height=height + 2, margin=1)
+    image = raster.element("weight", kdims=("in", "out"))
+    style = dict(width=width, height=height, **style)
+    return section.engine.render(image, name, style=style, width=width, height=height, margin=1)
 
 
 class Projection(Section):
@@ -61,11 +58,9 @@ class Projection(Section):
                 name,
                 112,
                 118,
-                colorbar=False,
-                xaxis=None,
-                yaxis=None,
-                toolbar=None,
-                fontsize={"title": 9},
+                xaxis=False,
+                yaxis=False,
+                title_size="9pt",
             )
             for name in ("w_q", "w_k", "w_v")
         ]

@@ -20,14 +20,17 @@ class InputSequence(Section):
 
     def build(self):
         if "token" in self.trace.coords:
-            plot, pane, height = self._token_strip(), "tokens", TOKEN_STRIP_HEIGHT
+            plot, pane, style = self._token_strip()
         else:
-            plot, pane, height = self._curves(), "sequence", CURVE_HEIGHT
-        tap = hv.streams.Tap(source=plot, transient=True)
-        tap.add_subscriber(self._on_tap)
-        self.tap = tap  # a click on the sequence (tests send one through it)
+            plot, pane, style = self._curves()
         return self.engine.render(
-            plot, pane, sizing_mode="stretch_width", height=height + 10, margin=(0, 5)
+            plot,
+            pane,
+            style=dict(responsive=True, **style),
+            on_tap=self.click,
+            sizing_mode="stretch_width",
+            height=style["height"],
+            margin=(0, 5),
         )
 
     def _curves(self):
@@ -57,29 +60,24 @@ class InputSequence(Section):
             title=False,
             first=True,
         )
-        colors = {}
+        colors, layer_style = {}, {}
         for i, curve in enumerate(curves):
             name = curve.label.removesuffix(" (predicted)")
             color = colors.setdefault(name, CURVE_COLORS[len(colors) % len(CURVE_COLORS)])
-            curve.opts(
-                color=color,
+            layer_style[curve.label] = dict(
+                line_color=color,
                 line_width=1.6 if i == 0 else 1,
                 line_dash="dashed" if curve.label.endswith("(predicted)") else "solid",
                 visible=i == 0 or state.show_appliances,
             )
-        band = band.opts(color="color", line_color=None, alpha=0.55, show_legend=True)
-        plot = (band * curves * marker).relabel(curves.label).opts(*views.options())
-        return plot.opts(
-            hv.opts.Curve(responsive=True, height=CURVE_HEIGHT),
-            hv.opts.Overlay(
-                responsive=True,
-                height=CURVE_HEIGHT,
-                show_legend=True,
-                legend_position="right",
-                legend_cols=2 if len(curves) > 6 else 1,  # truth and prediction side by side
-                legend_opts={"label_text_font_size": "8pt", "spacing": 0, "padding": 4},
-            ),
+        plot = hv.Overlay([band, *curves, marker], label=curves.label)
+        style = dict(
+            height=CURVE_HEIGHT,
+            legend=True,
+            legend_cols=2 if len(curves) > 6 else 1,  # truth and prediction side by side
+            layer_style=layer_style,
         )
+        return plot, "sequence", style
 
     def _token_strip(self):
         add = self.engine.add
@@ -105,20 +103,18 @@ class InputSequence(Section):
             first=True,
         )
         n = self.trace.sizes["query"]
-        plot = (boxes * labels * marker).relabel(boxes.label)
-        return plot.opts(*views.options(), *model_views.options()).opts(
-            hv.opts.Rectangles(
-                responsive=True,
-                height=TOKEN_STRIP_HEIGHT,
-                xaxis=None,
-                xlim=(-0.5, n - 0.5),
-                ylim=(-0.06, 1.06),
-                fontsize={"title": 10},
-            ),
-            hv.opts.Overlay(responsive=True, height=TOKEN_STRIP_HEIGHT),
+        plot = hv.Overlay([boxes, labels, marker], label=boxes.label)
+        style = dict(
+            height=TOKEN_STRIP_HEIGHT,
+            yaxis=False,
+            xaxis=False,
+            ylim=(-0.06, 1.06),
+            xlim=(-0.5, n - 0.5),
         )
+        return plot, "tokens", style
 
-    def _on_tap(self, x=None, y=None):
+    def click(self, x=None, y=None) -> None:
+        """What a click on the sequence does: pick the nearest position as the query."""
         if x is None:
             return
         try:

@@ -21,7 +21,5 @@ class ShapeTable(Section):
 
     def build(self):
         table = views.shape_table(self.trace, mask="selected above")
-        return pn.Column(
-            self.heading(),
-            pn.pane.HoloViews(table.opts(width=1000, height=320), width=1010),
-        )
+        style = dict(width=1000, height=320)
+        return pn.Column(self.heading(), self.engine.render(table, "shapes", style=style))
