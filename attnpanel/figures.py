@@ -18,12 +18,12 @@ import numpy as np
 from bokeh.models import (
     BasicTickFormatter,
     BoxAnnotation,
-    CategoricalScale,
     ColorBar,
     ColumnDataSource,
     CustomJSTickFormatter,
     DataTable,
     FactorRange,
+    FixedTicker,
     HoverTool,
     Legend,
     LegendItem,
@@ -88,6 +88,8 @@ def draw(
     title_size: str = "10pt",
     xaxis: bool | str = True,
     yaxis: bool = True,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
     xticks: Sequence | None = None,
     yticks: Sequence | None = None,
     xrotation: float = 0.0,
@@ -96,7 +98,7 @@ def draw(
     map_tools: bool = False,
     cmap=None,
     clim: tuple | None = None,
-    colorbar: bool = False,
+    colorbar: bool | str = False,
     cformat: str = "%.3g",
     x_range=None,
     y_range=None,
@@ -119,14 +121,17 @@ def draw(
         Defaults to the element's label.
     xaxis, yaxis : bool or "top"
         Whether (and where) to draw the axes.
+    xlabel, ylabel : str, optional
+        Axis labels instead of the dimensions' (``""`` for none).
     xticks, yticks : sequence of (position, label), optional
         Fixed tick labels (tokens, layer names).
     toolbar, tools, map_tools : optional
         A toolbar shown above while the mouse is over the plot; the tools (``"hover"``,
         ``"tap"``); ``map_tools`` adds pan, wheel zoom, box zoom, reset and save.
     cmap, clim, colorbar, cformat : optional
-        Colours of a map: palette (or the group's), fixed limits, a colour bar and its
-        tick format.
+        Colours of a map: palette (or the group's), fixed limits, a colour bar (right of
+        the frame, or ``"below"`` it, thin and unlabelled: the hover gives the values)
+        and its tick format.
     x_range, y_range : bokeh.models.Range1d, optional
         Ranges to share (linked maps).
     xlim, ylim : tuple, optional
@@ -164,6 +169,10 @@ def draw(
     tool_names = [t for t in tools if t != "tap"]
     if map_tools:
         tool_names = [*MAP_TOOLS.split(","), *tool_names]
+    if isinstance(first, hv.HeatMap):
+        # rows by key, the first (most attended) on top: a categorical y axis from the start
+        keys = [str(k) for k in first.dimension_values(1)]
+        sizing["y_range"] = FactorRange(factors=list(dict.fromkeys(keys))[::-1])
     fig = bokeh_figure(
         title=element.label if title is None else title,
         x_axis_type=x_kind,
@@ -199,6 +208,10 @@ def draw(
     if image is not None or isinstance(first, hv.HeatMap):
         _map_frame(fig, found, first if image is None else image, colorbar, cformat, invert)
     _axes(fig, first, xaxis, yaxis, xticks, yticks, xrotation)
+    if xlabel is not None:
+        fig.xaxis.axis_label = xlabel or None
+    if ylabel is not None:
+        fig.yaxis.axis_label = ylabel or None
     if "hover" in tools:
         fig.add_tools(_hover(found))
     if xlim is not None and x_range is None:
@@ -323,8 +336,6 @@ def _heatmap(fig, layer: hv.HeatMap, style: dict, cmap) -> dict:
     source = ColumnDataSource(
         dict(dim=dims, key=keys, zvalues=values, value=values, width=np.ones(len(values)))
     )
-    fig.y_range = FactorRange(factors=list(dict.fromkeys(keys))[::-1])  # the first on top
-    fig.y_scale = CategoricalScale()
     renderer = fig.rect(
         x="dim",
         y="key",
@@ -344,18 +355,23 @@ def _heatmap(fig, layer: hv.HeatMap, style: dict, cmap) -> dict:
     }
 
 
-def _map_frame(fig, found, layer, colorbar: bool, cformat: str, invert: bool) -> None:
+def _map_frame(fig, found, layer, colorbar, cformat: str, invert: bool) -> None:
     handles = next(h for key, h in found if "color_mapper" in h)
     if colorbar:
+        below = colorbar == "below"
         bar = ColorBar(
             color_mapper=handles["color_mapper"],
             formatter=PrintfTickFormatter(format=cformat),
-            title=layer.vdims[0].pprint_label if layer.vdims else "",
+            title=layer.vdims[0].pprint_label if layer.vdims and not below else "",
             title_text_font_style="italic",
-            width=12,
+            orientation="horizontal" if below else "vertical",
+            major_label_text_font_size="7pt" if below else "8pt",
+            ticker=FixedTicker(ticks=[]) if below else "auto",
+            width="auto" if below else 12,
+            height=8 if below else "auto",
             padding=4,
         )
-        fig.add_layout(bar, "right")
+        fig.add_layout(bar, "below" if below else "right")
         handles["colorbar"] = bar
     fig.grid.visible = False
 

@@ -97,6 +97,21 @@ def options(width: int = 400, height: int = 160) -> list:
     ]
 
 
+# Q, K and V each in a hue family of their own: a dark and a light shade, alternating by
+# head (the shaded lanes mark the heads too), so the three vectors never read alike.
+PROJECTION_FAMILIES = {
+    "q": ("#08519c", "#6baed6"),  # blues
+    "k": ("#a63603", "#fd8d3c"),  # oranges
+    "v": ("#006d2c", "#74c476"),  # greens
+}
+
+
+def family_colors(name: str, heads: np.ndarray) -> list[str]:
+    """Colours of the features of ``q``, ``k`` or ``v``: its family, shade by head parity."""
+    dark, light = PROJECTION_FAMILIES[name]
+    return [dark if int(h) % 2 == 0 else light for h in heads]
+
+
 WEIGHT_LOW = np.array([255, 255, 255], dtype=float)  # no weight: white
 WEIGHT_HIGH = np.array([178, 24, 43], dtype=float)  # the most-attended position: dark red
 

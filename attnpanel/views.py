@@ -51,6 +51,8 @@ from attnpanel.readouts import (  # noqa: F401 - re-exported
 from attnpanel.styling import (  # noqa: F401 - re-exported
     APPLIANCE_COLORS,
     HIGHLIGHT,
+    PROJECTION_FAMILIES,
+    family_colors,
     head_cmap,
     head_colors,
     options,
@@ -318,7 +320,8 @@ def projection_vector(ds: xr.Dataset, sel: Selection, name: str) -> hv.Overlay:
         where = f"key {key}, most attended by query {sel.query}"
     n_heads, head_dim = per_head.shape
     heads = np.repeat(np.arange(n_heads), head_dim)
-    bars = vector_bars(per_head.reshape(-1), head_colors(heads), "feature", name, heads)
+    colors = family_colors(name, heads) if name in PROJECTION_FAMILIES else head_colors(heads)
+    bars = vector_bars(per_head.reshape(-1), colors, "feature", name, heads)
     title = f"{name.upper()}[{where}]: {n_heads} heads × {head_dim}"
     return hv.Overlay([bars, lanes(n_heads, head_dim)], label=title)
 
@@ -357,7 +360,7 @@ def top_values(
         kdims=["dim", "key"],
         vdims=["value"],
         group="Values",
-        label=f"values of the {len(order)} most-attended keys",
+        label=f"value vectors of the top {len(order)} keys",
     )
 
 
@@ -454,11 +457,11 @@ def head_summary(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None
     columns["share"] = np.round(stats["lag_share"], 3)
     columns["entropy"] = np.round(stats["entropy"], 3)
     labels = {
-        "distance": "mean distance (steps)",
-        "span": "mean distance (time)",
-        "lag": "most-attended lag",
-        "share": "queries at that lag",
-        "entropy": "entropy / uniform",
+        "distance": "distance (steps)",
+        "span": "distance (time)",
+        "lag": "top lag",
+        "share": "queries at lag",
+        "entropy": "entropy/uniform",
     }
     vdims = [hv.Dimension(name, label=labels[name]) for name in columns if name != "head"]
     return hv.Table(

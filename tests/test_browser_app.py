@@ -52,7 +52,7 @@ def test_page_loads_without_console_errors(app, artifacts):
         "K[",
         "V[",
         "weights of query",
-        "values of the 5 most-attended",
+        "value vectors of the top 5",
         "context of query",
         "head 0",
         "head 7",

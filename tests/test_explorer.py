@@ -205,15 +205,10 @@ def test_side_by_side_shows_the_unmasked_matrix(explorer, trace):
 def test_shape_table_never_names_a_stale_mask(explorer):
     """The masking step points at the Mask selector instead of naming a mask that a
     switch would leave stale (it kept saying "mask diagonal" after switching to causal)."""
-    from bokeh.models import ColumnDataSource
 
     def masking_step():  # as the page's table holds it
-        root = explorer.__panel__().select(pn.pane.HoloViews)[-1].get_root(Document())
-        for source in root.select({"type": ColumnDataSource}):
-            data = source.data
-            if "step" in data:
-                return dict(zip(data["step"], data["operation"], strict=True))["masked"]
-        raise AssertionError("no shape table")
+        data = handles(explorer, "shapes", "Table")["source"].data
+        return dict(zip(data["step"], data["operation"], strict=True))["masked"]
 
     for mask in ("causal", "none", "diagonal"):
         explorer.mask = mask

@@ -124,7 +124,17 @@ def test_input_and_projection_vectors_split_into_head_lanes(trace):
     q = views.projection_vector(trace, sel, "q")
     rects = q.get(0)
     assert list(np.unique(rects.dimension_values("head"))) == list(range(8))
-    assert len(set(rects.dimension_values("color"))) == 8
+    # Q, K and V in hue families of their own (dark and light shades alternating by head)
+    families = {
+        name: set(views.projection_vector(trace, sel, name).get(0).dimension_values("color"))
+        for name in ("q", "k", "v")
+    }
+    assert all(len(colors) == 2 for colors in families.values())
+    assert not (families["q"] & families["k"] or families["k"] & families["v"])
+    assert not families["q"] & families["v"]
+    heads = rects.dimension_values("head")
+    colors = rects.dimension_values("color")
+    assert colors[heads == 0][0] != colors[heads == 1][0]  # neighbouring heads differ
     np.testing.assert_allclose(
         rects.dimension_values("value"),
         trace["q"].isel(batch=1, position=5).values.reshape(-1),

@@ -71,7 +71,9 @@ class HeadComparison(Section):
         width = 110 * len(table.dimensions())
         return pn.Column(
             pn.pane.Markdown(
-                "**Where each head looks** (the sample and mask shown; lag = key − query)",
+                "**Where each head looks** in the sample and mask shown: mean attention "
+                "distance, the most common lag (key − query) of each query's top key and the "
+                "share of queries there, entropy relative to uniform",
                 margin=(5, 5, 0, 5),
             ),
             self.engine.render(

@@ -24,7 +24,7 @@ class MergeOutput(Section):
             430,
             170,
         )
-        wo = weight_map(self, "w_o", 190, 170)
+        wo = weight_map(self, "w_o", 200, 170, colorbar=True)
         output = self.bars(
             "output",
             lambda sel: views.output_change(self.trace, sel, self.cache),

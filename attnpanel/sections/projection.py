@@ -23,14 +23,22 @@ def weight_raster(ds, name: str) -> Raster:
     return Raster(values, (-0.5, -0.5, n_in - 0.5, n_out - 0.5), "Weight", label)
 
 
-def weight_map(section: Section, name: str, width: int, height: int, **style):
-    """A weight matrix drawn by the engine (it follows the layer), or an alert."""
+def weight_map(section: Section, name: str, width: int, height: int, edge_ticks=False, **style):
+    """A weight matrix drawn by the engine (it follows the layer), or an alert.
+
+    ``edge_ticks`` labels only the first and last feature of each axis (a small map).
+    """
     try:
         raster = section.engine.add(
             f"{name} heatmap", lambda sel: weight_raster(section.trace, name), ["layer"], name
         )
     except MissingVariable as err:
         return section.missing(err, width, height)
+    if edge_ticks:
+        n_out, n_in = raster.values.shape
+        style.update(
+            xticks=[(0, "0"), (n_in - 1, n_in - 1)], yticks=[(0, "0"), (n_out - 1, n_out - 1)]
+        )
     image = raster.element("weight", kdims=("in", "out"))
     style = dict(width=width, height=height, **style)
     return section.engine.render(image, name, style=style, width=width, height=height, margin=1)
@@ -56,10 +64,13 @@ class Projection(Section):
             weight_map(
                 self,
                 name,
-                112,
-                118,
-                xaxis=False,
-                yaxis=False,
+                90,
+                128,
+                colorbar="below",
+                edge_ticks=True,
+                xlabel="",
+                ylabel="",
+                title=f"{WEIGHT_NAMES[name]}: out × in",
                 title_size="9pt",
             )
             for name in ("w_q", "w_k", "w_v")
