@@ -78,7 +78,11 @@ class AttentionMatrix(Section):
         except MissingVariable as err:
             return pn.Column(self.missing(err, MATRIX_SIZE))
         # Hidden (and taking no room) until side_by_side; built the first time it shows.
-        self._beside = pn.Column(margin=0, visible=self.state.param.side_by_side)
+        self._beside = pn.Column(
+            pn.pane.Markdown("**without mask**", margin=(0, 5)),
+            margin=0,
+            visible=self.state.param.side_by_side,
+        )
         if self.state.side_by_side:
             self._show_unmasked()
         return pn.Row(pn.Column(self.heading(), main, margin=0), self._beside, margin=0)
@@ -88,10 +92,7 @@ class AttentionMatrix(Section):
             self._unmasked = self._matrix(
                 "unmasked", mask_override="none", active=lambda: self.state.side_by_side
             )
-            self._beside.objects = [
-                pn.pane.Markdown("**without mask**", margin=(0, 5)),
-                self._unmasked,
-            ]
+            self._beside.append(self._unmasked)
 
     def _matrix(self, pane: str, mask_override=None, active=None):
         def build(sel):
