@@ -223,7 +223,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="then the others: capture.py, sessions.py, explorer_latency.py, linked_zoom.py",
+        help=(
+            "then the others: capture.py, sessions.py, explorer_latency.py, first_paint.py, "
+            "linked_zoom.py"
+        ),
     )
     args = parser.parse_args(argv)
     shape = Shape(args.batch, args.length, args.d_model, args.heads)
@@ -238,7 +241,13 @@ def main(argv: list[str] | None = None) -> str:
     text = table(times, memory, shape)
     print(text)
     if args.all:
-        for script in ("capture.py", "sessions.py", "explorer_latency.py", "linked_zoom.py"):
+        for script in (
+            "capture.py",
+            "sessions.py",
+            "explorer_latency.py",
+            "first_paint.py",
+            "linked_zoom.py",
+        ):
             print(f"\n== {script}", flush=True)
             subprocess.run([sys.executable, str(Path(__file__).with_name(script))], check=True)
     return text

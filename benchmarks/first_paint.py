@@ -1,0 +1,71 @@
+"""Request to complete first paint of the served explorer, beside a naive DynamicMap page.
+
+Run: ``python benchmarks/first_paint.py [--pages 6]``.
+
+Serves ``apps/main.py`` and, as the baseline in the same run, ``benchmarks/naive_app.py``
+(the same views as HoloViews DynamicMaps) with ``panel serve`` on loopback, opens each
+``--pages`` times in headless Chromium one after another, and prints the median and p95
+time from the request to Bokeh's document being idle (every view rendered and painted).
+The first page of each server is left out of the figures (it builds the shared demo trace)
+and printed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from served_app import APP, launch_chromium, serve  # noqa: E402
+
+IDLE_JS = "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].is_idle"
+
+
+def first_paints(browser, app: Path, pages: int) -> list[float]:
+    """Seconds from the request to an idle document, for ``pages`` pages in a row."""
+    times = []
+    with serve(app) as (url, _proc):
+        for _ in range(pages):
+            page = browser.new_page(viewport={"width": 1600, "height": 1300})
+            start = time.perf_counter()
+            page.goto(url, timeout=300_000)
+            page.wait_for_function(IDLE_JS, timeout=300_000, polling=20)
+            times.append(time.perf_counter() - start)
+            page.close()
+    return times
+
+
+def p95(values: list[float]) -> float:
+    return sorted(values)[max(0, round(0.95 * len(values)) - 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pages", type=int, default=6)
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        rows = {
+            "explorer (apps/main.py)": first_paints(browser, APP, args.pages),
+            "naive DynamicMaps (baseline)": first_paints(
+                browser, ROOT / "benchmarks" / "naive_app.py", args.pages
+            ),
+        }
+        browser.close()
+    print("request -> complete first paint (document idle), demo 32 x 8 x 480 x 480")
+    print("| page | first page (s) | median (s) | p95 (s) |")
+    print("| --- | --- | --- | --- |")
+    for name, times in rows.items():
+        rest = times[1:]
+        print(f"| {name} | {times[0]:.2f} | {statistics.median(rest):.2f} | {p95(rest):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
