@@ -27,6 +27,7 @@ from attnpanel.linked import LinkedMaps
 from attnpanel.sections import (
     AttentionMatrix,
     Controls,
+    GuidedWalk,
     HeadComparison,
     InputSequence,
     LinkedZoom,
@@ -42,7 +43,7 @@ from attnpanel.state import ExplorerState
 
 log = logging.getLogger(__name__)
 
-URL_PARAMS = ("sample", "head", "query", "mask", "stage")  # mirrored in the page URL
+URL_PARAMS = ("sample", "head", "query", "mask", "stage", "step")  # mirrored in the page URL
 
 
 class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
@@ -64,6 +65,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         parts = dict(state=self, engine=self.engine)
         self.sections = {
             "controls": Controls(**parts),
+            "walk": GuidedWalk(**parts),
             "sequence": InputSequence(**parts),
             "projection": Projection(**parts),
             "matrix": AttentionMatrix(**parts),
@@ -113,6 +115,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         return pn.Column(
             pn.pane.Markdown(f"## attnpanel · {untrusted.markup(title)}", margin=(0, 10)),
             s["controls"],
+            s["walk"],
             s["sequence"],
             pn.Row(
                 s["projection"],

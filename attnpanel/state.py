@@ -88,6 +88,14 @@ class ExplorerState(param.Parameterized):
         default=False,
         doc="Show the head average (what nn.MultiheadAttention returns) beside the head maps.",
     )
+    step = param.Integer(
+        default=0,
+        bounds=(0, 7),
+        doc=(
+            "Step of the guided walk of the selected query through the layer (1-7); 0 when "
+            "the walk is closed. A step sets the stage it explains."
+        ),
+    )
     last_error = param.String(default="", doc="The last error a view reported.")
 
     def __init__(self, trace: xr.Dataset, cache: StageCache | None = None, **params):

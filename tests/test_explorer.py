@@ -377,3 +377,34 @@ def test_positional_encoding_is_drawn_when_first_shown(explorer):
     assert not layout.visible and layout.select(pn.pane.HoloViews) == []
     explorer.show_positional = True
     assert layout.visible and len(layout.select(pn.pane.HoloViews)) == 1
+
+
+def test_the_guided_walk_steps_through_one_query(explorer, trace):
+    from attnpanel.sections.walk import STEP_STAGES
+
+    walk = explorer.sections["walk"]
+    assert walk.text.object == ""
+    explorer.param.update(query=12, head=3)
+    scaled = views.stage_heads(trace, explorer.selection.with_(stage="scaled"))[3, 12]
+    for step in range(1, 8):
+        explorer.step = step
+        assert explorer.stage == STEP_STAGES[step - 1]
+        assert walk.text.object.startswith(f"**{step} ·")
+        assert explorer.last_error == ""
+        if step == 2:  # the trace's own scale and the row's own peak
+            assert f"{trace.attrs['scale']:.4g}" in walk.text.object
+            assert f"peaks at {np.nanmax(scaled):.3g}" in walk.text.object
+        if step == 3:  # the diagonal mask blocks one key of the row
+            assert (
+                "attend to itself" in walk.text.object
+                and "(1 of the row's 40 keys" in walk.text.object
+            )
+        if step == 4:
+            weights = trace["weights"].isel(batch=0, head=3, query=12).values
+            assert f"Key {int(np.argmax(weights))} takes {weights.max():.3f}" in walk.text.object
+        if step == 6:
+            assert "features 36-47" in walk.text.object
+    explorer.query = 13  # the text follows the selection
+    assert "query 13" in walk.text.object
+    explorer.step = 0
+    assert walk.text.object == ""

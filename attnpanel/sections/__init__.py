@@ -15,10 +15,12 @@ from attnpanel.sections.model import ModelView, Positional, TopAttended
 from attnpanel.sections.projection import Projection
 from attnpanel.sections.sequence import InputSequence
 from attnpanel.sections.shapes import ShapeTable
+from attnpanel.sections.walk import GuidedWalk
 
 __all__ = [
     "AttentionMatrix",
     "Controls",
+    "GuidedWalk",
     "HeadComparison",
     "InputSequence",
     "LinkedZoom",
