@@ -40,6 +40,7 @@ from attnpanel.sections import (
     ValueAggregation,
 )
 from attnpanel.state import ExplorerState
+from attnpanel.styling import WRAP
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
                 s["matrix"],
                 s["aggregation"],
                 sizing_mode="stretch_width",
-                stylesheets=[":host { flex-wrap: wrap; }"],
+                stylesheets=[WRAP],
             ),
             s["top attended"],
             s["model view"],

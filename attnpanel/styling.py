@@ -97,6 +97,10 @@ def options(width: int = 400, height: int = 160) -> list:
     ]
 
 
+# A row whose items wrap onto the next line when the page is narrow. ``min-width: 0``: else
+# the row is as wide as its items side by side and widens the whole page instead.
+WRAP = ":host { flex-wrap: wrap; min-width: 0 !important; }"
+
 # Q, K and V each in a hue family of their own: a dark and a light shade, alternating by
 # head (the shaded lanes mark the heads too), so the three vectors never read alike.
 PROJECTION_FAMILIES = {

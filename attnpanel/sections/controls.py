@@ -40,20 +40,20 @@ class Controls(Section):
             widgets["layer"] = ImmediateSelect.from_param(
                 state.param.layer,
                 name="Layer",
-                width=230,
+                width=200,
                 options={f"{i}: {name}": i for i, name in enumerate(names)},
             )
         widgets.update(
-            sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=180),
+            sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
             head=ImmediateSelect.from_param(
-                state.param.head, name="Head", options=head_options, width=140
+                state.param.head, name="Head", options=head_options, width=125
             ),
-            query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=260),
-            mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=120),
+            query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=220),
+            mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=110),
             stage=ImmediateSelect.from_param(
-                state.param.stage, name="Stage", options=STAGE_NAMES, width=130
+                state.param.stage, name="Stage", options=STAGE_NAMES, width=115
             ),
-            colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=120),
+            colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=110),
         )
         player = pn.widgets.Player(
             label="Stage player",
@@ -93,26 +93,17 @@ class Controls(Section):
     def build(self):
         w = self._widgets
         selectors = [w[name] for name in ("layer", "sample", "head", "query", "mask") if name in w]
+        # Bokeh sizes a column by its rows' items side by side, wrapping or not: each row
+        # fits 1280 px with the layer selector (a wider one widened the whole page).
         return pn.Column(
+            pn.Row(*selectors, w["stage"], w["colormap"], sizing_mode="stretch_width"),
             pn.Row(
-                *selectors,
-                w["stage"],
-                w["colormap"],
                 w["player"],
-                pn.Column(pn.Spacer(height=18), w["side_by_side"]),
+                pn.Column(pn.Spacer(height=18), w["side_by_side"], margin=0),
+                pn.Column(pn.Spacer(height=18), w["show_appliances"], margin=0),
+                pn.Column(pn.Spacer(height=18), w["show_positional"], margin=0),
+                pn.Column(pn.Spacer(height=18), w["show_head_average"], margin=0),
                 sizing_mode="stretch_width",
-                stylesheets=[":host { flex-wrap: wrap; }"],
-            ),
-            pn.Row(
-                w["show_appliances"],
-                w["show_positional"],
-                w["show_head_average"],
-                pn.pane.Markdown(
-                    "Click the curve (or a token) or a row of the matrix to pick the query.",
-                    margin=(0, 10),
-                ),
-                sizing_mode="stretch_width",
-                stylesheets=[":host { flex-wrap: wrap; }"],
             ),
             sizing_mode="stretch_width",
             margin=0,

@@ -17,6 +17,7 @@ from attnpanel.linked import LinkedMaps
 from attnpanel.palette import head_color
 from attnpanel.readouts import MissingVariable
 from attnpanel.sections.base import Section
+from attnpanel.styling import WRAP
 
 HEAD_MAP_SIZE = 140
 HEAD_MAP_KEY = PlotKey("Image", "HeadMap")
@@ -49,7 +50,7 @@ class HeadComparison(Section):
                 self._average_cell(),
                 margin=0,
                 sizing_mode="stretch_width",
-                stylesheets=[":host { flex-wrap: wrap; }"],
+                stylesheets=[WRAP],
             ),
             self._summary(),
             sizing_mode="stretch_width",

@@ -61,7 +61,7 @@ def set_clock_labels(figure, labels: list[str]) -> None:
 class AttentionMatrix(Section):
     """The matrix, its colour map, token tick labels, and the side-by-side unmasked copy."""
 
-    title = "Attention matrix"
+    title = "Attention matrix (click a row to pick its query)"
 
     def __init__(self, **params):
         super().__init__(**params)

@@ -7,6 +7,7 @@ import panel as pn
 from attnpanel import views
 from attnpanel.sections.base import Section
 from attnpanel.sections.projection import weight_map
+from attnpanel.styling import WRAP
 
 DEPENDS = ["sample", "query", "mask", "enabled_heads"]
 
@@ -42,7 +43,7 @@ class MergeOutput(Section):
                 pn.pane.Markdown("## →", **arrow),
                 output,
                 sizing_mode="stretch_width",
-                stylesheets=[":host { flex-wrap: wrap; }"],
+                stylesheets=[WRAP],
             ),
             sizing_mode="stretch_width",
         )

@@ -17,7 +17,8 @@ from attnpanel.engine import Raster
 from attnpanel.readouts import Selection, layer_names
 from attnpanel.sections.base import Section
 
-MODEL_CELL = 96  # pixels per small map of the model view
+MODEL_CELL = 96  # pixels per small map of the model view, at most
+MODEL_WIDTH = 860  # the model view's frame at most: with its layer names it fits 1280 px
 TABLE_PARAMS = ["sample", "head", "mask", "enabled_heads", "layer"]
 
 
@@ -71,10 +72,15 @@ class ModelView(Section):
         """Whether the trace has several layers (the section is empty otherwise)."""
         return self.state.layers is not None
 
+    @property
+    def cell(self) -> int:
+        """Pixels per small map: MODEL_CELL, fewer when the heads would not fit."""
+        return max(24, min(MODEL_CELL, MODEL_WIDTH // self.state.n_heads))
+
     def _image(self, sample: int) -> Raster:
         n_layers, n_heads = self.state.layers.sizes["layer"], self.state.n_heads
         image = model_views.model_view(
-            self.state.layers, Selection(sample=sample), MODEL_CELL * n_heads, MODEL_CELL * n_layers
+            self.state.layers, Selection(sample=sample), self.cell * n_heads, self.cell * n_layers
         )
         # rows by ascending y, as the engine's maps are
         values = image.dimension_values(2, flat=False)
@@ -101,8 +107,8 @@ class ModelView(Section):
         names = layer_names(state.layers)
         plot = hv.Overlay([image, marker], label=image.label)
         style = dict(
-            frame_width=MODEL_CELL * n_heads,
-            frame_height=MODEL_CELL * n_layers,
+            frame_width=self.cell * n_heads,
+            frame_height=self.cell * n_layers,
             xaxis="top",
             xticks=[(h, f"head {h}") for h in range(n_heads)],
             yticks=[(i, f"{i}: {name}"[:40]) for i, name in enumerate(names)],

@@ -70,7 +70,7 @@ class Projection(Section):
                 edge_ticks=True,
                 xlabel="",
                 ylabel="",
-                title=f"{WEIGHT_NAMES[name]}: out × in",
+                title=WEIGHT_NAMES[name],  # out × in: the shape is in the hover and the text
                 title_size="9pt",
             )
             for name in ("w_q", "w_k", "w_v")
