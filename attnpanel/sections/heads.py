@@ -106,14 +106,7 @@ class HeadComparison(Section):
             return self.missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE)
         enabled = head in self.state.enabled_heads
         image = self.marked(raster.element("weight"), f"head {head} query marker", pane)
-        style = dict(
-            frame_width=HEAD_MAP_SIZE,
-            frame_height=HEAD_MAP_SIZE,
-            cmap=views.head_cmap(head, enabled),
-            xaxis=False,
-            yaxis=False,
-            tools=("wheel_zoom",),
-        )
+        style = small_map(views.head_cmap(head, enabled))
         toggle = pn.widgets.Toggle(
             label=f"head {head}",
             value=enabled,
@@ -147,14 +140,7 @@ class HeadComparison(Section):
         except (MissingVariable, ValueError) as err:
             return self.missing(MissingVariable("weights", str(err)), size, size)
         image = raster.element("weight")
-        style = dict(
-            frame_width=size,
-            frame_height=size,
-            cmap=HEAD_AVERAGE_COLORS,
-            xaxis=False,
-            yaxis=False,
-            tools=("wheel_zoom",),
-        )
+        style = small_map(HEAD_AVERAGE_COLORS)
         note = pn.pane.Markdown(
             "mean of all heads: what `nn.MultiheadAttention` returns",
             width=size,
@@ -219,6 +205,18 @@ class LinkedZoom(Section):
 
     def _on_box(self) -> None:
         self.engine.redraw(lambda view: view.pane == linked.MASS_PANE)
+
+
+def small_map(cmap) -> dict:
+    """How a small map looks: no axes, a wheel that zooms every linked map."""
+    return dict(
+        frame_width=HEAD_MAP_SIZE,
+        frame_height=HEAD_MAP_SIZE,
+        cmap=cmap,
+        xaxis=False,
+        yaxis=False,
+        tools=("wheel_zoom",),
+    )
 
 
 def toggle_css(color: str) -> str:
