@@ -252,3 +252,14 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def page_widths(page, widths=(1280, 1600)) -> dict:
+    """The page's scroll width at each viewport width (equal to it: no horizontal scroll)."""
+    found = {}
+    for width in widths:
+        page.set_viewport_size({"width": width, "height": 1300})
+        page.wait_for_timeout(800)  # let the layout settle
+        found[width] = page.evaluate("document.documentElement.scrollWidth")
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from served_app import opened, shot
+from served_app import opened, page_widths, shot
 
 MATRIX = "sample "  # the matrix title starts "sample N, head ..." (the top view "sample N:")
 
@@ -201,4 +201,27 @@ def test_head_summary_table_redraws_with_the_mask(app, artifacts):
     after = page.evaluate(SUMMARY_JS)
     assert [row[1] for row in after["cells"]] == after["distance"] != before["distance"]
     set_widget(page, "Mask", "diagonal")
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
+def test_the_page_fits_1280_and_1600_pixels_with_side_by_side(app):
+    """No horizontal scroll at either width, with the unmasked matrix shown too (the page
+    once grew to 2088 px with it); the unmasked matrix shows the selected head."""
+    page, console = app
+    assert page_widths(page) == {1280: 1280, 1600: 1600}
+    set_widget(page, "Head", "mean of heads")
+    page.evaluate(
+        "attn.views().find((v) => v.model && v.model.label === "
+        "'masked and unmasked side by side').model.active = true"
+    )
+    page.wait_for_function(
+        "() => attn.plots().filter((v) => /^sample \\d+, mean of heads/.test(v.model.title.text))"
+        ".length === 2"
+    )
+    assert page_widths(page) == {1280: 1280, 1600: 1600}
+    page.evaluate(
+        "attn.views().find((v) => v.model && v.model.label === "
+        "'masked and unmasked side by side').model.active = false"
+    )
+    set_widget(page, "Head", "head 0")
     assert [e for e in console if e[0] in ("error", "pageerror")] == []

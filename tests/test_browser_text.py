@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from minilm import TOKENS
-from served_app import ROOT, opened, serve, shot
+from served_app import ROOT, opened, page_widths, serve, shot
 
 APP = ROOT / "apps" / "text.py"
 STRIP = "sample 0: tokens"
@@ -140,3 +140,9 @@ def test_model_view_click_opens_the_map(app, artifacts):
     )
     page.wait_for_function("attn.plot('weights of query').model.title.text.endsWith('(head 7)')")
     shot(page, artifacts, "text_model_view_click")
+
+
+def test_the_text_page_fits_1280_and_1600_pixels(app):
+    """12 heads, 6 layers and the layer selector: no horizontal scroll (once 1401 px)."""
+    page, _ = app
+    assert page_widths(page) == {1280: 1280, 1600: 1600}
