@@ -35,7 +35,7 @@ from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
-from attnpanel.figures import draw
+from attnpanel.figures import axis_number, draw
 from attnpanel.raster import image_limits, window_raster
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
@@ -81,7 +81,7 @@ class Raster:
     label: str
     value_label: str = ""  # the colour bar's title
 
-    def element(self, vdim: str = "value", kdims=("key", "query")) -> hv.Image:
+    def element(self, vdim="value", kdims=("key", "query")) -> hv.Image:
         """The ``hv.Image`` of the first render (its colours follow ``image_limits``)."""
         return hv.Image(
             self.values[::-1],
@@ -303,16 +303,10 @@ class LiveEngine:
             built = view.build(self.state.selection)
             if view.raster is None:
                 return built.element() if isinstance(built, Raster) else built
-            values, label, *value_label = built
+            values, label, *value_label = built  # at full resolution: rasterize regrids
             rows, cols = values.shape
-            return hv.Image(
-                values[::-1],
-                bounds=(-0.5, -0.5, cols - 0.5, rows - 0.5),
-                kdims=["key", "query"],
-                vdims=[hv.Dimension("value", label="".join(value_label) or "value")],
-                group=view.group,
-                label=label,
-            )
+            raster = Raster(values, (-0.5, -0.5, cols - 0.5, rows - 0.5), view.group, label)
+            return raster.element(hv.Dimension("value", label="".join(value_label) or "value"))
 
         stream = hv.streams.Params(self.state, sorted(view.parameters))
         dmap = hv.DynamicMap(element, streams=[stream])
@@ -446,21 +440,14 @@ class LiveEngine:
                 figure.y_range.start, figure.y_range.end = extent[0] - pad, extent[1] + pad
 
 
-def _ms(value) -> float:
-    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
-    if isinstance(value, np.datetime64):
-        return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
-    return float(value)
-
-
 def push(handles: dict, element):
     """Write one element's data into its rendered Bokeh models; return its y extent."""
     glyph = handles.get("glyph")
     if isinstance(element, hv.HSpan):
-        glyph.bottom, glyph.top = (_ms(v) for v in element.data)
+        glyph.bottom, glyph.top = (axis_number(v) for v in element.data)
         return None
     if isinstance(element, hv.VLine):
-        glyph.location = _ms(element.data)
+        glyph.location = axis_number(element.data)
         return None
     source = handles["source"]
     if isinstance(element, Raster):
@@ -510,7 +497,10 @@ def push(handles: dict, element):
     xs = element.dimension_values(0)
     if len(xs) and np.issubdtype(np.asarray(xs).dtype, np.datetime64):
         # A new sample covers other hours: the time axis follows it.
-        handles["x_range"].start, handles["x_range"].end = _ms(xs.min()), _ms(xs.max())
+        handles["x_range"].start, handles["x_range"].end = (
+            axis_number(xs.min()),
+            axis_number(xs.max()),
+        )
     values = element.dimension_values(1)
     return float(np.nanmin(values)), float(np.nanmax(values))
 

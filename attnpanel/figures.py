@@ -20,7 +20,6 @@ from bokeh.models import (
     BoxAnnotation,
     ColorBar,
     ColumnDataSource,
-    CustomJSTickFormatter,
     DataTable,
     FactorRange,
     FixedTicker,
@@ -42,7 +41,6 @@ from attnpanel.raster import image_limits
 from attnpanel.styling import HIGHLIGHT
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
-TICKS = "const i = Math.round(tick); return labels[i] === undefined ? '' : labels[i];"
 # The look of each (element kind, group); colours shared with attnpanel.styling.
 GROUP_STYLE = {
     ("Rectangles", "Vector"): dict(line_color=None),
@@ -161,7 +159,6 @@ def draw(
     else:
         sizing.update(width=width, height=height)
     image = next((layer for layer in layers if isinstance(layer, hv.Image)), None)
-    invert = image is not None or isinstance(first, hv.HeatMap)
     x_kind = "linear"
     xs = first.dimension_values(0) if not isinstance(first, hv.Table) else []
     if len(xs) and np.issubdtype(np.asarray(xs).dtype, np.datetime64):
@@ -206,7 +203,7 @@ def draw(
                 LegendItem(label=layer.label, renderers=[handles["glyph_renderer"]])
             )
     if image is not None or isinstance(first, hv.HeatMap):
-        _map_frame(fig, found, first if image is None else image, colorbar, cformat, invert)
+        _map_frame(fig, found, first if image is None else image, colorbar, cformat)
     _axes(fig, first, xaxis, yaxis, xticks, yticks, xrotation)
     if xlabel is not None:
         fig.xaxis.axis_label = xlabel or None
@@ -245,7 +242,7 @@ def _layer(fig, layer, style: dict, cmap, clim) -> dict:
     if isinstance(layer, hv.HeatMap):
         return _heatmap(fig, layer, style, cmap)
     if isinstance(layer, hv.VLine):
-        span = Span(location=_number(layer.data), dimension="height", level="overlay", **style)
+        span = Span(location=axis_number(layer.data), dimension="height", level="overlay", **style)
         fig.add_layout(span)
         return {"glyph": span}
     if isinstance(layer, hv.HSpan):
@@ -355,7 +352,7 @@ def _heatmap(fig, layer: hv.HeatMap, style: dict, cmap) -> dict:
     }
 
 
-def _map_frame(fig, found, layer, colorbar, cformat: str, invert: bool) -> None:
+def _map_frame(fig, found, layer, colorbar, cformat: str) -> None:
     handles = next(h for key, h in found if "color_mapper" in h)
     if colorbar:
         below = colorbar == "below"
@@ -457,12 +454,8 @@ def _table(element: hv.Table, width, height):
     return table, [(_key(element), {"plot": table, "table": table, "source": source})]
 
 
-def _number(value) -> float:
+def axis_number(value) -> float:
+    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
     if isinstance(value, np.datetime64):
         return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
     return float(value)
-
-
-def label_ticks(axis, labels: list[str]) -> None:
-    """Label an axis's ticks with ``labels`` by (rounded) position, in the browser."""
-    axis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICKS)

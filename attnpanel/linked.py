@@ -141,11 +141,6 @@ class LinkedMaps:
         return self.engine.window
 
     @property
-    def figures(self) -> tuple:
-        """The Bokeh figures of the linked maps."""
-        return tuple(self._figures)
-
-    @property
     def boxes(self) -> tuple:
         """The box annotations marking the selection, one per linked map."""
         return tuple(self._boxes)

@@ -108,6 +108,33 @@ def query_marker(ds: xr.Dataset, sel: Selection) -> hv.HSpan:
     return hv.HSpan(sel.query - 0.5, sel.query + 0.5, group="Marker")
 
 
+def _sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True):
+    """What the top view plots: ``(xs, xdim, ydim, [(label, values)], title)``."""
+    xs, xname = position_axis(ds, sel)
+    xdim = hv.Dimension(xname)
+    if "aggregate" in ds:
+        ydim = hv.Dimension("power", label="power", unit="W")
+        series = [("aggregate", ds["aggregate"].isel(batch=sel.sample).values)]
+        for variable, suffix in (("appliance_power", ""), ("predicted_power", " (predicted)")):
+            if not show_appliances or variable not in ds:
+                continue
+            per_appliance = ds[variable].isel(batch=sel.sample)
+            for i, name in enumerate(per_appliance["appliance"].values):
+                series.append((f"{name}{suffix}", per_appliance.isel(appliance=i).values))
+        title = f"sample {sel.sample}: aggregate power (click to pick the query)"
+    elif "x" in ds:
+        ydim = hv.Dimension("norm", label="‖x‖")
+        norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
+        series = [("input norm", norm)]
+        title = f"sample {sel.sample}: input vector norm per position"
+    else:
+        ydim = hv.Dimension("attention", label="attention received")
+        received = ds["weights"].isel(batch=sel.sample).mean(("head", "query")).values
+        series = [("attention received", received)]
+        title = f"sample {sel.sample}: attention each position receives"
+    return xs, xdim, ydim, series, title
+
+
 def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True) -> hv.Overlay:
     """The input sequence of the selected sample over its positions (group ``Sequence``).
 
@@ -116,51 +143,11 @@ def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True)
     the norm of the input vector ``x`` per position; for a trace with only weights, the
     attention each position receives (mean over heads and queries).
     """
-    xs, xname = position_axis(ds, sel)
-    xdim = hv.Dimension(xname)
-    curves = []
-    if "aggregate" in ds:
-        power = ds["aggregate"].isel(batch=sel.sample).values
-        ydim = hv.Dimension("power", label="power", unit="W")
-        curves.append(
-            hv.Curve(
-                (xs, power), xdim, ydim, group="Sequence", label="aggregate", datatype=FAST_DATATYPE
-            )
-        )
-        for variable, suffix in (("appliance_power", ""), ("predicted_power", " (predicted)")):
-            if not show_appliances or variable not in ds:
-                continue
-            per_appliance = ds[variable].isel(batch=sel.sample)
-            for i, name in enumerate(per_appliance["appliance"].values):
-                curves.append(
-                    hv.Curve(
-                        (xs, per_appliance.isel(appliance=i).values),
-                        xdim,
-                        ydim,
-                        group="Sequence",
-                        label=f"{name}{suffix}",
-                        datatype=FAST_DATATYPE,
-                    )
-                )
-        title = f"sample {sel.sample}: aggregate power (click to pick the query)"
-    elif "x" in ds:
-        norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
-        curves.append(
-            hv.Curve((xs, norm), xdim, ("norm", "‖x‖"), group="Sequence", label="input norm")
-        )
-        title = f"sample {sel.sample}: input vector norm per position"
-    else:
-        received = ds["weights"].isel(batch=sel.sample).mean(("head", "query")).values
-        curves.append(
-            hv.Curve(
-                (xs, received),
-                xdim,
-                ("attention", "attention received"),
-                group="Sequence",
-                label="attention received",
-            )
-        )
-        title = f"sample {sel.sample}: attention each position receives"
+    xs, xdim, ydim, series, title = _sequence_series(ds, sel, show_appliances)
+    curves = [
+        hv.Curve((xs, values), xdim, ydim, group="Sequence", label=label, datatype=FAST_DATATYPE)
+        for label, values in series
+    ]
     return hv.Overlay(curves, label=title)
 
 
@@ -168,10 +155,10 @@ def weight_band(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     """The selected query's weights painted behind the input curve (group ``QueryWeights``).
 
     One band per key position, white to dark red by its weight relative to the largest,
-    spanning the curves' height; empty when the keys are not the curve's positions
-    (cross-attention).
+    spanning the height of every curve of the sample (shown or not); empty when the keys
+    are not the curve's positions (cross-attention).
     """
-    xs, _ = position_axis(ds, sel)
+    xs, xdim, ydim, series, _ = _sequence_series(ds, sel)
     weights = np.asarray(selected_weights(ds, sel, cache), dtype=np.float32)
     label = "weights of the selected query"  # a legend entry: the same for every query
     if len(weights) != len(xs) or len(xs) == 0:
@@ -179,7 +166,7 @@ def weight_band(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
         columns = (empty, empty, empty, empty, empty, np.zeros(0, dtype=object))
     else:
         edges = _cell_edges(xs)
-        low, high = _curve_extent(ds, sel)
+        low, high = _extent([values for _, values in series])
         n = len(xs)
         columns = (
             edges[:-1],
@@ -189,12 +176,15 @@ def weight_band(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
             weights,
             np.array(shade(weights)),
         )
-    first = sequence_curve(ds, sel, show_appliances=False).get(0)
-    xname, yname = first.kdims[0].pprint_label, first.vdims[0].pprint_label
     return hv.Rectangles(
         columns,
         # labelled as the curves' axes: the band is the overlay's first layer
-        kdims=[hv.Dimension("x0", label=xname), hv.Dimension("y0", label=yname), "x1", "y1"],
+        kdims=[
+            hv.Dimension("x0", label=xdim.pprint_label),
+            hv.Dimension("y0", label=ydim.pprint_label),
+            "x1",
+            "y1",
+        ],
         vdims=["weight", "color"],
         group="QueryWeights",
         label=label,
@@ -211,10 +201,10 @@ def _cell_edges(xs: np.ndarray) -> np.ndarray:
     return np.concatenate([[xs[0] - (xs[1] - xs[0]) / 2], middle, [xs[-1] + (xs[-1] - xs[-2]) / 2]])
 
 
-def _curve_extent(ds: xr.Dataset, sel: Selection) -> tuple[float, float]:
-    """The range the top view's curves span for a sample (every curve, shown or not)."""
-    values = [np.asarray(c.dimension_values(1), dtype=np.float64) for c in sequence_curve(ds, sel)]
-    finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
+def _extent(arrays) -> tuple[float, float]:
+    """From 0 (or the lowest value, when negative) to the highest finite value."""
+    finite = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+    finite = finite[np.isfinite(finite)]
     if finite.size == 0:
         return 0.0, 1.0
     low, high = float(finite.min()), float(finite.max())

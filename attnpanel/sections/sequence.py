@@ -42,7 +42,7 @@ class InputSequence(Section):
             "sequence",
             title=False,
         )
-        self.engine.add(
+        shown = self.engine.add(
             "sequence view",
             lambda sel: views.sequence_curve(
                 self.trace, sel, show_appliances=state.show_appliances
@@ -51,7 +51,11 @@ class InputSequence(Section):
             "sequence",
         )
         # Every appliance curve is drawn once; switching them off hides their renderers.
-        curves = views.sequence_curve(self.trace, state.selection, show_appliances=True)
+        curves = (
+            shown
+            if state.show_appliances
+            else views.sequence_curve(self.trace, state.selection, show_appliances=True)
+        )
         marker = self.engine.add(
             "position marker",
             lambda sel: views.position_marker(self.trace, sel),
