@@ -36,7 +36,7 @@ from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
 from attnpanel.figures import axis_number, draw
-from attnpanel.raster import image_limits, window_raster
+from attnpanel.raster import image_limits, scale_title, window_raster
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
 log = logging.getLogger(__name__)
@@ -458,10 +458,11 @@ def push(handles: dict, element):
         )
         mapper = handles.get("color_mapper")
         if mapper is not None:
-            mapper.low, mapper.high = image_limits(image, element.group)
+            mapper.low, mapper.high = image_limits(image)
         colorbar = handles.get("colorbar")
-        if colorbar is not None and element.value_label:
-            colorbar.title = element.value_label
+        if colorbar is not None and colorbar.title:  # a titled bar states the rule
+            label = element.value_label or handles.get("colorbar_label", "")
+            colorbar.title = scale_title(label, mapper.low)
         return None
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")
@@ -476,8 +477,8 @@ def push(handles: dict, element):
         source.data = {k: v for k, v in data.items() if k in source.data}
         # Reversed, as HoloViews lays them out with an inverted axis: most attended on top.
         handles["y_range"].factors = [str(k) for k in dict.fromkeys(data["key"])][::-1]
-        limit = float(np.abs(values).max()) or 1.0
-        handles["color_mapper"].low, handles["color_mapper"].high = -limit, limit
+        mapper = handles["color_mapper"]
+        mapper.low, mapper.high = image_limits(np.asarray(values, dtype=float))
         return None
     columns = element.data if isinstance(element.data, dict) else {}
     data = {}

@@ -44,7 +44,12 @@ from attnpanel.styling import WRAP
 
 log = logging.getLogger(__name__)
 
-URL_PARAMS = ("sample", "head", "query", "mask", "stage", "step")  # mirrored in the page URL
+# The state mirrored in the page URL: parameter -> query argument (a link opens the view).
+URL_PARAMS = {
+    **{name: name for name in ("sample", "head", "query", "mask", "stage", "step")},
+    "show_projection": "projection",
+    "show_merge": "merge",
+}
 
 
 class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
@@ -146,14 +151,14 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         return self._layout
 
     def sync_url(self) -> None:
-        """Mirror sample, head, query, mask and stage in the served page's URL.
+        """Mirror the selection, the walk's step and the open sections in the page's URL.
 
         A copied link then reopens the same view; outside a server this does nothing.
         """
         location = pn.state.location
         if location is None:
             return
-        location.sync(self, {name: name for name in URL_PARAMS})
+        location.sync(self, URL_PARAMS)
 
     def save(
         self, path, sample: int | None = None, size: int | None = None, overwrite: bool = False

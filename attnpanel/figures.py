@@ -23,6 +23,7 @@ from bokeh.models import (
     DataTable,
     FactorRange,
     FixedTicker,
+    Grid,
     HoverTool,
     Legend,
     LegendItem,
@@ -37,10 +38,13 @@ from bokeh.models import (
 from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
-from attnpanel.raster import image_limits
+from attnpanel.raster import image_limits, scale_title
 from attnpanel.styling import HIGHLIGHT
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+# WebGL draws maps and long curves; a chart of a few hundred bars or points gains nothing
+# from it and each WebGL canvas costs a read-back per paint (20-80 ms in software GL).
+WEBGL_MIN_POINTS = 5_000
 # The look of each (element kind, group); colours shared with attnpanel.styling.
 GROUP_STYLE = {
     ("Rectangles", "Vector"): dict(line_color=None),
@@ -72,6 +76,15 @@ def _key(element):
 def palette(cmap) -> list[str]:
     """A 256-colour palette from a name (``"coolwarm"``) or a list of colours."""
     return list(cmap) if isinstance(cmap, list | tuple) else process_cmap(cmap, 256)
+
+
+def backend(layers) -> str:
+    """``"webgl"`` for a figure with a map or over :data:`WEBGL_MIN_POINTS` points, else
+    ``"canvas"``."""
+    if any(isinstance(layer, hv.Image) for layer in layers):
+        return "webgl"
+    points = sum(len(layer) for layer in layers if isinstance(layer, hv.Curve | hv.Rectangles))
+    return "webgl" if points > WEBGL_MIN_POINTS else "canvas"
 
 
 def draw(
@@ -144,8 +157,8 @@ def draw(
     figure : bokeh.plotting.figure or bokeh.models.DataTable
     layers : list of (PlotKey, dict)
         Each layer's handles: ``plot``, ``source``, ``glyph``, ``glyph_renderer`` and for
-        maps ``color_mapper``, ``colorbar``, ``x_range``, ``y_range``, ``xaxis``,
-        ``yaxis``.
+        maps ``color_mapper``, ``colorbar``, ``x_range``, ``y_range``, ``xaxis`` and
+        ``yaxis`` (None where the axis is hidden).
     """
     if isinstance(element, hv.Table):
         return _table(element, width, height)
@@ -172,11 +185,13 @@ def draw(
         sizing["y_range"] = FactorRange(factors=list(dict.fromkeys(keys))[::-1])
     fig = bokeh_figure(
         title=element.label if title is None else title,
-        x_axis_type=x_kind,
+        # a hidden axis is not made at all (nor its grid, ticker and formatter)
+        x_axis_type=x_kind if xaxis else None,
+        y_axis_type="auto" if yaxis else None,
         x_axis_location="above" if xaxis == "top" else "below",
         tools=",".join(name for name in tool_names if name != "hover"),
         toolbar_location="above" if toolbar else None,
-        output_backend="webgl",
+        output_backend=backend(layers),
         min_border=5,
         **sizing,
     )
@@ -202,6 +217,9 @@ def draw(
             legend_items.append(
                 LegendItem(label=layer.label, renderers=[handles["glyph_renderer"]])
             )
+    for renderer in fig.renderers:
+        # nothing here is ever selected or muted (legends hide): no glyphs for those
+        renderer.nonselection_glyph = renderer.muted_glyph = None
     if image is not None or isinstance(first, hv.HeatMap):
         _map_frame(fig, found, first if image is None else image, colorbar, cformat)
     _axes(fig, first, xaxis, yaxis, xticks, yticks, xrotation)
@@ -215,10 +233,11 @@ def draw(
         fig.x_range = Range1d(*xlim)
     if ylim is not None and y_range is None:
         fig.y_range = Range1d(*ylim)
+    axes = dict(
+        xaxis=fig.xaxis[0] if fig.xaxis else None, yaxis=fig.yaxis[0] if fig.yaxis else None
+    )
     for _, handles in found:
-        handles.update(
-            x_range=fig.x_range, y_range=fig.y_range, xaxis=fig.xaxis[0], yaxis=fig.yaxis[0]
-        )
+        handles.update(x_range=fig.x_range, y_range=fig.y_range, **axes)
     if legend_items:
         fig.add_layout(
             Legend(
@@ -328,8 +347,8 @@ def _heatmap(fig, layer: hv.HeatMap, style: dict, cmap) -> dict:
     dims = layer.dimension_values(0)
     keys = [str(k) for k in layer.dimension_values(1)]
     values = layer.dimension_values(2)
-    limit = float(np.abs(values).max()) or 1.0
-    mapper = LinearColorMapper(palette=palette(cmap or style.pop("cmap")), low=-limit, high=limit)
+    low, high = image_limits(np.asarray(values, dtype=float))  # the one rule
+    mapper = LinearColorMapper(palette=palette(cmap or style.pop("cmap")), low=low, high=high)
     source = ColumnDataSource(
         dict(dim=dims, key=keys, zvalues=values, value=values, width=np.ones(len(values)))
     )
@@ -354,12 +373,15 @@ def _heatmap(fig, layer: hv.HeatMap, style: dict, cmap) -> dict:
 
 def _map_frame(fig, found, layer, colorbar, cformat: str) -> None:
     handles = next(h for key, h in found if "color_mapper" in h)
+    mapper = handles["color_mapper"]
     if colorbar:
         below = colorbar == "below"
         bar = ColorBar(
-            color_mapper=handles["color_mapper"],
+            color_mapper=mapper,
             formatter=PrintfTickFormatter(format=cformat),
-            title=layer.vdims[0].pprint_label if layer.vdims and not below else "",
+            title=""
+            if below
+            else scale_title(layer.vdims[0].pprint_label if layer.vdims else "", mapper.low),
             title_text_font_style="italic",
             orientation="horizontal" if below else "vertical",
             major_label_text_font_size="7pt" if below else "8pt",
@@ -370,7 +392,8 @@ def _map_frame(fig, found, layer, colorbar, cformat: str) -> None:
         )
         fig.add_layout(bar, "below" if below else "right")
         handles["colorbar"] = bar
-    fig.grid.visible = False
+        handles["colorbar_label"] = layer.vdims[0].pprint_label if layer.vdims else ""
+    fig.center = [r for r in fig.center if not isinstance(r, Grid)]  # a map covers its grid
 
 
 def _axes(fig, first, xaxis, yaxis, xticks, yticks, xrotation) -> None:
@@ -383,8 +406,6 @@ def _axes(fig, first, xaxis, yaxis, xticks, yticks, xrotation) -> None:
         fig.yaxis.axis_label = first.vdims[0].pprint_label
     elif isinstance(first, hv.Rectangles) and len(kdims) >= 2:
         fig.yaxis.axis_label = kdims[1].pprint_label
-    fig.xaxis.visible = bool(xaxis)
-    fig.yaxis.visible = bool(yaxis)
     for axis, ticks in ((fig.xaxis, xticks), (fig.yaxis, yticks)):
         if ticks:
             axis.ticker = [float(pos) for pos, _ in ticks]

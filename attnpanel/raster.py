@@ -104,22 +104,32 @@ def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float,
     return (low, high if high > low else low + 1e-9)
 
 
-def image_limits(values: np.ndarray, group: str) -> tuple[float, float]:
-    """The colour scale of a drawn map, the one rule every render and update follows.
+def image_limits(values: np.ndarray, group: str = "") -> tuple[float, float]:
+    """The colour scale of a drawn map, the one rule every map, render and update follows.
 
-    Head maps run from 0 (so that heads compare); a map with negative values (raw or
-    scaled scores) is centred on 0, so that a diverging colormap's middle colour means 0,
-    out to the 99.5th percentile of its magnitude; other maps run from their minimum to
-    their 99.5th percentile (:func:`color_limits`).
+    A map of values >= 0 (weights) runs from 0 to its 99.5th percentile, so that 0 always
+    has the lowest colour and maps compare; a map with negative values (raw or scaled
+    scores, weight matrices) is centred on 0, so that a diverging colormap's middle colour
+    means 0, out to the 99.5th percentile of its magnitude. :func:`scale_title` states the
+    rule in a colour bar's title. (``group`` is accepted for older callers; the rule does
+    not depend on it.)
     """
-    if group in ("HeadMap", "ModelView"):
-        return color_limits(values, 0.0)
-    low, high = color_limits(values)  # one pass over the finite cells in the usual case
-    if low < 0:  # signed: centred on 0
-        finite = values[np.isfinite(values)]
-        reach = float(np.percentile(np.abs(finite), COLOR_TOP_PERCENTILE)) or 1e-9
-        return (-reach, reach)
-    return low, high
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return (0.0, 1.0)
+    if float(finite.min()) < 0:  # signed: centred on 0
+        magnitude = np.abs(finite)
+        reach = float(np.percentile(magnitude, COLOR_TOP_PERCENTILE)) or float(magnitude.max())
+        return (-reach, reach) if reach > 0 else (-1e-9, 1e-9)
+    return color_limits(finite, 0.0)
+
+
+def scale_title(label: str, low: float) -> str:
+    """A colour bar's title: what the map shows and the colour rule its scale follows."""
+    rule = (
+        f"±p{COLOR_TOP_PERCENTILE:g} of |value|" if low < 0 else f"0 to p{COLOR_TOP_PERCENTILE:g}"
+    )
+    return f"{label} ({rule})" if label else rule
 
 
 def snap_window(bounds, shape, width: int, height: int, x_range, y_range):

@@ -88,6 +88,17 @@ class ExplorerState(param.Parameterized):
         default=False,
         doc="Show the head average (what nn.MultiheadAttention returns) beside the head maps.",
     )
+    show_projection = param.Boolean(
+        default=False,
+        doc=(
+            "Show the Q/K/V projection (x, Wq, Wk, Wv and the heads' q, k, v); drawn the "
+            "first time it is shown."
+        ),
+    )
+    show_merge = param.Boolean(
+        default=False,
+        doc=("Show the head merge and the output projection Wo; drawn the first time it is shown."),
+    )
     step = param.Integer(
         default=0,
         bounds=(0, 7),

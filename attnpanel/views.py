@@ -24,6 +24,7 @@ from attnpanel.raster import (  # noqa: F401 - re-exported
     color_limits,
     image_limits,
     raster_values,
+    scale_title,
     window_raster,
 )
 from attnpanel.readouts import (  # noqa: F401 - re-exported
@@ -89,7 +90,7 @@ def attention_matrix(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
 
 def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=None) -> hv.Image:
     """An ``hv.Image`` regridded by datashader to at most ``width x height`` (see
-    :func:`raster_values`), with its colour limits set by :func:`color_limits`."""
+    :func:`raster_values`), with its colour limits set by :func:`image_limits`."""
     raster, bounds = raster_values(
         image.dimension_values(2, flat=False), image.bounds.lbrt(), width, height, x_range, y_range
     )
@@ -100,7 +101,7 @@ def rasterized(image: hv.Image, width: int, height: int, x_range=None, y_range=N
         vdims=image.vdims,
         group=image.group,
         label=image.label,
-    ).opts(clim=image_limits(raster, image.group))
+    ).opts(clim=image_limits(raster))
 
 
 def query_marker(ds: xr.Dataset, sel: Selection) -> hv.HSpan:

@@ -30,13 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from served_app import HELPERS_JS, launch_chromium, rss_mb, serve  # noqa: E402
+from served_app import HELPERS_JS, RENDERED_JS, launch_chromium, rss_mb, serve  # noqa: E402
 from sessions import cpu_seconds  # noqa: E402
-
-RENDERED_JS = (
-    "() => { try { const p = attn.plot('sample'); return p.canvas_view.bbox.width > 0 "
-    "&& attn.plots().length >= 20; } catch (e) { return false; } }"
-)
 
 
 def open_pages(context, url: str, count: int, timeout: float) -> tuple[list, float, int]:

@@ -128,6 +128,13 @@ HELPERS_JS = r"""
 """
 
 
+# The explorer has rendered: the top view is laid out and every view has painted.
+RENDERED_JS = (
+    "() => { try { const p = attn.plot('sample'); return p.canvas_view.bbox.width > 0 "
+    "&& Bokeh.documents[0].is_idle; } catch (e) { return false; } }"
+)
+
+
 def free_port() -> int:
     """A free localhost TCP port."""
     with socket.socket() as sock:
@@ -210,11 +217,7 @@ def open_app(browser, url: str, console: list, timeout_ms: int = 180_000):
         timeout=timeout_ms,
     )
     page.evaluate(HELPERS_JS)
-    page.wait_for_function(
-        "() => { try { const p = attn.plot('sample'); return p.canvas_view.bbox.width > 0 "
-        "&& attn.plots().length >= 20; } catch (e) { return false; } }",
-        timeout=timeout_ms,
-    )
+    page.wait_for_function(RENDERED_JS, timeout=timeout_ms)
     page.wait_for_timeout(1000)  # let the first WebGL frames land
     return page
 
@@ -252,6 +255,17 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def click_checkbox(page, label: str) -> None:
+    """Click a checkbox by its label, with the mouse, as a person does."""
+    box = page.evaluate(
+        "(label) => { const v = attn.views().find((v) => v.model && v.model.label === label"
+        " && v.model.type === 'Checkbox'); const r = v.checkbox_el.getBoundingClientRect();"
+        " return [r.x + r.width / 2, r.y + r.height / 2]; }",
+        label,
+    )
+    page.mouse.click(*box)
 
 
 def page_widths(page, widths=(1280, 1600)) -> dict:

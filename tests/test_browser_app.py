@@ -20,7 +20,8 @@ def matrix_js() -> str:
 
 @pytest.fixture(scope="module")
 def app(browser, demo_url):
-    with opened(browser, demo_url) as served:
+    # every section open: the projection and the merge are drawn on demand
+    with opened(browser, demo_url + "?projection=true&merge=true") as served:
         yield served
 
 
@@ -80,6 +81,12 @@ def test_image_glyphs_use_webgl(app, artifacts):
     shot(page, artifacts, "webgl")
     assert len(flags) >= 13  # matrix, Wq, Wk, Wv, Wo, 8 head maps
     assert all(backend == "webgl" and webgl for backend, webgl in flags), flags
+    # a chart of a few hundred bars paints on a 2D canvas: no WebGL read-back per paint
+    charts = page.evaluate(
+        "attn.plots().filter((pv) => pv.model.title.text.startsWith('weights of query'))"
+        ".map((pv) => pv.model.output_backend)"
+    )
+    assert charts == ["canvas"]
 
 
 def test_click_top_curve_moves_row_and_aggregation(app, artifacts):

@@ -46,7 +46,8 @@ def trace():
 
 @pytest.fixture(scope="module")
 def rendered(trace):
-    explorer = AttentionExplorer(trace)
+    # every section shown (projection and merge are drawn on demand)
+    explorer = AttentionExplorer(trace, show_projection=True, show_merge=True)
     explorer.__panel__().get_root(Document())
     return explorer
 
@@ -106,7 +107,8 @@ def test_head_mask_stage_redraw_the_matrix(explorer, trace):
     assert explorer.engine.title("matrix") == (
         "sample 1, mean of heads: raw scores q·k (mask causal)"
     )
-    assert handles(explorer, "matrix", "Image", "Attention")["colorbar"].title == "raw scores q·k"
+    bar = handles(explorer, "matrix", "Image", "Attention")["colorbar"]
+    assert bar.title == "raw scores q·k (±p99.5 of |value|)"
     assert explorer.last_error == ""
 
 
@@ -229,7 +231,7 @@ def test_a_failing_view_is_reported_and_the_session_goes_on(explorer, monkeypatc
 
 def test_a_trace_without_some_variables_names_them(trace):
     weights_only = attnpanel.build_trace(weights=trace["weights"].values, mask="diagonal")
-    explorer = AttentionExplorer(weights_only)
+    explorer = AttentionExplorer(weights_only, show_projection=True, show_merge=True)
     layout = explorer.__panel__()
     layout.get_root(Document())
     alerts = [a.object for a in layout.select(pn.pane.Alert)]
@@ -260,12 +262,21 @@ def mapper_limits(explorer, pane, group):
 
 def test_colour_scales_do_not_depend_on_history(explorer):
     """One rule for every render: the first paint spans what a later one of the same
-    selection does (the minimum, or 0 for head maps, to the 99.5th percentile)."""
+    selection does (weights from 0 to the 99.5th percentile, scores centred on 0), and the
+    colour bar's title says so."""
     first = mapper_limits(explorer, "matrix", "Attention")
     first_head = mapper_limits(explorer, "head 2", "HeadMap")
     drawn = explorer.drawn("matrix")
+    assert first[0] == 0.0
     assert first[1] == pytest.approx(np.nanpercentile(drawn, 99.5), rel=1e-5)
     assert first_head[0] == 0.0
+    bar = handles(explorer, "matrix", "Image", "Attention")["colorbar"]
+    assert bar.title == "softmax weights (0 to p99.5)"
+    explorer.param.update(stage="scaled")
+    low, high = mapper_limits(explorer, "matrix", "Attention")
+    assert low == -high and bar.title == "scaled scores q·k / √E (±p99.5 of |value|)"
+    explorer.param.update(stage="softmax")
+    assert bar.title == "softmax weights (0 to p99.5)"
     explorer.param.update(head=5, mask="causal")
     explorer.param.update(head=0, mask="diagonal")
     assert mapper_limits(explorer, "matrix", "Attention") == pytest.approx(first)

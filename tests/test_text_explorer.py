@@ -37,7 +37,8 @@ def trace():
 
 @pytest.fixture(scope="module")
 def rendered(trace):
-    explorer = AttentionExplorer(trace)
+    # every section shown (projection and merge are drawn on demand)
+    explorer = AttentionExplorer(trace, show_projection=True, show_merge=True)
     explorer.__panel__().get_root(Document())
     return explorer
 

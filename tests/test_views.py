@@ -257,13 +257,18 @@ def test_layer_names_in_titles_tell_groups_apart():
     assert short == ["encoder.0.self_attn", "decoder.0.self_attn", "decoder.0.multihead_attn"]
 
 
-def test_signed_maps_are_centred_on_zero_and_weights_start_at_their_minimum():
+def test_signed_maps_are_centred_on_zero_and_weights_start_at_zero():
     scores = np.linspace(-2.0, 6.0, 400, dtype=np.float32).reshape(20, 20)
-    low, high = views.image_limits(scores, "Attention")
+    low, high = views.image_limits(scores)
     assert low == -high and high == pytest.approx(np.percentile(np.abs(scores), 99.5))
+    assert views.scale_title("scaled scores", low) == "scaled scores (±p99.5 of |value|)"
     weights = np.linspace(0.01, 0.2, 400, dtype=np.float32).reshape(20, 20)
-    assert views.image_limits(weights, "Attention") == views.color_limits(weights)
-    assert views.image_limits(weights, "HeadMap")[0] == 0.0
+    low, high = views.image_limits(weights)
+    assert low == 0.0 and high == pytest.approx(np.percentile(weights, 99.5))
+    assert views.scale_title("softmax weights", low) == "softmax weights (0 to p99.5)"
+    masked = np.where(np.eye(20, dtype=bool), np.nan, weights)  # NaN cells do not count
+    assert views.image_limits(masked)[1] == pytest.approx(np.nanpercentile(masked, 99.5))
+    assert views.image_limits(np.full((3, 3), np.nan)) == (0.0, 1.0)
 
 
 def test_every_head_of_a_large_model_has_its_own_colour():

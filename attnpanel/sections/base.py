@@ -32,6 +32,9 @@ class Section(pn.viewable.Viewer):
     state = param.ClassSelector(class_=ExplorerState, doc="The state every view reads.")
     engine = param.ClassSelector(class_=LiveEngine, doc="Draws and redraws the views.")
     title = ""  # the section's heading on the page
+    # A Boolean of the state that shows the section: it is built the first time that
+    # parameter is on (a session that never opens it never pays for its plots).
+    shown_by = ""
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -53,8 +56,23 @@ class Section(pn.viewable.Viewer):
 
     def __panel__(self):
         if self._layout is None:
-            self._layout = self.build()
+            if self.shown_by:
+                shown = self.state.param[self.shown_by]
+                self._layout = pn.Column(visible=shown, margin=0)
+                self.state.param.watch(self._show, self.shown_by)
+                self._show()
+            else:
+                self._layout = self.build()
         return self._layout
+
+    @property
+    def built(self) -> bool:
+        """Whether the section's views exist (a section shown on demand builds them late)."""
+        return self._layout is not None and (not self.shown_by or bool(self._layout.objects))
+
+    def _show(self, *_events) -> None:
+        if getattr(self.state, self.shown_by) and not self._layout.objects:
+            self._layout.append(self.build())
 
     def heading(self, text: str | None = None, **kw) -> pn.pane.Markdown:
         """The section's heading."""

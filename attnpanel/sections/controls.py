@@ -80,6 +80,12 @@ class Controls(Section):
         widgets["show_positional"] = pn.widgets.Checkbox.from_param(
             state.param.show_positional, name="positional encoding"
         )
+        widgets["show_projection"] = pn.widgets.Checkbox.from_param(
+            state.param.show_projection, name="Q/K/V projection"
+        )
+        widgets["show_merge"] = pn.widgets.Checkbox.from_param(
+            state.param.show_merge, name="head merge and Wo"
+        )
         widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
             state.param.show_head_average, name="head average beside the head maps"
         )
@@ -99,10 +105,17 @@ class Controls(Section):
             pn.Row(*selectors, w["stage"], w["colormap"], sizing_mode="stretch_width"),
             pn.Row(
                 w["player"],
-                pn.Column(pn.Spacer(height=18), w["side_by_side"], margin=0),
-                pn.Column(pn.Spacer(height=18), w["show_appliances"], margin=0),
-                pn.Column(pn.Spacer(height=18), w["show_positional"], margin=0),
-                pn.Column(pn.Spacer(height=18), w["show_head_average"], margin=0),
+                *(
+                    pn.Column(pn.Spacer(height=18), w[name], margin=0)
+                    for name in (
+                        "show_projection",
+                        "show_merge",
+                        "side_by_side",
+                        "show_appliances",
+                        "show_positional",
+                        "show_head_average",
+                    )
+                ),
                 sizing_mode="stretch_width",
             ),
             sizing_mode="stretch_width",

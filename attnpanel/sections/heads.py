@@ -34,6 +34,7 @@ class HeadComparison(Section):
     def __init__(self, **params):
         super().__init__(**params)
         self.toggles: list[pn.widgets.Toggle] = []  # one per head, in head order
+        self._average: pn.Column | None = None  # holds the head-average map once drawn
         self.state.param.watch(self._recolor, "enabled_heads")
         self.state.param.watch(self._on_show_average, "show_head_average", precedence=1)
 
@@ -121,7 +122,15 @@ class HeadComparison(Section):
         )
 
     def _average_cell(self):
-        """The head-average map, shown while ``show_head_average`` is on."""
+        """Where the head-average map goes: shown while ``show_head_average`` is on, drawn
+        the first time it is."""
+        self._average = pn.Column(margin=(0, 0, 0, 15), visible=self.state.param.show_head_average)
+        if self.state.show_head_average:
+            self._average.append(self._average_map())
+        return self._average
+
+    def _average_map(self):
+        """The head-average map and its note."""
         size = HEAD_MAP_SIZE
         state = self.state
         try:
@@ -148,15 +157,16 @@ class HeadComparison(Section):
             styles={"font-size": "11px"},
         )
         return pn.Column(
-            self.engine.render(image, "head average", style=style, linked=True),
-            note,
-            margin=(0, 0, 0, 15),
-            visible=state.param.show_head_average,
+            self.engine.render(image, "head average", style=style, linked=True), note, margin=0
         )
 
     def _on_show_average(self, event) -> None:
-        if event.new:
+        if not event.new or self._average is None:
+            return
+        if self._average.objects:
             self.engine.redraw(lambda view: view.name == "head average map")
+        else:
+            self._average.append(self._average_map())
 
     def _recolor(self, *_events) -> None:
         for head in range(self.state.n_heads):

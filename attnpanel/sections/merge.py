@@ -16,6 +16,7 @@ class MergeOutput(Section):
     """The merged vector (switched-off heads zeroed), Wo, and the output against all heads."""
 
     title = "Head merge and output projection"
+    shown_by = "show_merge"
 
     def build(self):
         merge = self.bars(

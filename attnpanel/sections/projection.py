@@ -48,6 +48,7 @@ class Projection(Section):
     """The input vector at the query, the projection matrices and the q, k, v vectors."""
 
     title = "Q/K/V projection"
+    shown_by = "show_projection"
 
     def build(self):
         items = [self.heading()]

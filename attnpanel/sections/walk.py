@@ -25,6 +25,7 @@ STEP_TITLES = (
     "7 · output projection Wo",
 )
 STEP_STAGES = ("raw", "scaled", "masked", "softmax", "softmax", "softmax", "softmax")
+STEP_SHOWS = {1: "show_projection", 6: "show_merge", 7: "show_merge"}  # sections a step opens
 MASK_MEANING = {
     "diagonal": (
         "The diagonal mask (NILMFormer's) forbids each position to attend to itself, so "
@@ -48,7 +49,8 @@ def step_text(ds, sel: readouts.Selection, step: int, cache=None) -> str:
         dim = ds.attrs.get("head_dim", ds.sizes.get("head_dim", "E"))
         return (
             f"**{STEP_TITLES[0]}.** Row {query} of the matrix holds the dot products of {who}'s "
-            f"vector q[{query}] with every key's k: q·k, a sum over E = {dim} features. The "
+            f"vector q[{query}] (q = x·Wqᵀ, split into heads: Q/K/V projection, left) with every "
+            f"key's k: q·k, a sum over E = {dim} features. The "
             f"highest is at key {top} ({row[top]:.3g}): the key whose k points most where "
             "q points."
         )
@@ -133,7 +135,11 @@ class GuidedWalk(Section):
 
     def _on_step(self, event) -> None:
         if event.new:
-            self.state.stage = STEP_STAGES[event.new - 1]
+            shown = STEP_SHOWS.get(event.new)
+            # the step's stage, and the section it talks about opened
+            self.state.param.update(
+                stage=STEP_STAGES[event.new - 1], **({shown: True} if shown else {})
+            )
         self._refresh()
 
     def _refresh(self, *_events) -> None:
