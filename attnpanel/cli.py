@@ -361,7 +361,13 @@ def cmd_export(args: argparse.Namespace) -> None:
         shown += f" (group {entry.group})"
     try:
         path = export_html(
-            ds, args.output, sample=args.sample, title=title, subtitle=shown, overwrite=args.force
+            ds,
+            args.output,
+            sample=args.sample,
+            title=title,
+            subtitle=shown,
+            overwrite=args.force,
+            query=args.query,
         )
     except (ValueError, OSError) as error:
         raise CommandError(_first_line(error)) from error
@@ -402,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
         "layers, every group included (default: the first)",
     )
     export.add_argument("--sample", type=int, default=0, help="which sample to show (default 0)")
+    export.add_argument(
+        "--query", type=int, default=0, help="the query selected when the page opens (default 0)"
+    )
     export.set_defaults(func=cmd_export)
 
     info = sub.add_parser("info", help="print the shape table and what each head attends to")

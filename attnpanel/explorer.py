@@ -163,7 +163,8 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
     def save(
         self, path, sample: int | None = None, size: int | None = None, overwrite: bool = False
     ):
-        """Write a standalone HTML file that works offline: every head, every mask mode.
+        """Write a standalone HTML file that works offline: every head, every mask mode, the
+        input sequence, and the selected query (the one shown now).
 
         Parameters
         ----------
@@ -185,7 +186,13 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         sample = self.sample if sample is None else sample
         title = f"attnpanel · {str(self.trace.attrs.get('source', '')).splitlines()[0][:80]}"
         return export_html(
-            self.trace, path, sample=sample, size=size or DISPLAY, title=title, overwrite=overwrite
+            self.trace,
+            path,
+            sample=sample,
+            size=size or DISPLAY,
+            title=title,
+            overwrite=overwrite,
+            query=self.query,
         )
 
 

@@ -22,6 +22,7 @@ import xarray as xr
 from bokeh.embed import file_html
 from bokeh.layouts import column, gridplot, row
 from bokeh.models import (
+    BoxAnnotation,
     ColorBar,
     ColumnDataSource,
     CustomJS,
@@ -32,12 +33,16 @@ from bokeh.models import (
     RadioButtonGroup,
     Range1d,
     Select,
+    Slider,
+    Span,
 )
 from bokeh.plotting import figure
 from bokeh.resources import Resources
 
 from attnpanel.files import check_target, write_safely
-from attnpanel.palette import head_color  # the explorer's head colours
+from attnpanel.palette import APPLIANCE_COLORS, HIGHLIGHT, head_color  # the explorer's
+from attnpanel.raster import image_limits, scale_title
+from attnpanel.readouts import Selection, sequence_series
 from attnpanel.trace import attention_stage, mask_options, masked_cells
 
 
@@ -68,7 +73,6 @@ MAX_BYTES = 5_000_000  # the file's default size limit (5 MB)
 # largest models have 128 heads per layer.
 MAX_HEADS = 256
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
-TOP_PERCENTILE = 99.5  # the colour scale's top; heavier cells are drawn in the top colour
 
 
 def _palette(n: int = LEVELS + 1) -> list[str]:
@@ -105,11 +109,9 @@ def display_resolution(weights: xr.DataArray, size: int) -> np.ndarray:
 
 def _encode(values: np.ndarray) -> tuple[str, tuple[float, float]]:
     """Quantise a map to uint8 (255 = masked), zlib + base64 encoded, with its (low, top)."""
-    visible = values[np.isfinite(values)]
-    low = float(visible.min()) if visible.size else 0.0
-    # a robust top: a few sharp cells must not push the rest of the map into one colour
-    top = float(np.percentile(visible, TOP_PERCENTILE)) if visible.size else 1.0
-    top = top if top > low else low + 1e-12
+    # the explorer's one colour rule: weights from 0 to their 99.5th percentile (a few sharp
+    # cells must not push the rest of the map into one colour)
+    low, top = image_limits(values)
     scaled = np.clip(np.round((np.nan_to_num(values) - low) / (top - low) * LEVELS), 0, LEVELS)
     levels = np.where(np.isnan(values), MASKED, scaled)
     raw = levels.astype(np.uint8).tobytes()
@@ -161,12 +163,37 @@ async function show() {
   for (let h = 0; h < small_sources.length; h++) fill(small_sources[h], flats[h]);
   const [low, top] = payload.scales[mask][head];
   state.data = {low: [low], top: [top]};
-  const scale = `${low.toPrecision(2)} to ${top.toPrecision(3)}`;
-  main_title.text = `Head ${head} · mask ${mask} · softmax (colour scale ${scale})`;
+  shown.data = {flat: [flats[head]], low: [low], top: [top]};
+  mark();
+  main_title.text = `Head ${head} · mask ${mask} · softmax weights`;
   colorbar.change.emit();
   document.body.dataset.attnpanelView = `${mask}/${head}`;
 }
 show();
+"""
+
+# The selected query: its row marked on every map, its stored weights painted behind the
+# curve (one band per stored column, darker for more weight) and the curve's marker moved.
+QUERY_JS = """
+function mark() {
+  const query = query_widget.value;
+  for (const box of row_boxes) { box.bottom = query - 0.5; box.top = query + 0.5; }
+  if (query_span !== null) query_span.location = positions.data.x[query];
+  if (shown.data.flat.length === 0 || band === null) return;
+  const flat = shown.data.flat[0], low = shown.data.low[0], top = shown.data.top[0];
+  const row = Math.min(n - 1, Math.floor(query * n / length));
+  const weights = new Array(n);
+  let most = 0;
+  for (let j = 0; j < n; j++) {
+    const level = flat[row * n + j];
+    weights[j] = level === masked ? 0 : low + level / levels * (top - low);
+    most = Math.max(most, weights[j]);
+  }
+  band.data = Object.assign({}, band.data, {
+    weight: weights, alpha: weights.map((w) => most > 0 ? 0.6 * w / most : 0)});
+  band_title.text = `weights of query ${query} (head ${head_widget.value}), ` +
+    `stored at ${n} columns, behind the curve`;
+}
 """
 
 
@@ -179,8 +206,14 @@ def export_html(
     max_bytes: int | None = MAX_BYTES,
     subtitle: str | None = None,
     overwrite: bool = False,
+    query: int = 0,
 ) -> Path:
     """Write one sample's attention maps as a standalone HTML file that works offline.
+
+    Above the maps, the sample's input sequence (the household power with each appliance's
+    truth and prediction for a NILM trace) with the selected query's weights behind it; a
+    query slider (or a click on the large map) moves the query, whose row is marked on
+    every map.
 
     Parameters
     ----------
@@ -202,6 +235,8 @@ def export_html(
         name and group).
     overwrite : bool
         Replace an existing HTML page at ``path`` (anything else there is never replaced).
+    query : int
+        The query selected when the page opens.
 
     Returns
     -------
@@ -217,10 +252,14 @@ def export_html(
             f"more than the {MAX_HEADS} it lays out; export a selection, such as "
             f"ds.isel(head=slice(0, {MAX_HEADS}))"
         )
+    if not 0 <= query < ds.sizes["query"]:
+        raise ValueError(
+            f"query {query} is out of range: the trace has {ds.sizes['query']} query positions"
+        )
     check_target(path, "html", overwrite)  # before the work
     frame = size  # the large map's frame in pixels stays, whatever resolution is stored
     payload = export_maps(ds, sample, size)
-    html = _page(ds, payload, title, sample, frame, subtitle)
+    html = _page(ds, payload, title, sample, frame, subtitle, query)
     for _ in range(4):
         if max_bytes is None or len(html.encode("utf-8")) <= max_bytes:
             break
@@ -234,10 +273,95 @@ def export_html(
             )
         size = int(payload["n"] * math.sqrt(0.95 * (max_bytes - page) / maps))
         payload = export_maps(ds, sample, size)
-        html = _page(ds, payload, title, sample, frame, subtitle)
+        html = _page(ds, payload, title, sample, frame, subtitle, query)
     if max_bytes is not None and len(html.encode("utf-8")) > max_bytes:
         raise ValueError(f"could not fit the maps in max_bytes={max_bytes}")
     return write_safely(path, "html", lambda target: target.write_text(html, "utf-8"), overwrite)
+
+
+ROW_STYLE = dict(fill_color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5)
+
+
+def _sequence_figure(ds: xr.Dataset, payload: dict, sample: int, query: int, width: int):
+    """The sample's input sequence with the query's weights behind it, or ``(None, {...})``
+    for a trace whose keys are not the sequence's positions (cross-attention)."""
+    found = sequence_series(ds, Selection(sample=sample))
+    length, n = payload["length"], payload["n"]
+    none = dict(positions=None, query_span=None, band=None, band_title=None)
+    if len(found.xs) != length or length == 0:
+        return None, none
+    timed = np.issubdtype(np.asarray(found.xs).dtype, np.datetime64)
+    xs = (
+        np.asarray(found.xs).astype("datetime64[ns]").astype(np.int64) / 1e6  # ms, as Bokeh
+        if timed
+        else np.asarray(found.xs, dtype=np.float64)
+    )
+    fig = figure(
+        width=width + 700,  # the legend takes about 300 px
+        height=230,
+        x_axis_type="datetime" if timed else "linear",
+        tools="xpan,xwheel_zoom,reset",
+        output_backend="webgl" if length > 5_000 else "canvas",
+        title=f"weights of query {query} (head 0) behind the curve",
+        name="sequence",
+    )
+    fig.xaxis.axis_label = found.xname
+    fig.yaxis.axis_label = f"{found.ylabel} ({found.unit})" if found.unit else found.ylabel
+    values = [np.asarray(v, dtype=np.float64) for _, v in found.series]
+    low = float(min(np.nanmin(v) for v in values))
+    high = float(max(np.nanmax(v) for v in values))
+    # one band per stored column: positions j * L / n - 0.5 to (j + 1) * L / n - 0.5
+    edges = np.interp(
+        np.arange(n + 1) * length / n - 0.5,
+        np.arange(-0.5, length + 0.5),
+        np.concatenate(
+            [[1.5 * xs[0] - 0.5 * xs[1]], (xs[:-1] + xs[1:]) / 2, [1.5 * xs[-1] - 0.5 * xs[-2]]]
+        )
+        if length > 1
+        else [xs[0] - 0.5, xs[0] + 0.5],
+    )
+    band = ColumnDataSource(
+        dict(
+            left=edges[:-1],
+            right=edges[1:],
+            bottom=np.full(n, low),
+            top=np.full(n, high),
+            weight=np.zeros(n),
+            alpha=np.zeros(n),
+        )
+    )
+    fig.quad(
+        left="left",
+        right="right",
+        bottom="bottom",
+        top="top",
+        source=band,
+        fill_color="#b2182b",
+        fill_alpha="alpha",
+        line_color=None,
+        legend_label="weights of the selected query",
+    )
+    colors = {}
+    for (label, _), series in zip(found.series, values, strict=True):
+        name = label.removesuffix(" (predicted)")
+        palette = ("black", *APPLIANCE_COLORS)
+        color = colors.setdefault(name, palette[len(colors) % len(palette)])
+        fig.line(
+            xs,
+            series,
+            line_color=color,
+            line_width=1.6 if label == found.series[0][0] else 1,
+            line_dash="dashed" if label.endswith("(predicted)") else "solid",
+            legend_label=label,  # canvas text, never HTML
+        )
+    span = Span(location=xs[query], dimension="height", line_color=HIGHLIGHT, line_width=3)
+    fig.add_layout(span)
+    fig.legend.click_policy = "hide"
+    fig.legend.ncols = 2 if len(found.series) > 6 else 1
+    fig.legend.label_text_font_size = "8pt"
+    fig.add_layout(fig.legend[0], "right")
+    positions = ColumnDataSource({"x": xs})  # each position's x, for the query's marker
+    return fig, dict(positions=positions, query_span=span, band=band, band_title=fig.title)
 
 
 def _page(
@@ -247,6 +371,7 @@ def _page(
     sample: int,
     frame: int,
     subtitle: str | None = None,
+    query: int = 0,
 ) -> str:
     """The standalone page (HTML text) showing encoded maps of :func:`export_maps`."""
     length, n, heads = payload["length"], payload["n"], ds.sizes["head"]
@@ -279,6 +404,7 @@ def _page(
         return fig, source
 
     main, main_source = matrix_figure(frame, "pan,wheel_zoom,box_zoom,reset,save")
+    main.name = "attention map"
     main.title.text = "softmax"
     main.xaxis.axis_label, main.yaxis.axis_label = "key", "query"
     main.add_tools(HoverTool(tooltips=[("query", "$y{0}"), ("key", "$x{0}")]))
@@ -287,7 +413,7 @@ def _page(
         code="const [low, top] = [state.data.low[0], state.data.top[0]];"
         "return (low + tick / levels * (top - low)).toPrecision(2);",
     )
-    colorbar = ColorBar(color_mapper=mapper, formatter=formatter, title="weight")
+    colorbar = ColorBar(color_mapper=mapper, formatter=formatter, title=scale_title("weight", 0.0))
     main.add_layout(colorbar, "right")
 
     smalls, small_sources = [], []
@@ -300,6 +426,16 @@ def _page(
         smalls.append(fig)
         small_sources.append(source)
 
+    row_boxes = [
+        BoxAnnotation(
+            bottom=query - 0.5, top=query + 0.5, level="overlay", name="query row", **ROW_STYLE
+        )
+        for _ in range(1 + heads)
+    ]
+    for fig, box in zip([main, *smalls], row_boxes, strict=True):
+        fig.add_layout(box)
+    query_widget = Slider(title="Query", start=0, end=length - 1, value=query, step=1, width=300)
+    sequence, parts = _sequence_figure(ds, payload, sample, query, frame)
     head_widget = Select(title="Head", value="0", options=[str(h) for h in range(heads)])
     masks = payload["masks"]
     own = ds.attrs.get("mask", "none")
@@ -311,25 +447,48 @@ def _page(
         f" · {length} positions"
         f" · stored at {n} x {n} · zoom or pan any map: all heads follow</p>"
     )
+    shown = ColumnDataSource({"flat": [], "low": [], "top": []})  # the map shown now
+    marks = dict(
+        n=payload["n"],
+        length=length,
+        query_widget=query_widget,
+        head_widget=head_widget,
+        row_boxes=row_boxes,
+        shown=shown,
+        masked=MASKED,
+        levels=LEVELS,
+        **parts,
+    )
     callback = CustomJS(
         args=dict(
             payload=payload,
             masks=masks,
             mask_widget=mask_widget,
-            head_widget=head_widget,
             main_source=main_source,
             small_sources=small_sources,
             main_title=main.title,
             colorbar=colorbar,
             state=state,
+            **marks,
         ),
-        code=DECODE_JS,
+        code=QUERY_JS + DECODE_JS,
     )
     head_widget.js_on_change("value", callback)
     mask_widget.js_on_change("active", callback)
+    query_widget.js_on_change("value", CustomJS(args=marks, code=QUERY_JS + "mark();"))
+    # a click on a row of the large map picks its query
+    main.js_on_event(
+        "tap",
+        CustomJS(
+            args=dict(query_widget=query_widget, length=length),
+            code="query_widget.value = Math.max(0, Math.min(length - 1, Math.round(cb_obj.y)));",
+        ),
+    )
+    controls = column(Div(text="<b>Mask</b>"), mask_widget, head_widget, query_widget, stage)
     layout = column(
         header,
-        row(column(Div(text="<b>Mask</b>"), mask_widget, head_widget, stage), main),
+        *([sequence] if sequence is not None else []),
+        row(controls, main),
         gridplot(smalls, ncols=min(heads, 8), toolbar_location=None),
     )
     from bokeh.document import Document

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import colorcet
 
+HIGHLIGHT = "#39ff14"  # the selected query: its row on every map, its marker on the curve
+# the appliance curves, in order
+APPLIANCE_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
+
 HEAD_COLORS = (
     "#0072b2",
     "#e69f00",

@@ -267,6 +267,55 @@ def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:
     return np.arange(ds.sizes["query"]), "position"
 
 
+@dataclass(frozen=True)
+class SequenceSeries:
+    """What the top view plots for one sample (numbers only; the views style them)."""
+
+    xs: np.ndarray  # timestamps where the trace has ``time``, else positions
+    xname: str  # "time" or "position"
+    yname: str  # "power", "norm" or "attention"
+    ylabel: str
+    unit: str | None
+    series: list  # [(label, values)], the aggregate (or the only series) first
+    title: str
+
+
+def sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True):
+    """The input sequence of the selected sample: a :class:`SequenceSeries`.
+
+    The household aggregate power (with each appliance's ground truth and the model's
+    prediction, ``predicted_power``, when asked and present) for a NILM trace; otherwise
+    the norm of the input vector ``x`` per position; for a trace with only weights, the
+    attention each position receives (mean over heads and queries).
+    """
+    xs, xname = position_axis(ds, sel)
+    if "aggregate" in ds:
+        series = [("aggregate", ds["aggregate"].isel(batch=sel.sample).values)]
+        for variable, suffix in (("appliance_power", ""), ("predicted_power", " (predicted)")):
+            if not show_appliances or variable not in ds:
+                continue
+            per_appliance = ds[variable].isel(batch=sel.sample)
+            for i, name in enumerate(per_appliance["appliance"].values):
+                series.append((f"{name}{suffix}", per_appliance.isel(appliance=i).values))
+        title = f"sample {sel.sample}: aggregate power (click to pick the query)"
+        return SequenceSeries(xs, xname, "power", "power", "W", series, title)
+    if "x" in ds:
+        norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
+        title = f"sample {sel.sample}: input vector norm per position"
+        return SequenceSeries(xs, xname, "norm", "‖x‖", None, [("input norm", norm)], title)
+    received = ds["weights"].isel(batch=sel.sample).mean(("head", "query")).values
+    title = f"sample {sel.sample}: attention each position receives"
+    return SequenceSeries(
+        xs,
+        xname,
+        "attention",
+        "attention received",
+        None,
+        [("attention received", received)],
+        title,
+    )
+
+
 def clock_labels(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
     """The clock time of each position of a sample as text, or None without ``time``.
 

@@ -11,12 +11,7 @@ import holoviews.plotting.bokeh  # noqa: F401  (registers the backend that .opts
 import numpy as np
 from bokeh.models import BasicTickFormatter
 
-from attnpanel.palette import head_color
-
-HIGHLIGHT = "#39ff14"
-
-
-APPLIANCE_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
+from attnpanel.palette import APPLIANCE_COLORS, HIGHLIGHT, head_color  # noqa: F401 - re-exported
 
 
 def head_colors(heads: np.ndarray, enabled=None) -> list[str]:

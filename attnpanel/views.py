@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from attnpanel import summary
+from attnpanel import readouts, summary
 from attnpanel.palette import HEAD_COLORS, head_color  # noqa: F401 - views.HEAD_COLORS
 from attnpanel.raster import (  # noqa: F401 - re-exported
     COLOR_TOP_PERCENTILE,
@@ -111,29 +111,9 @@ def query_marker(ds: xr.Dataset, sel: Selection) -> hv.HSpan:
 
 def _sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True):
     """What the top view plots: ``(xs, xdim, ydim, [(label, values)], title)``."""
-    xs, xname = position_axis(ds, sel)
-    xdim = hv.Dimension(xname)
-    if "aggregate" in ds:
-        ydim = hv.Dimension("power", label="power", unit="W")
-        series = [("aggregate", ds["aggregate"].isel(batch=sel.sample).values)]
-        for variable, suffix in (("appliance_power", ""), ("predicted_power", " (predicted)")):
-            if not show_appliances or variable not in ds:
-                continue
-            per_appliance = ds[variable].isel(batch=sel.sample)
-            for i, name in enumerate(per_appliance["appliance"].values):
-                series.append((f"{name}{suffix}", per_appliance.isel(appliance=i).values))
-        title = f"sample {sel.sample}: aggregate power (click to pick the query)"
-    elif "x" in ds:
-        ydim = hv.Dimension("norm", label="‖x‖")
-        norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
-        series = [("input norm", norm)]
-        title = f"sample {sel.sample}: input vector norm per position"
-    else:
-        ydim = hv.Dimension("attention", label="attention received")
-        received = ds["weights"].isel(batch=sel.sample).mean(("head", "query")).values
-        series = [("attention received", received)]
-        title = f"sample {sel.sample}: attention each position receives"
-    return xs, xdim, ydim, series, title
+    found = readouts.sequence_series(ds, sel, show_appliances)
+    ydim = hv.Dimension(found.yname, label=found.ylabel, unit=found.unit)
+    return found.xs, hv.Dimension(found.xname), ydim, found.series, found.title
 
 
 def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True) -> hv.Overlay:

@@ -21,6 +21,7 @@ from attnpanel.export import (
     export_html,
     export_maps,
 )
+from attnpanel.trace import attention_stage
 
 MAX_BYTES = 5_000_000  # 5 MB, the issue's limit
 
@@ -158,7 +159,7 @@ def _frame_pixels(page, points) -> list[tuple[int, int, int]]:
 
     left, top, width, height = page.evaluate(
         """() => {
-          const view = [...Bokeh.index.all_views()].find(v => v.model.type === 'Figure');
+          const view = [...Bokeh.index.all_views()].find(v => v.model.name === 'attention map');
           const el = view.el.getBoundingClientRect();
           const f = view.frame.bbox;
           return [el.left + f.left, el.top + f.top, f.width, f.height];
@@ -168,8 +169,19 @@ def _frame_pixels(page, points) -> list[tuple[int, int, int]]:
     return [image.getpixel((int(left + width * fx), int(top + height * fy))) for fx, fy in points]
 
 
+def _main_box(page) -> dict:
+    """The large map's box on the page."""
+    return page.evaluate(
+        """() => {
+          const view = [...Bokeh.index.all_views()].find(v => v.model.name === 'attention map');
+          const r = view.el.getBoundingClientRect();
+          return {x: r.left, y: r.top, width: r.width, height: r.height};
+        }"""
+    )
+
+
 def _canvas_hash(page) -> str:
-    shot = page.locator(".bk-Figure").first.screenshot()
+    shot = page.screenshot(clip=_main_box(page))
     return hashlib.sha1(shot).hexdigest()
 
 
@@ -217,19 +229,20 @@ def test_zoom_is_linked_across_heads(trace_480, browser, artifacts, tmp_path):
         ranges = page.evaluate(
             """() => {
               const doc = Bokeh.documents[0];
-              const plots = [...doc.all_models].filter(m => m.type === 'Figure');
+              const plots = [...doc.all_models].filter(
+                m => m.type === 'Figure' && m.name !== 'sequence');
               return plots.map(p => [p.x_range.id, p.y_range.id]);
             }"""
         )
         assert len(ranges) == 9  # the large map and one per head
         assert len({tuple(r) for r in ranges}) == 1, "every map must share one x and one y range"
-        main = page.locator(".bk-Figure").first
-        box = main.bounding_box()
+        box = _main_box(page)
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.mouse.wheel(0, -400)
         page.wait_for_timeout(500)
         start, end = page.evaluate(
-            """() => { const p = [...Bokeh.documents[0].all_models].find(m => m.type === 'Figure');
+            """() => { const p = [...Bokeh.documents[0].all_models].find(
+                         m => m.name === 'attention map');
                        return [p.x_range.start, p.x_range.end]; }"""
         )
         assert end - start < 479, "the wheel zoom did not zoom"
@@ -249,3 +262,62 @@ def test_the_export_needs_neither_holoviews_nor_panel():
         "[m for m in ('holoviews', 'panel') if m in sys.modules]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_export_keeps_the_power_curve_and_a_query_selection(browser, artifacts, tmp_path):
+    """A NILM trace's export shows the sample's power (aggregate, each appliance's truth and
+    prediction) with the selected query's stored weights behind it; the query slider (the
+    explorer's query when saved) moves the row marked on every map and the weights."""
+    ds = attnpanel.demo().isel(batch=slice(0, 2), query=slice(0, 200), key=slice(0, 200))
+    ds = ds.isel(position=slice(0, 200)) if "position" in ds.dims else ds
+    path = export_html(ds, tmp_path / "power.html", sample=1, query=37, size=200)
+    context, page, attempted, errors = _open_offline(browser, path, artifacts, "power")
+    try:
+        curve = page.evaluate(
+            """() => {
+              const fig = [...Bokeh.documents[0].all_models].find(m => m.name === 'sequence');
+              const lines = fig.renderers.filter(r => r.glyph.type === 'Line');
+              return {n: lines.length, first: Array.from(lines[0].data_source.data.y),
+                      legend: fig.center.concat(fig.right).filter(a => a.type === 'Legend')
+                        .flatMap(l => l.items.map(i => i.label.value))};
+            }"""
+        )
+        np.testing.assert_allclose(curve["first"], ds["aggregate"].values[1], rtol=1e-6)
+        appliances = list(ds["appliance"].values)
+        assert curve["n"] == 1 + 2 * len(appliances)  # aggregate, truth, prediction
+        assert "fridge (predicted)" in curve["legend"]
+
+        def band_and_rows():
+            return page.evaluate(
+                """() => {
+                  const all = [...Bokeh.documents[0].all_models];
+                  const band = all.find(m => m.type === 'ColumnDataSource' && 'alpha' in m.data);
+                  const rows = all.filter(m => m.name === 'query row');
+                  const shown = all.find(m => m.type === 'ColumnDataSource' && 'flat' in m.data);
+                  return {weight: Array.from(band.data.weight), top: shown.data.top[0],
+                          rows: rows.map(b => [b.bottom, b.top])};
+                }"""
+            )
+
+        def expected(query, top):  # head 0, diagonal mask: the trace's own softmax row,
+            # as stored: 8 bits up to the colour scale's top (p99.5), heavier cells at the top
+            row = attention_stage(ds, "softmax", mask="diagonal", batch=1, head=0).values[query]
+            return np.minimum(np.where(np.eye(200, dtype=bool)[query], 0.0, row), top)
+
+        found = band_and_rows()
+        assert {tuple(r) for r in found["rows"]} == {(36.5, 37.5)}
+        assert len(found["rows"]) == 1 + ds.sizes["head"]  # the large map and every head
+        step = found["top"] / LEVELS  # 8-bit storage
+        np.testing.assert_allclose(found["weight"], expected(37, found["top"]), atol=step)
+        page.evaluate(
+            """() => { [...Bokeh.documents[0].all_models]
+                         .find(m => m.type === 'Slider').value = 150; }"""
+        )
+        page.wait_for_timeout(300)
+        found = band_and_rows()
+        assert {tuple(r) for r in found["rows"]} == {(149.5, 150.5)}
+        np.testing.assert_allclose(found["weight"], expected(150, found["top"]), atol=step)
+        page.screenshot(path=str(artifacts / "export_power_query.png"), full_page=True)
+        assert errors == [] and attempted == []
+    finally:
+        context.close()
