@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from served_app import opened, page_widths, shot
+from served_app import PAGE_TEXT_JS, opened, page_widths, shot
 
 MATRIX = "sample "  # the matrix title starts "sample N, head ..." (the top view "sample N:")
 
@@ -232,3 +232,29 @@ def test_the_page_fits_1280_and_1600_pixels_with_side_by_side(app):
     )
     set_widget(page, "Head", "head 0")
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
+def test_weight_matrices_have_colour_bars_axes_and_a_scale_centred_on_zero(app, artifacts):
+    """Wq, Wk, Wv and Wo are drawn with axes (in, out), a colour bar and a colour scale
+    centred on 0 (the one colour rule for signed values)."""
+    page, _ = app
+    found = page.evaluate(
+        """['Wq', 'Wk', 'Wv', 'Wo'].map((t) => {
+             const pv = attn.plot(t); const m = pv.model;
+             const parts = [...m.left, ...m.below, ...m.right, ...m.above];
+             const bar = parts.find((a) => a.type === 'ColorBar');
+             return {title: m.title.text, bar: bar !== undefined,
+                     low: bar ? bar.color_mapper.low : null,
+                     high: bar ? bar.color_mapper.high : null,
+                     axes: parts.filter((a) => a.type.endsWith('Axis')).map((a) => a.axis_label),
+                     painted: pv.canvas_view.bbox.width > 0};
+           })"""
+    )
+    shot(page, artifacts, "weight_matrices")
+    for w in found:
+        assert w["bar"] and w["painted"], w
+        assert w["low"] == -w["high"] and w["high"] > 0, w
+        assert len(w["axes"]) == 2, w
+    assert sorted(found[-1]["axes"]) == ["in", "out"]  # Wo's; the small three have a caption
+    text = page.evaluate(PAGE_TEXT_JS)
+    assert "rows: out, columns: in; colours ±p99.5 of |value| (centred on 0)" in text

@@ -7,6 +7,7 @@ import panel as pn
 
 from attnpanel import views
 from attnpanel.engine import Raster
+from attnpanel.raster import scale_title
 from attnpanel.readouts import MissingVariable, require
 from attnpanel.sections.base import Section
 
@@ -77,6 +78,14 @@ class Projection(Section):
             for name in ("w_q", "w_k", "w_v")
         ]
         items.append(pn.Row(*maps, margin=0))
+        items.append(
+            pn.pane.Markdown(
+                f"rows: out, columns: in; colours {scale_title('', -1.0)} (centred on 0)",
+                styles={"font-size": "10px", "color": "#555"},
+                margin=(0, 5),
+                width=WIDTH,
+            )
+        )
         for name in ("q", "k", "v"):
             items.append(
                 self.bars(
