@@ -304,13 +304,28 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return explore(capture)  # returned, not also .servable(): one explorer per page
 
     pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
+    if args.num_procs != 1:
+        # forked after the trace is loaded: the workers share its pages until one writes
+        serving.workers_die_with_parent()
     pn.serve(
         {"attnpanel": session},
         port=args.port,
         address=args.address,
         show=False,
         title="attnpanel",
+        num_procs=args.num_procs,
     )
+
+
+def _procs(text: str) -> int:
+    """A ``--num-procs`` value: 0 (one per core) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} processes: give 0 (one per core) or more")
+    return value
 
 
 def _pick_layer(capture, layer: str | None):
@@ -392,6 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("trace", nargs="?", help="a saved trace (.nc or .zarr); default: the demo")
     serve.add_argument("--port", type=_port, default=5006, help="port, 1-65535 (default 5006)")
     serve.add_argument("--address", default="localhost", help="address to bind (default localhost)")
+    serve.add_argument(
+        "--num-procs",
+        type=_procs,
+        default=1,
+        help="worker processes on the one port (0: one per core; default 1); they stop "
+        "with the server",
+    )
     serve.set_defaults(func=cmd_serve)
 
     export = sub.add_parser(

@@ -6,7 +6,8 @@ session (:func:`shared_trace`, on ``pn.state.as_cached``), with its arrays made 
 so that no session can change what another one sees. A session holds its explorer (its
 state and its Bokeh document); when it closes, :func:`release_on_close` collects it and
 hands the freed memory back to the operating system. :func:`die_with_parent` makes the
-workers of ``panel serve --num-procs N`` stop with the server that forked them.
+workers of ``attnpanel serve --num-procs N`` (and of ``panel serve --num-procs N --setup
+apps/workers.py``) stop with the server that forked them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -72,3 +75,33 @@ def release_on_close() -> None:
 
     # a moment later: while the callback runs, the session's document is still referenced
     pn.state.on_session_destroyed(lambda _context: IOLoop.current().call_later(1.0, _trim_memory))
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this process when the process that forked it exits.
+
+    For the workers that ``--num-procs`` forks: Bokeh's parent process does not stop them
+    when it is stopped. Linux only (``prctl(PR_SET_PDEATHSIG)``); returns whether it was set.
+    A worker whose parent is already gone stops at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc_name = ctypes.util.find_library("c")
+    try:
+        prctl = ctypes.CDLL(libc_name, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    parent = os.getppid()
+    if prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the parent exited before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def workers_die_with_parent() -> None:
+    """Make every process forked from now on (the server's workers) stop with this one."""
+    os.register_at_fork(after_in_child=die_with_parent)

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import panel as pn
 import pytest
 import torch
 from bokeh.document import Document
+from served_app import ROOT, free_port
 from test_explorer import make_trace
 from zoo import build_torch_transformer
 
@@ -90,3 +97,93 @@ def test_sessions_on_one_capture_with_several_layers_do_not_see_each_other():
     assert second.layer == second.param.layer.objects[0]
     assert second.explorer.trace.sizes["query"] == 10  # still the encoder's 10 x 10
     assert first.explorer.trace.sizes["query"] == 7
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _stops_with_parent(cmd: list[str], timeout: float = 180.0) -> None:
+    """Start ``cmd`` (a server forking 2 workers), wait for the workers, SIGTERM the parent
+    only, and assert that every worker stops."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while len(workers := _children(proc.pid)) < 2:
+            assert proc.poll() is None, f"{cmd} exited with {proc.returncode}"
+            assert time.monotonic() < deadline, f"{cmd} forked no workers in {timeout} s"
+            time.sleep(0.5)
+        time.sleep(2)  # the workers are running their setup
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [w for w in workers if _alive(w)]
+        for w in left:
+            os.kill(w, signal.SIGKILL)
+        assert left == [], f"workers {left} outlived their server"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_panel_serve_workers_stop_with_the_server():
+    """``panel serve --num-procs 2 --setup apps/workers.py``: stopping the server (SIGTERM
+    to the parent only) stops its forked workers."""
+    port = free_port()
+    _stops_with_parent(
+        [
+            sys.executable,
+            "-m",
+            "panel",
+            "serve",
+            str(ROOT / "apps" / "main.py"),
+            "--port",
+            str(port),
+            "--address",
+            "127.0.0.1",
+            "--num-procs",
+            "2",
+            "--setup",
+            str(ROOT / "apps" / "workers.py"),
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_attnpanel_serve_workers_stop_with_the_server():
+    """``attnpanel serve --num-procs 2`` (the demo computed once, before the fork)."""
+    port = free_port()
+    _stops_with_parent(
+        [
+            sys.executable,
+            "-m",
+            "attnpanel",
+            "serve",
+            "--num-procs",
+            "2",
+            "--port",
+            str(port),
+            "--address",
+            "127.0.0.1",
+        ]
+    )
