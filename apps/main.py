@@ -17,6 +17,7 @@ from attnpanel.explorer import AttentionExplorer, notify_errors
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 serving.release_on_close()
+serving.skip_document_validation()  # the page is validated once, by the tests
 
 trace = serving.shared_trace("demo", attnpanel.demo)
 AttentionExplorer(trace).servable(title="attnpanel explorer")

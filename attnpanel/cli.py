@@ -297,13 +297,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from attnpanel.demo import demo
 
         capture = demo()
-    serving.freeze(capture)  # loaded once, read by every session, written by none
+    serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
 
     def session():
         serving.release_on_close()
         return explore(capture)  # returned, not also .servable(): one explorer per page
 
     pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
+    serving.skip_document_validation()  # the page is validated once, by the tests
     if args.num_procs != 1:
         # forked after the trace is loaded: the workers share its pages until one writes
         serving.workers_die_with_parent()

@@ -35,7 +35,7 @@ from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
-from attnpanel.figures import axis_number, draw
+from attnpanel.figures import axis_number, box_handles, draw
 from attnpanel.raster import image_limits, scale_title, window_raster
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
@@ -121,6 +121,7 @@ class LiveEngine:
         self.state = state
         self.window: tuple | None = None  # ((x0, x1), (y0, y1)) shown by the linked maps
         self.root = None  # the layout pushed to a notebook after an update
+        self.box_handles = box_handles()  # shared by every box annotation of the page
         self._views: list[LiveView] = []
         self._handles: dict[str, dict[PlotKey, list[dict]]] = {}
         self._render_callbacks: list[Callable] = []
@@ -210,7 +211,7 @@ class LiveEngine:
         **pane_kw
             Options of the ``pn.pane.Bokeh`` that holds it (margin, width ...).
         """
-        style = dict(style or {})
+        style = dict(style or {}, box_handles=self.box_handles)
         if linked:
             style.update(self._shared_ranges(element))
         figure, layers = draw(element, **style)

@@ -18,6 +18,7 @@ import numpy as np
 from bokeh.models import (
     BasicTickFormatter,
     BoxAnnotation,
+    BoxInteractionHandles,
     ColorBar,
     ColumnDataSource,
     DataTable,
@@ -35,6 +36,7 @@ from bokeh.models import (
     TableColumn,
     WheelZoomTool,
 )
+from bokeh.models.annotations.geometry import AreaVisuals  # not re-exported by bokeh.models
 from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
@@ -42,6 +44,18 @@ from attnpanel.raster import image_limits, scale_title
 from attnpanel.styling import HIGHLIGHT
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+
+
+def box_handles():
+    """The look of a box annotation's drag handles, one model shared by every box of a page.
+
+    Bokeh gives each ``BoxAnnotation`` its own two models for handles none of the explorer's
+    boxes shows (they are not editable): about 60 models a page. Within one document the
+    boxes can share one; a model belongs to one document, so each page makes its own.
+    """
+    return BoxInteractionHandles(all=AreaVisuals(fill_color="white", line_color="black"))
+
+
 # WebGL draws maps and long curves; a chart of a few hundred bars or points gains nothing
 # from it and each WebGL canvas costs a read-back per paint (20-150 ms in software GL: the
 # demo's top view of twelve 480-point layers painted in 148 ms with WebGL, 12 ms without).
@@ -121,6 +135,7 @@ def draw(
     legend: bool = False,
     legend_cols: int = 1,
     layer_style: dict | None = None,
+    box_handles=None,
 ):
     """The Bokeh figure of an element (or overlay), and the handles of each layer.
 
@@ -154,6 +169,8 @@ def draw(
         A legend of the labelled layers, right of the plot.
     layer_style : dict, optional
         Glyph properties per layer label (a curve's colour, dash, visibility).
+    box_handles : bokeh.models.BoxInteractionHandles, optional
+        Shared by the figure's box annotations (:func:`box_handles`, one per page).
 
     Returns
     -------
@@ -210,10 +227,11 @@ def draw(
         fig.y_range = y_range
     found = []
     legend_items = []
+    shared = {} if box_handles is None else {"handles": box_handles}
     for layer in layers:
         style = dict(GROUP_STYLE.get((type(layer).__name__, layer.group), {}))
         style.update((layer_style or {}).get(layer.label, {}))
-        handles = _layer(fig, layer, style, cmap, clim)
+        handles = _layer(fig, layer, style, cmap, clim, shared)
         handles["plot"] = fig
         found.append((_key(layer), handles))
         if legend and layer.label and "glyph_renderer" in handles:
@@ -256,7 +274,7 @@ def draw(
     return fig, found
 
 
-def _layer(fig, layer, style: dict, cmap, clim) -> dict:
+def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
     kind = type(layer).__name__
     visible = style.pop("visible", True)
     if isinstance(layer, hv.Image):
@@ -269,7 +287,9 @@ def _layer(fig, layer, style: dict, cmap, clim) -> dict:
         return {"glyph": span}
     if isinstance(layer, hv.HSpan):
         low, high = (float(v) for v in layer.data)
-        box = BoxAnnotation(bottom=low, top=high, left=None, right=None, level="overlay", **style)
+        box = BoxAnnotation(
+            bottom=low, top=high, left=None, right=None, level="overlay", **handles, **style
+        )
         fig.add_layout(box)
         return {"glyph": box}
     if isinstance(layer, hv.VSpans):

@@ -42,6 +42,23 @@ ZOOM_DEBOUNCE_MS = 25  # a wheel zoom sends a range change per wheel step: act o
 BOX_COLOR = "#111111"
 BOX_NAME = "box selection"  # the box annotation's name on every linked map
 SHARE_LABEL = "mass in box / mass of its queries"
+# Bokeh's box-select overlay (its DEFAULT_BOX_SELECT_OVERLAY), with the page's shared handles.
+SELECT_OVERLAY = dict(
+    syncable=False,
+    level="overlay",
+    visible=False,
+    editable=True,
+    left=math.nan,
+    right=math.nan,
+    top=math.nan,
+    bottom=math.nan,
+    fill_color="lightgrey",
+    fill_alpha=0.5,
+    line_color="black",
+    line_alpha=1.0,
+    line_width=2,
+    line_dash=[4, 4],
+)
 MASS_PANE = "mass share"
 
 
@@ -160,6 +177,7 @@ class LinkedMaps:
         select = BoxSelectTool(
             renderers=[handles["glyph_renderer"]],
             description="Box select: compare the heads' attention mass",
+            overlay=BoxAnnotation(handles=self.engine.box_handles, **SELECT_OVERLAY),
         )
         figure.add_tools(select)
         if element.group == "HeadMap":
@@ -175,6 +193,7 @@ class LinkedMaps:
         if self.box is not None:
             (edges["left"], edges["right"]), (edges["bottom"], edges["top"]) = self.box
         box = BoxAnnotation(
+            handles=self.engine.box_handles,
             name=BOX_NAME,
             **edges,
             fill_alpha=0.08,

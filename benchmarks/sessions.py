@@ -24,6 +24,7 @@ import argparse
 import statistics
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> str:
             f"(max {max(later_cpu):.2f}), median {statistics.median(added):+.0f} MB"
         )
         time.sleep(args.idle)
+        log = ROOT / "artifacts" / f"serve-{urllib.parse.urlparse(url).port}.log"
+        if "Error running application handler" in log.read_text():
+            raise RuntimeError(f"the app failed in a session: see {log}")
         lines.append(
             f"{args.idle:.0f} s after the last request (sessions discarded): "
             f"{rss_mb(proc.pid):.0f} MB"

@@ -187,3 +187,17 @@ def test_attnpanel_serve_workers_stop_with_the_server():
             "127.0.0.1",
         ]
     )
+
+
+def test_the_explorer_page_passes_bokehs_validation():
+    """Servers skip Bokeh's per-session document validation (serving.skip_document_validation):
+    the page, every section shown, is validated here instead; no error may be found."""
+    from bokeh.core.validation.check import check_integrity
+
+    explorer = AttentionExplorer(
+        make_trace(), show_projection=True, show_merge=True, show_head_average=True
+    )
+    doc = Document()
+    doc.add_root(explorer.__panel__().get_root(doc))
+    issues = check_integrity(doc.roots)
+    assert issues.error == [] and issues.warning == [], (issues.error, issues.warning)

@@ -89,6 +89,9 @@ class Controls(Section):
         widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
             state.param.show_head_average, name="head average beside the head maps"
         )
+        for name, widget in widgets.items():
+            if isinstance(widget, pn.widgets.Checkbox):
+                widget.margin = (28, 5, 0, 5)  # level with the player's slider
         self._widgets = widgets
 
     @property
@@ -106,7 +109,7 @@ class Controls(Section):
             pn.Row(
                 w["player"],
                 *(
-                    pn.Column(pn.Spacer(height=18), w[name], margin=0)
+                    w[name]
                     for name in (
                         "show_projection",
                         "show_merge",
