@@ -24,6 +24,7 @@ from bokeh.models import (
     DataTable,
     FactorRange,
     FixedTicker,
+    GlyphRenderer,
     Grid,
     HoverTool,
     Legend,
@@ -36,6 +37,7 @@ from bokeh.models import (
     TableColumn,
     WheelZoomTool,
 )
+from bokeh.models import Image as ImageGlyph
 from bokeh.models.annotations.geometry import AreaVisuals  # not re-exported by bokeh.models
 from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
@@ -350,9 +352,13 @@ def _image(fig, layer: hv.Image, style: dict, cmap, clim) -> dict:
         nan_color=style.pop("nan_color", "black"),
     )
     style.pop("cmap", None)
-    renderer = fig.image(
-        image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper
+    # The glyph made directly: ``fig.image`` would build three Image glyphs (drawn, not
+    # selected, muted), each first with a default colour mapper of its own.
+    glyph = ImageGlyph(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper)
+    renderer = GlyphRenderer(
+        data_source=source, glyph=glyph, nonselection_glyph=None, muted_glyph=None
     )
+    fig.renderers.append(renderer)
     fig.x_range = fig.x_range if isinstance(fig.x_range, Range1d) else Range1d(left, right)
     if not isinstance(fig.y_range, Range1d):
         fig.y_range = Range1d(top, bottom)  # query 0 on top, as every map here

@@ -89,7 +89,7 @@ class Controls(Section):
         widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
             state.param.show_head_average, name="head average beside the head maps"
         )
-        for name, widget in widgets.items():
+        for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):
                 widget.margin = (28, 5, 0, 5)  # level with the player's slider
         self._widgets = widgets
