@@ -1,0 +1,271 @@
+"""Attention at any length: exact tiles of the weights from q, k and per-row statistics.
+
+A row of softmax weights is ``exp(logit - lse)``, where ``lse`` is the log-sum-exp of that
+row's logits (scaled scores, plus any additive bias, blocked cells filled as
+:func:`attnpanel.attention.attend` fills them). :func:`row_statistics` computes ``lse``
+(and the row maximum) in one streaming pass over blocks of queries and keys, the way
+flash attention does, never holding more than ``block_q x block_k`` logits. From then on
+*any* tile of the ``(L, S)`` map is exact and cheap (:func:`weights_tile`): it needs only
+``q`` of its rows, ``k`` of its columns and ``lse`` of its rows, all tiny next to the
+map. :func:`lazy_weights` and :func:`lazy_scores` give the whole map as a dask array of
+such tiles, nothing ``L x L`` ever in memory; :func:`blocked_attention` is the layer's
+forward (the context ``weights @ v``) in the same bounded memory.
+
+The rules are the dense path's (:func:`attnpanel.attention.attend`): blocked cells are
+filled with ``-1e4`` (``-inf`` when there is an additive bias), the softmax runs over the
+filled row, and blocked weights are then exactly 0 (not renormalised), so a row whose
+every key is blocked is all zeros.
+
+Shapes: ``q`` ``(B, H, L, E)``, ``k`` and ``v`` ``(B, H, S, E)``; statistics ``(B, H, L)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnpanel.attention import MASK_FILL, MASK_MODES
+
+BLOCK = 1024  # default rows and columns per block of the streaming passes and the tiles
+
+
+@dataclass(frozen=True)
+class Masking:
+    """Which cells a tile blocks, and the additive bias, without any ``(L, S)`` array.
+
+    Parameters
+    ----------
+    mode : {"none", "diagonal", "causal"}
+        The structural mask: a query never sees itself (diagonal, NILMFormer's) or any
+        later key (causal).
+    key_padding : torch.Tensor, optional
+        ``(B, S)`` bool, True where a key is padding (blocked for every query).
+    bias : torch.Tensor, optional
+        Additive bias broadcastable to ``(B, H, L, S)`` (ALiBi, relative positions); only
+        the tile's slice of it is read.
+    """
+
+    mode: str = "none"
+    key_padding: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.mode not in MASK_MODES:
+            raise ValueError(f"unknown mask {self.mode!r}; expected one of {MASK_MODES}")
+
+    @property
+    def fill(self) -> float:
+        """What a blocked logit becomes before the softmax (the dense path's rule)."""
+        return MASK_FILL if self.bias is None else -math.inf
+
+    def blocked(self, rows: slice, cols: slice, device=None) -> torch.Tensor | None:
+        """The tile's blocked cells, broadcastable to ``(B, H, rows, cols)``, or None."""
+        i = torch.arange(rows.start, rows.stop, device=device)[:, None]
+        j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+        found = None
+        if self.mode == "diagonal":
+            found = i == j
+        elif self.mode == "causal":
+            found = j > i
+        if self.key_padding is not None:
+            padded = self.key_padding[:, None, None, cols].to(device)  # (B, 1, 1, c)
+            found = padded if found is None else padded | found
+        return found
+
+    def bias_tile(self, rows: slice, cols: slice) -> torch.Tensor | None:
+        """The bias's slice for a tile, or None."""
+        if self.bias is None:
+            return None
+        bias = self.bias
+        row_index = rows if bias.shape[-2] > 1 else slice(None)
+        col_index = cols if bias.shape[-1] > 1 else slice(None)
+        return bias[..., row_index, col_index]
+
+
+def logits_tile(q, k, masking: Masking, scale: float, rows: slice, cols: slice):
+    """Scaled scores (plus bias) of a tile, blocked cells filled; and the blocked cells."""
+    logits = (q[..., rows, :] @ k[..., cols, :].transpose(-2, -1)) * scale
+    bias = masking.bias_tile(rows, cols)
+    if bias is not None:
+        logits = logits + bias.to(logits.device, logits.dtype)
+    blocked = masking.blocked(rows, cols, logits.device)
+    if blocked is not None:
+        logits = logits.masked_fill(blocked, masking.fill)
+    return logits, blocked
+
+
+def _blocks(n: int, size: int):
+    return [slice(start, min(n, start + size)) for start in range(0, n, size)]
+
+
+@torch.no_grad()
+def row_statistics(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    masking: Masking = Masking(),
+    scale: float | None = None,
+    block_q: int = BLOCK,
+    block_k: int = BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the maximum and the log-sum-exp of the logits: ``(B, H, L)`` float64 each.
+
+    One pass over ``block_q x block_k`` tiles with a running maximum (flash attention's
+    online softmax); memory ``O(block_q * block_k)`` per head, whatever ``L`` and ``S``.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = q.double(), k.double()  # float64 statistics: a tile is then exact to float32
+    length, keys = q.shape[-2], k.shape[-2]
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    row_max = torch.full((*lead, length), -math.inf, dtype=q.dtype, device=q.device)
+    total = torch.zeros((*lead, length), dtype=q.dtype, device=q.device)
+    for rows in _blocks(length, block_q):
+        m = row_max[..., rows]
+        s = total[..., rows]
+        for cols in _blocks(keys, block_k):
+            logits, _ = logits_tile(q, k, masking, scale, rows, cols)
+            new = torch.maximum(m, logits.amax(-1))
+            safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+            s = s * torch.exp(m - safe).nan_to_num(0.0) + torch.exp(logits - safe[..., None]).sum(
+                -1
+            )
+            m = new
+        row_max[..., rows] = m
+        total[..., rows] = s
+    return row_max, row_max + torch.log(total)
+
+
+@torch.no_grad()
+def weights_tile(q, k, lse, masking: Masking, scale: float, rows: slice, cols: slice):
+    """The exact softmax weights of a tile, ``(B, H, rows, cols)`` float32: blocked cells 0.
+
+    Computed in float64 from float64 ``lse`` (:func:`row_statistics`), then rounded once.
+    """
+    logits, blocked = logits_tile(q.double(), k.double(), masking, scale, rows, cols)
+    weights = torch.exp(logits - lse[..., rows, None].double())
+    if blocked is not None:
+        weights = weights.masked_fill(blocked, 0.0)
+    return weights.nan_to_num(0.0).float()  # a row whose every key is blocked (lse = -inf)
+
+
+@torch.no_grad()
+def blocked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    masking: Masking = Masking(),
+    scale: float | None = None,
+    block_q: int = BLOCK,
+    block_k: int = BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The context ``weights @ v`` ``(B, H, L, E)`` and the rows' ``lse``, in bounded memory.
+
+    The same numbers as the dense path, without the ``(L, S)`` weights: per block of
+    queries, the keys stream through with a running maximum, sum and weighted sum of
+    values; blocked cells count in the sum as the dense softmax counts them and add
+    nothing to the context.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    length, keys = q.shape[-2], k.shape[-2]
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    context = torch.zeros((*lead, length, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((*lead, length), dtype=q.dtype, device=q.device)
+    for rows in _blocks(length, block_q):
+        m = torch.full((*lead, rows.stop - rows.start), -math.inf, dtype=q.dtype, device=q.device)
+        s = torch.zeros_like(m)
+        acc = torch.zeros((*m.shape, v.shape[-1]), dtype=q.dtype, device=q.device)
+        for cols in _blocks(keys, block_k):
+            logits, blocked = logits_tile(q, k, masking, scale, rows, cols)
+            new = torch.maximum(m, logits.amax(-1))
+            safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+            correction = torch.exp(m - safe).nan_to_num(0.0)
+            p = torch.exp(logits - safe[..., None])
+            s = s * correction + p.sum(-1)
+            if blocked is not None:
+                p = p.masked_fill(blocked, 0.0)
+            acc = acc * correction[..., None] + p @ v[..., cols, :]
+            m = new
+        context[..., rows, :] = (acc / s[..., None]).nan_to_num(0.0)
+        lse[..., rows] = m + torch.log(s)
+    return context, lse
+
+
+def _lazy(tile, shape, chunks, name: str):
+    """A dask array of ``shape`` whose every chunk is ``tile(b, h, rows, cols)``."""
+    import dask.array as da
+    from dask.base import tokenize
+
+    batch, heads, length, keys = shape
+    row_blocks, col_blocks = _blocks(length, chunks[0]), _blocks(keys, chunks[1])
+    token = f"{name}-{tokenize(name, shape, chunks, id(tile))}"
+    graph = {
+        (token, b, h, i, j): (tile, b, h, rows, cols)
+        for b in range(batch)
+        for h in range(heads)
+        for i, rows in enumerate(row_blocks)
+        for j, cols in enumerate(col_blocks)
+    }
+    dims = (
+        (1,) * batch,
+        (1,) * heads,
+        tuple(r.stop - r.start for r in row_blocks),
+        tuple(c.stop - c.start for c in col_blocks),
+    )
+    return da.Array(graph, token, dims, dtype=np.float32)
+
+
+def _tile_inputs(q, k, lse, masking: Masking):
+    q, k = torch.as_tensor(q), torch.as_tensor(k)
+    lse = None if lse is None else torch.as_tensor(lse)
+    return q, k, lse, masking
+
+
+def _sample_masking(masking: Masking, b: int, h: int) -> Masking:
+    """The masking of one sample and head (its padding row, its bias slice)."""
+    padding = None if masking.key_padding is None else masking.key_padding[b : b + 1]
+    bias = masking.bias
+    if bias is not None:
+        while bias.dim() < 4:
+            bias = bias[None]
+        bias = bias[b if bias.shape[0] > 1 else 0][h if bias.shape[1] > 1 else 0][None, None]
+    return Masking(masking.mode, padding, bias)
+
+
+def lazy_weights(q, k, lse, masking: Masking = Masking(), scale=None, chunks=(BLOCK, BLOCK)):
+    """The ``(B, H, L, S)`` softmax weights as a dask array of exact tiles.
+
+    ``q`` ``(B, H, L, E)``, ``k`` ``(B, H, S, E)`` and ``lse`` ``(B, H, L)`` (from
+    :func:`row_statistics`) are all it reads; a chunk costs one ``rows x cols`` product.
+    """
+    q, k, lse, masking = _tile_inputs(q, k, lse, masking)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+
+    def tile(b, h, rows, cols):
+        one = _sample_masking(masking, b, h)
+        found = weights_tile(
+            q[b : b + 1, h : h + 1],
+            k[b : b + 1, h : h + 1],
+            lse[b : b + 1, h : h + 1],
+            one,
+            scale,
+            rows,
+            cols,
+        )
+        return found.numpy().astype(np.float32, copy=False)
+
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return _lazy(tile, shape, chunks, "attnpanel-weights")
+
+
+def lazy_scores(q, k, chunks=(BLOCK, BLOCK)):
+    """The ``(B, H, L, S)`` raw scores ``q . k`` as a dask array of tiles."""
+    q, k = torch.as_tensor(q), torch.as_tensor(k)
+
+    def tile(b, h, rows, cols):
+        found = q[b : b + 1, h : h + 1, rows] @ k[b : b + 1, h : h + 1, cols].transpose(-2, -1)
+        return found.numpy().astype(np.float32, copy=False)
+
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return _lazy(tile, shape, chunks, "attnpanel-scores")

@@ -1,0 +1,152 @@
+"""Exact attention tiles from q, k and row statistics (attnpanel.tiles) against the dense path.
+
+Property tests: random q and k (sharpened, so that some rows are peaked), every mask kind
+(none, diagonal, causal, per-sample key padding, an additive bias), random windows that
+cut across chunk edges; each lazy tile must equal the dense recomputation
+(``attention.attention_weights``) to 1e-6 and blocked cells must be exactly 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnpanel.attention import attention_weights, build_mask
+from attnpanel.tiles import (
+    Masking,
+    blocked_attention,
+    lazy_scores,
+    lazy_weights,
+    row_statistics,
+)
+
+KINDS = ("none", "diagonal", "causal", "padding", "bias")
+
+
+def _inputs(batch: int, heads: int, length: int, dim: int = 12, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, length, dim, generator=generator) * 2.0
+    k = torch.randn(batch, heads, length, dim, generator=generator) * 2.0
+    v = torch.randn(batch, heads, length, dim, generator=generator)
+    return q, k, v, generator
+
+
+def _masking(kind: str, batch: int, heads: int, length: int, generator) -> Masking:
+    if kind in ("none", "diagonal", "causal"):
+        return Masking(kind)
+    if kind == "padding":
+        padding = torch.zeros(batch, length, dtype=torch.bool)
+        for b in range(batch):  # the last 1 to L/3 keys of each sample are padding
+            padded = int(torch.randint(1, max(2, length // 3 + 1), (1,), generator=generator))
+            padding[b, length - padded :] = True
+        return Masking("causal", key_padding=padding)
+    bias = torch.randn(batch, heads, length, length, generator=generator)
+    return Masking("diagonal", bias=bias)
+
+
+def _dense(q, k, masking: Masking, scale: float) -> torch.Tensor:
+    """The dense path's weights under the same masking (attention.attention_weights), in
+    float64: the reference (the float32 dense path itself is ~1e-6 off near 1)."""
+    q, k = q.double(), k.double()
+    if masking.bias is not None:
+        masking = Masking(masking.mode, masking.key_padding, masking.bias.double())
+    length = q.shape[-2]
+    blocked = build_mask(masking.mode, length)
+    if masking.key_padding is not None:
+        padded = masking.key_padding[:, None, None, :]
+        blocked = padded if blocked is None else blocked | padded
+    return attention_weights(q, k, blocked, scale, bias=masking.bias)
+
+
+def _windows(length: int, generator, count: int = 6):
+    for _ in range(count):
+        r0, r1 = sorted(int(x) for x in torch.randint(0, length + 1, (2,), generator=generator))
+        c0, c1 = sorted(int(x) for x in torch.randint(0, length + 1, (2,), generator=generator))
+        yield slice(r0, max(r1, r0 + 1)), slice(c0, max(c1, c0 + 1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("length", [2, 64, 257, 1000])
+def test_lazy_tiles_equal_the_dense_weights(kind, length):
+    batch, heads = 2, 3
+    q, k, _, generator = _inputs(batch, heads, length, seed=length)
+    masking = _masking(kind, batch, heads, length, generator)
+    scale = 12**-0.5
+    dense = _dense(q, k, masking, scale).numpy()
+    _, lse = row_statistics(q, k, masking, scale, block_q=97, block_k=131)
+    lazy = lazy_weights(q, k, lse, masking, scale, chunks=(128, 160))
+    assert lazy.shape == dense.shape and lazy.dtype == np.float32
+    blocked = _dense_blocked(masking, batch, length)
+    for rows, cols in _windows(length, generator):
+        tile = lazy[:, :, rows, cols].compute()
+        np.testing.assert_allclose(tile, dense[:, :, rows, cols], rtol=0, atol=1e-6)
+        hidden = np.broadcast_to(blocked, dense.shape)[:, :, rows, cols]
+        assert (tile[hidden] == 0).all(), "a blocked cell carries weight"
+
+
+def _dense_blocked(masking: Masking, batch: int, length: int) -> np.ndarray:
+    blocked = np.zeros((batch, 1, length, length), dtype=bool)
+    mode = build_mask(masking.mode, length)
+    if mode is not None:
+        blocked |= mode.numpy()
+    if masking.key_padding is not None:
+        blocked |= masking.key_padding.numpy()[:, None, None, :]
+    return blocked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_lazy_tiles_equal_the_dense_weights_at_4096(kind):
+    """L = 4,096, one sample, one head: the issue's largest dense check."""
+    length = 4096
+    q, k, _, generator = _inputs(1, 1, length, seed=4096)
+    masking = _masking(kind, 1, 1, length, generator)
+    dense = _dense(q, k, masking, 12**-0.5).numpy()
+    _, lse = row_statistics(q, k, masking, 12**-0.5)
+    lazy = lazy_weights(q, k, lse, masking, 12**-0.5)
+    for rows, cols in _windows(length, generator, count=4):
+        np.testing.assert_allclose(
+            lazy[:, :, rows, cols].compute(), dense[:, :, rows, cols], rtol=0, atol=1e-6
+        )
+    assert float(lazy.sum(axis=-1).max().compute()) <= 1 + 1e-4  # rows sum to at most 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocked_attention_gives_the_dense_context_and_statistics(kind):
+    batch, heads, length = 2, 2, 300
+    q, k, v, generator = _inputs(batch, heads, length, seed=7)
+    masking = _masking(kind, batch, heads, length, generator)
+    scale = 12**-0.5
+    weights = _dense(q, k, masking, scale)
+    context, lse = blocked_attention(q, k, v, masking, scale, block_q=64, block_k=50)
+    np.testing.assert_allclose(context.numpy(), (weights @ v.double()).numpy(), rtol=0, atol=1e-5)
+    _, streamed = row_statistics(q, k, masking, scale, block_q=33, block_k=77)
+    np.testing.assert_allclose(lse.numpy(), streamed.numpy(), rtol=1e-6, atol=1e-5)
+
+
+def test_a_row_with_every_key_blocked_is_all_zeros():
+    q, k, v, _ = _inputs(1, 1, 16, seed=3)
+    padding = torch.ones(1, 16, dtype=torch.bool)  # every key is padding
+    for masking in (
+        Masking("none", key_padding=padding),
+        Masking("none", key_padding=padding, bias=torch.zeros(1, 1, 16, 16)),
+    ):
+        _, lse = row_statistics(q, k, masking)
+        tile = lazy_weights(q, k, lse, masking, chunks=(5, 7)).compute()
+        assert (tile == 0).all() and np.isfinite(tile).all()
+        context, _ = blocked_attention(q, k, v, masking, block_q=5, block_k=7)
+        assert (context == 0).all()
+
+
+def test_lazy_scores_are_the_raw_products():
+    q, k, _, _ = _inputs(2, 2, 70, seed=5)
+    lazy = lazy_scores(q, k, chunks=(32, 25))
+    np.testing.assert_allclose(
+        lazy.compute(), (q @ k.transpose(-2, -1)).numpy(), rtol=1e-6, atol=1e-5
+    )
+
+
+def test_an_unknown_mask_is_refused():
+    with pytest.raises(ValueError, match="unknown mask 'upper'"):
+        Masking("upper")
