@@ -37,6 +37,7 @@ from panel.io.state import set_curdoc
 from attnpanel import styling, untrusted
 from attnpanel.figures import axis_number, box_handles, draw
 from attnpanel.raster import image_limits, scale_title, window_raster
+from attnpanel.readouts import stages_cached
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,21 @@ LINKED_GROUPS = ("Attention", "HeadMap")  # map groups that zoom together
 IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repaint maps
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
+SLOW_DELAY_MS = 10  # the loading indicator goes out, then the slow maps are computed
+# One indicator for the page, fixed at its top right (visible wherever the page is
+# scrolled): a per-plot one (Panel's ``loading``, or a style) makes BokehJS re-render each
+# plot, 0.2-0.7 s apiece, longer than the recomputation it announces.
+INDICATOR_STYLE = {
+    "position": "fixed",
+    "top": "8px",
+    "right": "16px",
+    "z-index": "1000",
+    "background": "#fff8d6",
+    "border": "1px solid #e0c060",
+    "border-radius": "4px",
+    "padding": "2px 10px",
+    "font-size": "13px",
+}
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
 
 
@@ -128,6 +144,13 @@ class LiveEngine:
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._pending: dict[int, LiveView] = {}
         self._scheduled = False
+        # shown while maps are recomputed from q and k (the explorer lays it out)
+        self.indicator = pn.pane.HTML(
+            "⏳ recomputing the maps from q and k …",
+            visible=False,
+            styles=INDICATOR_STYLE,
+            margin=0,
+        )
         state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_appliances"])
 
     def on_render(self, callback: Callable) -> None:
@@ -369,6 +392,9 @@ class LiveEngine:
         # wait that long (a moved marker is cheap: 30 ms). Pending views coalesce across
         # fast events (a dragged slider).
         sel = self.state.selection
+        if changed & IMAGE_PARAMS and not self._cached(sel):
+            self._slow(doc, due)
+            return
         with pn.io.hold(doc):  # one message for all of them, not one per property
             for view in due:
                 if view.first:
@@ -381,6 +407,30 @@ class LiveEngine:
             # next tick too and must go out before the other views are computed.
             delay = SECONDARY_DELAY_MS if changed & IMAGE_PARAMS else QUERY_DELAY_MS
             doc.add_timeout_callback(partial(self._refresh_pending, doc), delay)
+
+    def _cached(self, sel) -> bool:
+        try:
+            return stages_cached(self.state.trace, sel, self.state.cache)
+        except Exception:  # noqa: BLE001 - the views report their own errors
+            return True
+
+    def _slow(self, doc, due: list[LiveView]) -> None:
+        """A change whose maps must be recomputed from q and k (a mask or sample not seen
+        yet: 0.1-0.5 s): the page's busy indicator shows first, then the views are drawn
+        together and it goes."""
+        self.indicator.visible = True
+        for view in due:
+            self._pending[id(view)] = view
+
+        def draw():
+            try:
+                self._refresh_pending(doc)
+            finally:
+                with set_curdoc(doc):
+                    self.indicator.visible = False
+
+        # a timeout, not the next tick: the indicator's message must go out first
+        doc.add_timeout_callback(draw, SLOW_DELAY_MS)
 
     def _push_notebook(self) -> None:
         doc = pn.state.curdoc

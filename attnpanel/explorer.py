@@ -120,6 +120,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         title = (str(self.trace.attrs.get("source", "")).strip() or "trace").splitlines()[0][:100]
         return pn.Column(
             pn.pane.Markdown(f"## attnpanel · {untrusted.markup(title)}", margin=(0, 10)),
+            self.engine.indicator,
             s["controls"],
             s["walk"],
             s["sequence"],

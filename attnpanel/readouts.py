@@ -195,6 +195,16 @@ def stage_heads(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     return cache.get(("stage", sel.layer, sel.sample, mask, sel.stage), compute)
 
 
+def stages_cached(ds: xr.Dataset, sel: Selection, cache: StageCache) -> bool:
+    """Whether the maps of a selection are in ``cache`` (its stage, and the softmax the head
+    maps show): False means a recomputation from q and k (tens to hundreds of ms)."""
+    mask = mask_mode(ds, sel)
+    return all(
+        ("stage", sel.layer, sel.sample, mask, stage) in cache
+        for stage in dict.fromkeys((sel.stage, "softmax"))
+    )
+
+
 def attention_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> np.ndarray:
     """The ``(query, key)`` array shown by the attention matrix, float32.
 

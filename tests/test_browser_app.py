@@ -258,3 +258,44 @@ def test_weight_matrices_have_colour_bars_axes_and_a_scale_centred_on_zero(app, 
     assert sorted(found[-1]["axes"]) == ["in", "out"]  # Wo's; the small three have a caption
     text = page.evaluate(PAGE_TEXT_JS)
     assert "rows: out, columns: in; colours ±p99.5 of |value| (centred on 0)" in text
+
+
+def test_a_slow_change_shows_a_busy_indicator_first(app, artifacts):
+    """A sample whose maps are not computed yet (0.1-0.5 s from q and k) shows the page's
+    busy indicator, fixed at the top right of the window, before the maps are drawn, and
+    hides it once they are; a change whose maps are cached shows none."""
+    page, console = app
+    page.evaluate(
+        """(() => {
+          window.__busy = [];
+          Bokeh.documents[0].on_change((e) => {
+            if (e.attr !== 'visible' || !String(e.model.text).includes('recomputing')) return;
+            const v = attn.views().find((v) => v.model === e.model);
+            const r = v.el.getBoundingClientRect();
+            window.__busy.push({visible: e.model.visible, top: r.top, right: r.right,
+                                width: r.width, position: getComputedStyle(v.el).position,
+                                matrix: attn.plots().find(
+                                  (p) => /^sample \\d+, /.test(p.model.title.text))
+                                  .model.title.text});
+          });
+        })()"""
+    )
+    page.evaluate("window.scrollTo(0, 900)")  # the indicator is in view wherever one is
+    before = matrix_hash(page)
+    set_widget(page, "Sample", 29)  # no other test shows sample 29
+    wait_matrix_change(page, before)
+    page.wait_for_function("() => window.__busy.length >= 2", timeout=30_000)
+    shown, hidden = page.evaluate("window.__busy")[:2]
+    assert shown["visible"] and not hidden["visible"], (shown, hidden)
+    assert shown["position"] == "fixed" and 0 <= shown["top"] < 40 and shown["width"] > 100
+    assert 1500 < shown["right"] <= 1600, shown  # at the window's right edge
+    assert shown["matrix"].startswith("sample 0, "), shown  # shown before the new maps
+    assert page.evaluate(f"{matrix_js()}.model.title.text").startswith("sample 29, ")
+    page.evaluate("window.__busy = []")
+    before = matrix_hash(page)
+    set_widget(page, "Sample", 0)  # drawn before: cached, no indicator
+    wait_matrix_change(page, before)
+    page.wait_for_timeout(500)
+    assert page.evaluate("window.__busy") == []
+    page.evaluate("window.scrollTo(0, 0)")
+    assert [m for m in console if m[0] in ("error", "pageerror")] == []
