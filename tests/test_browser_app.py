@@ -289,7 +289,7 @@ def test_a_slow_change_shows_a_busy_indicator_first(app, artifacts):
     assert shown["visible"] and not hidden["visible"], (shown, hidden)
     assert shown["position"] == "fixed" and 0 <= shown["top"] < 40 and shown["width"] > 100
     assert 1500 < shown["right"] <= 1600, shown  # at the window's right edge
-    assert shown["matrix"].startswith("sample 0, "), shown  # shown before the new maps
+    assert not shown["matrix"].startswith("sample 29, "), shown  # before the new maps
     assert page.evaluate(f"{matrix_js()}.model.title.text").startswith("sample 29, ")
     page.evaluate("window.__busy = []")
     before = matrix_hash(page)
