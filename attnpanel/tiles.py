@@ -101,6 +101,15 @@ def _blocks(n: int, size: int):
     return [slice(start, min(n, start + size)) for start in range(0, n, size)]
 
 
+def _online_step(row_max, logits):
+    """One key block of the online softmax: the new running maximum, the factor that
+    rescales what was summed under the old one, and the block's ``exp(logit - max)``."""
+    new = torch.maximum(row_max, logits.amax(-1))
+    safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))  # a row all -inf
+    correction = torch.exp(row_max - safe).nan_to_num(0.0)
+    return new, correction, torch.exp(logits - safe[..., None])
+
+
 @torch.no_grad()
 def row_statistics(
     q: torch.Tensor,
@@ -126,12 +135,8 @@ def row_statistics(
         s = total[..., rows]
         for cols in _blocks(keys, block_k):
             logits, _ = logits_tile(q, k, masking, scale, rows, cols)
-            new = torch.maximum(m, logits.amax(-1))
-            safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
-            s = s * torch.exp(m - safe).nan_to_num(0.0) + torch.exp(logits - safe[..., None]).sum(
-                -1
-            )
-            m = new
+            m, correction, p = _online_step(m, logits)
+            s = s * correction + p.sum(-1)
         row_max[..., rows] = m
         total[..., rows] = s
     return row_max, row_max + torch.log(total)
@@ -178,15 +183,11 @@ def blocked_attention(
         acc = torch.zeros((*m.shape, v.shape[-1]), dtype=q.dtype, device=q.device)
         for cols in _blocks(keys, block_k):
             logits, blocked = logits_tile(q, k, masking, scale, rows, cols)
-            new = torch.maximum(m, logits.amax(-1))
-            safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
-            correction = torch.exp(m - safe).nan_to_num(0.0)
-            p = torch.exp(logits - safe[..., None])
+            m, correction, p = _online_step(m, logits)
             s = s * correction + p.sum(-1)
             if blocked is not None:
                 p = p.masked_fill(blocked, 0.0)
             acc = acc * correction[..., None] + p @ v[..., cols, :]
-            m = new
         context[..., rows, :] = (acc / s[..., None]).nan_to_num(0.0)
         lse[..., rows] = m + torch.log(s)
     return context, lse
