@@ -14,6 +14,7 @@ from attnpanel import MultiHeadSelfAttention
 from attnpanel.cli import main
 from attnpanel.explorer import AttentionExplorer
 from attnpanel.export import export_html
+from attnpanel.io import save
 from attnpanel.trace import recompute_weights, trace
 from attnpanel.views import raster_values
 
@@ -86,3 +87,24 @@ def test_serve_refuses_a_port_out_of_range(port, capsys):
         main(["serve", "--port", port])
     assert stop.value.code == 2
     assert "argument --port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("procs", "says"),
+    [("-1", "give 0 (one per core) or more"), ("many", "is not a number of processes")],
+)
+def test_serve_refuses_a_bad_number_of_processes(procs, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--num-procs", procs])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --num-procs" in err and says in err
+
+
+def test_export_refuses_a_query_out_of_range(tmp_path, capsys):
+    path = tmp_path / "t.nc"
+    save(trace(small(), torch.randn(1, 16, 16)), path)
+    assert main(["export", str(path), "-o", str(tmp_path / "x.html"), "--query", "500"]) != 0
+    err = capsys.readouterr().err
+    assert "query 500 is out of range: the trace has 16 query positions" in err
+    assert "Traceback" not in err and not (tmp_path / "x.html").exists()
