@@ -144,9 +144,20 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def worker_started() -> None:
+    """In a forked worker: stop with the parent, and say so on the server's log."""
+    stops = die_with_parent()
+    print(
+        f"attnpanel worker {os.getpid()}: "
+        + ("stops with its server" if stops else "cannot ask to stop with its server"),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def workers_die_with_parent() -> None:
     """Make every process forked from now on (the server's workers) stop with this one."""
-    os.register_at_fork(after_in_child=die_with_parent)
+    os.register_at_fork(after_in_child=worker_started)
 
 
 def skip_document_validation() -> None:

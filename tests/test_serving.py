@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,16 +124,25 @@ def _alive(pid: int) -> bool:
 
 
 def _stops_with_parent(cmd: list[str], timeout: float = 180.0) -> None:
-    """Start ``cmd`` (a server forking 2 workers), wait for the workers, SIGTERM the parent
-    only, and assert that every worker stops."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """Start ``cmd`` (a server forking 2 workers), wait until both say they stop with their
+    server, SIGTERM the parent only, and assert that every worker stops."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
         deadline = time.monotonic() + timeout
-        while len(workers := _children(proc.pid)) < 2:
+        said = []
+        while len(said) < 2:  # the workers' setup can take seconds (a fresh checkout)
             assert proc.poll() is None, f"{cmd} exited with {proc.returncode}"
-            assert time.monotonic() < deadline, f"{cmd} forked no workers in {timeout} s"
-            time.sleep(0.5)
-        time.sleep(2)  # the workers are running their setup
+            assert time.monotonic() < deadline, f"{cmd}: no worker set up in {timeout} s"
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if "stops with its server" in line:
+                said.append(line)
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 20
