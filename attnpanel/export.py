@@ -40,7 +40,7 @@ from bokeh.plotting import figure
 from bokeh.resources import Resources
 
 from attnpanel.files import check_target, write_safely
-from attnpanel.palette import APPLIANCE_COLORS, HIGHLIGHT, head_color  # the explorer's
+from attnpanel.palette import HIGHLIGHT, curve_styles, head_color  # the explorer's
 from attnpanel.raster import image_limits, scale_title
 from attnpanel.readouts import Selection, sequence_series
 from attnpanel.trace import attention_stage, mask_options, masked_cells
@@ -162,7 +162,6 @@ async function show() {
   fill(main_source, flats[head]);
   for (let h = 0; h < small_sources.length; h++) fill(small_sources[h], flats[h]);
   const [low, top] = payload.scales[mask][head];
-  state.data = {low: [low], top: [top]};
   shown.data = {flat: [flats[head]], low: [low], top: [top]};
   mark();
   main_title.text = `Head ${head} · mask ${mask} · softmax weights`;
@@ -179,8 +178,8 @@ function mark() {
   const query = query_widget.value;
   for (const box of row_boxes) { box.bottom = query - 0.5; box.top = query + 0.5; }
   if (query_span !== null) query_span.location = positions.data.x[query];
-  if (shown.data.flat.length === 0 || band === null) return;
   const flat = shown.data.flat[0], low = shown.data.low[0], top = shown.data.top[0];
+  if (flat.length === 0 || band === null) return;
   const row = Math.min(n - 1, Math.floor(query * n / length));
   const weights = new Array(n);
   let most = 0;
@@ -341,19 +340,9 @@ def _sequence_figure(ds: xr.Dataset, payload: dict, sample: int, query: int, wid
         line_color=None,
         legend_label="weights of the selected query",
     )
-    colors = {}
-    for (label, _), series in zip(found.series, values, strict=True):
-        name = label.removesuffix(" (predicted)")
-        palette = ("black", *APPLIANCE_COLORS)
-        color = colors.setdefault(name, palette[len(colors) % len(palette)])
-        fig.line(
-            xs,
-            series,
-            line_color=color,
-            line_width=1.6 if label == found.series[0][0] else 1,
-            line_dash="dashed" if label.endswith("(predicted)") else "solid",
-            legend_label=label,  # canvas text, never HTML
-        )
+    labels = [label for label, _ in found.series]
+    for label, series, line in zip(labels, values, curve_styles(labels), strict=True):
+        fig.line(xs, series, legend_label=label, **line)  # canvas text, never HTML
     span = Span(location=xs[query], dimension="height", line_color=HIGHLIGHT, line_width=3)
     fig.add_layout(span)
     fig.legend.click_policy = "hide"
@@ -378,7 +367,9 @@ def _page(
     x_range = Range1d(-0.5, length - 0.5)
     y_range = Range1d(length - 0.5, -0.5)  # query 0 at the top, as a matrix reads
     mapper = LinearColorMapper(palette=_palette(), low=0, high=LEVELS, high_color="black")
-    state = ColumnDataSource({"low": [0.0], "top": [1.0]})  # the shown map's colour scale
+    # the map shown now (its stored levels) and its colour scale: for the colour bar's ticks
+    # and the query's weights behind the curve
+    shown = ColumnDataSource({"flat": [np.zeros(0, dtype=np.uint8)], "low": [0.0], "top": [1.0]})
 
     def matrix_figure(frame, tools):
         fig = figure(
@@ -409,8 +400,8 @@ def _page(
     main.xaxis.axis_label, main.yaxis.axis_label = "key", "query"
     main.add_tools(HoverTool(tooltips=[("query", "$y{0}"), ("key", "$x{0}")]))
     formatter = CustomJSTickFormatter(
-        args={"state": state, "levels": LEVELS},
-        code="const [low, top] = [state.data.low[0], state.data.top[0]];"
+        args={"shown": shown, "levels": LEVELS},
+        code="const [low, top] = [shown.data.low[0], shown.data.top[0]];"
         "return (low + tick / levels * (top - low)).toPrecision(2);",
     )
     colorbar = ColorBar(color_mapper=mapper, formatter=formatter, title=scale_title("weight", 0.0))
@@ -447,7 +438,6 @@ def _page(
         f" · {length} positions"
         f" · stored at {n} x {n} · zoom or pan any map: all heads follow</p>"
     )
-    shown = ColumnDataSource({"flat": [], "low": [], "top": []})  # the map shown now
     marks = dict(
         n=payload["n"],
         length=length,
@@ -468,7 +458,6 @@ def _page(
             small_sources=small_sources,
             main_title=main.title,
             colorbar=colorbar,
-            state=state,
             **marks,
         ),
         code=QUERY_JS + DECODE_JS,

@@ -344,7 +344,7 @@ def _image(fig, layer: hv.Image, style: dict, cmap, clim) -> dict:
     source = ColumnDataSource(
         dict(image=[values], x=[left], y=[bottom], dw=[right - left], dh=[top - bottom])
     )
-    low, high = image_limits(values, layer.group) if clim is None else clim  # the one rule
+    low, high = image_limits(values) if clim is None else clim  # the one rule
     mapper = LinearColorMapper(
         palette=palette(cmap or style.pop("cmap", "viridis")),
         low=low,
@@ -355,9 +355,7 @@ def _image(fig, layer: hv.Image, style: dict, cmap, clim) -> dict:
     # The glyph made directly: ``fig.image`` would build three Image glyphs (drawn, not
     # selected, muted), each first with a default colour mapper of its own.
     glyph = ImageGlyph(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper)
-    renderer = GlyphRenderer(
-        data_source=source, glyph=glyph, nonselection_glyph=None, muted_glyph=None
-    )
+    renderer = GlyphRenderer(data_source=source, glyph=glyph)
     fig.renderers.append(renderer)
     fig.x_range = fig.x_range if isinstance(fig.x_range, Range1d) else Range1d(left, right)
     if not isinstance(fig.y_range, Range1d):

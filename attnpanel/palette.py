@@ -11,6 +11,23 @@ HIGHLIGHT = "#39ff14"  # the selected query: its row on every map, its marker on
 # the appliance curves, in order
 APPLIANCE_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
 
+PREDICTED = " (predicted)"  # a model's prediction of a series: drawn dashed in its colour
+
+
+def curve_styles(labels) -> list[dict]:
+    """The line of each series of the top view, in order: the first (the aggregate) black
+    and thicker, each appliance its colour, its prediction dashed in the same colour."""
+    palette = ("black", *APPLIANCE_COLORS)
+    colors: dict[str, str] = {}
+    styles = []
+    for i, label in enumerate(labels):
+        name = label.removesuffix(PREDICTED)
+        color = colors.setdefault(name, palette[len(colors) % len(palette)])
+        dash = "dashed" if label.endswith(PREDICTED) else "solid"
+        styles.append(dict(line_color=color, line_width=1.6 if i == 0 else 1, line_dash=dash))
+    return styles
+
+
 HEAD_COLORS = (
     "#0072b2",
     "#e69f00",

@@ -104,15 +104,14 @@ def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float,
     return (low, high if high > low else low + 1e-9)
 
 
-def image_limits(values: np.ndarray, group: str = "") -> tuple[float, float]:
+def image_limits(values: np.ndarray) -> tuple[float, float]:
     """The colour scale of a drawn map, the one rule every map, render and update follows.
 
     A map of values >= 0 (weights) runs from 0 to its 99.5th percentile, so that 0 always
     has the lowest colour and maps compare; a map with negative values (raw or scaled
     scores, weight matrices) is centred on 0, so that a diverging colormap's middle colour
     means 0, out to the 99.5th percentile of its magnitude. :func:`scale_title` states the
-    rule in a colour bar's title. (``group`` is accepted for older callers; the rule does
-    not depend on it.)
+    rule in a colour bar's title.
     """
     finite = values[np.isfinite(values)]
     if finite.size == 0:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import xarray as xr
 
+from attnpanel.palette import PREDICTED
 from attnpanel.trace import STAGES, attention_stage, masked_cells
 
 STAGE_LABELS = {
@@ -301,7 +302,7 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True
     xs, xname = position_axis(ds, sel)
     if "aggregate" in ds:
         series = [("aggregate", ds["aggregate"].isel(batch=sel.sample).values)]
-        for variable, suffix in (("appliance_power", ""), ("predicted_power", " (predicted)")):
+        for variable, suffix in (("appliance_power", ""), ("predicted_power", PREDICTED)):
             if not show_appliances or variable not in ds:
                 continue
             per_appliance = ds[variable].isel(batch=sel.sample)

@@ -217,12 +217,6 @@ def _lazy(tile, shape, chunks, name: str):
     return da.Array(graph, token, dims, dtype=np.float32)
 
 
-def _tile_inputs(q, k, lse, masking: Masking):
-    q, k = torch.as_tensor(q), torch.as_tensor(k)
-    lse = None if lse is None else torch.as_tensor(lse)
-    return q, k, lse, masking
-
-
 def _sample_masking(masking: Masking, b: int, h: int) -> Masking:
     """The masking of one sample and head (its padding row, its bias slice)."""
     padding = None if masking.key_padding is None else masking.key_padding[b : b + 1]
@@ -240,7 +234,7 @@ def lazy_weights(q, k, lse, masking: Masking = Masking(), scale=None, chunks=(BL
     ``q`` ``(B, H, L, E)``, ``k`` ``(B, H, S, E)`` and ``lse`` ``(B, H, L)`` (from
     :func:`row_statistics`) are all it reads; a chunk costs one ``rows x cols`` product.
     """
-    q, k, lse, masking = _tile_inputs(q, k, lse, masking)
+    q, k, lse = (torch.as_tensor(a) for a in (q, k, lse))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
     def tile(b, h, rows, cols):

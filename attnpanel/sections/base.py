@@ -65,14 +65,17 @@ class Section(pn.viewable.Viewer):
                 self._layout = self.build()
         return self._layout
 
-    @property
-    def built(self) -> bool:
-        """Whether the section's views exist (a section shown on demand builds them late)."""
-        return self._layout is not None and (not self.shown_by or bool(self._layout.objects))
-
     def _show(self, *_events) -> None:
-        if getattr(self.state, self.shown_by) and not self._layout.objects:
+        if not getattr(self.state, self.shown_by):
+            return
+        if self._layout.objects:
+            self.reshown()
+        else:
             self._layout.append(self.build())
+
+    def reshown(self) -> None:
+        """Called when a section shown on demand shows again: views it skipped while hidden
+        redraw here."""
 
     def heading(self, text: str | None = None, **kw) -> pn.pane.Markdown:
         """The section's heading."""

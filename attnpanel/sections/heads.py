@@ -34,9 +34,8 @@ class HeadComparison(Section):
     def __init__(self, **params):
         super().__init__(**params)
         self.toggles: list[pn.widgets.Toggle] = []  # one per head, in head order
-        self._average: pn.Column | None = None  # holds the head-average map once drawn
+        self.average = HeadAverage(state=self.state, engine=self.engine)
         self.state.param.watch(self._recolor, "enabled_heads")
-        self.state.param.watch(self._on_show_average, "show_head_average", precedence=1)
 
     def build(self):
         cells = [self._head_cell(head) for head in range(self.state.n_heads)]
@@ -48,7 +47,7 @@ class HeadComparison(Section):
             # page never becomes idle, and Panel then drops every later update.
             pn.Row(
                 *cells,
-                self._average_cell(),
+                self.average,
                 margin=0,
                 sizing_mode="stretch_width",
                 stylesheets=[WRAP],
@@ -121,16 +120,23 @@ class HeadComparison(Section):
             self.engine.render(image, pane, style=style, linked=True), toggle, margin=0
         )
 
-    def _average_cell(self):
-        """Where the head-average map goes: shown while ``show_head_average`` is on, drawn
-        the first time it is."""
-        self._average = pn.Column(margin=(0, 0, 0, 15), visible=self.state.param.show_head_average)
-        if self.state.show_head_average:
-            self._average.append(self._average_map())
-        return self._average
+    def _recolor(self, *_events) -> None:
+        for head in range(self.state.n_heads):
+            enabled = head in self.state.enabled_heads
+            palette = views.head_cmap(head, enabled)
+            for handles in self.engine.handles(f"head {head}", HEAD_MAP_KEY):
+                handles["color_mapper"].palette = palette
+                handles["plot"].title.text = self._title(head)
+        for head, toggle in enumerate(self.toggles):
+            toggle.value = head in self.state.enabled_heads
 
-    def _average_map(self):
-        """The head-average map and its note."""
+
+class HeadAverage(Section):
+    """The head-average map beside the head maps, shown while ``show_head_average`` is on."""
+
+    shown_by = "show_head_average"
+
+    def build(self):
         size = HEAD_MAP_SIZE
         state = self.state
         try:
@@ -148,35 +154,24 @@ class HeadComparison(Section):
             )
         except (MissingVariable, ValueError) as err:
             return self.missing(MissingVariable("weights", str(err)), size, size)
-        image = raster.element("weight")
-        style = small_map(HEAD_AVERAGE_COLORS)
         note = pn.pane.Markdown(
             "mean of all heads: what `nn.MultiheadAttention` returns",
             width=size,
             margin=(0, 5),
             styles={"font-size": "11px"},
         )
+        image = raster.element("weight")
         return pn.Column(
-            self.engine.render(image, "head average", style=style, linked=True), note, margin=0
+            self.engine.render(
+                image, "head average", style=small_map(HEAD_AVERAGE_COLORS), linked=True
+            ),
+            note,
+            margin=(0, 0, 0, 15),
         )
 
-    def _on_show_average(self, event) -> None:
-        if not event.new or self._average is None:
-            return
-        if self._average.objects:
-            self.engine.redraw(lambda view: view.name == "head average map")
-        else:
-            self._average.append(self._average_map())
-
-    def _recolor(self, *_events) -> None:
-        for head in range(self.state.n_heads):
-            enabled = head in self.state.enabled_heads
-            palette = views.head_cmap(head, enabled)
-            for handles in self.engine.handles(f"head {head}", HEAD_MAP_KEY):
-                handles["color_mapper"].palette = palette
-                handles["plot"].title.text = self._title(head)
-        for head, toggle in enumerate(self.toggles):
-            toggle.value = head in self.state.enabled_heads
+    def reshown(self) -> None:
+        # skipped while hidden (``active``)
+        self.engine.redraw(lambda view: view.name == "head average map")
 
 
 class LinkedZoom(Section):

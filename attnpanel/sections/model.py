@@ -132,22 +132,12 @@ class Positional(Section):
     """The sinusoidal encoding heatmap, shown while ``show_positional`` is on."""
 
     title = "Positional encoding (position x dimension)"
+    shown_by = "show_positional"  # drawn the first time it is shown (most traces never show it)
 
     def build(self):
-        # Drawn the first time it is shown (most traces never show it).
-        self._body = pn.Column(self.heading(), margin=0)
-        column = pn.Column(self._body, visible=self.state.param.show_positional, margin=0)
-        self.state.param.watch(self._show, "show_positional")
-        if self.state.show_positional:
-            self._show()
-        return column
-
-    def _show(self, *_events) -> None:
-        if len(self._body.objects) > 1 or not self.state.show_positional:
-            return
         image = model_views.positional_encoding(self.trace)
         length, width = image.dimension_values(2, flat=False).shape
         image = image.opts(*model_views.options()).opts(
             frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length))
         )
-        self._body.append(pn.pane.HoloViews(image, margin=(0, 5)))
+        return pn.Column(self.heading(), pn.pane.HoloViews(image, margin=(0, 5)), margin=0)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import holoviews as hv
 
 from attnpanel import model_views, views
+from attnpanel.palette import curve_styles
 from attnpanel.sections.base import Section
 
 CURVE_HEIGHT = 230
-CURVE_COLORS = ("black", *views.APPLIANCE_COLORS)  # the aggregate, then each appliance
 TOKEN_STRIP_HEIGHT = 120
 
 
@@ -64,16 +64,11 @@ class InputSequence(Section):
             title=False,
             first=True,
         )
-        colors, layer_style = {}, {}
-        for i, curve in enumerate(curves):
-            name = curve.label.removesuffix(" (predicted)")
-            color = colors.setdefault(name, CURVE_COLORS[len(colors) % len(CURVE_COLORS)])
-            layer_style[curve.label] = dict(
-                line_color=color,
-                line_width=1.6 if i == 0 else 1,
-                line_dash="dashed" if curve.label.endswith("(predicted)") else "solid",
-                visible=i == 0 or state.show_appliances,
-            )
+        labels = [curve.label for curve in curves]
+        layer_style = {
+            label: dict(line, visible=i == 0 or state.show_appliances)
+            for i, (label, line) in enumerate(zip(labels, curve_styles(labels), strict=True))
+        }
         plot = hv.Overlay([band, *curves, marker], label=curves.label)
         style = dict(
             height=CURVE_HEIGHT,
