@@ -253,8 +253,18 @@ class LiveEngine:
             self._ranges = dict(x_range=Range1d(left, right), y_range=Range1d(top, bottom))
         return dict(self._ranges)
 
-    def _record(self, pane: str, key: PlotKey, handles: dict, element) -> None:
+    def record(self, pane: str, key: PlotKey, handles: dict) -> None:
+        """Adopt Bokeh models a section drew itself, so the views registered on ``pane``
+        update them.
+
+        ``handles`` holds the models (``plot``, ``source``, ``glyph`` ...) and, where the
+        generic :func:`push` does not fit them, ``push``: ``(handles, element) -> None``,
+        which writes a new element into them.
+        """
         self._handles.setdefault(pane, {}).setdefault(key, []).append(handles)
+
+    def _record(self, pane: str, key: PlotKey, handles: dict, element) -> None:
+        self.record(pane, key, handles)
         layer = next((la for la in _layers(element) if PlotKey.of(la) == key), element)
         for callback in self._render_callbacks:
             callback(handles["plot"], layer, handles)
@@ -467,7 +477,8 @@ class LiveEngine:
             if key.group == "Lanes":
                 continue  # the lane shading never changes
             for handles in captured.get(key, []):
-                extent = push(handles, layer)
+                # a section that drew its own models says how they take new data
+                extent = handles.get("push", push)(handles, layer)
                 figure = handles["plot"]
                 if "glyph_renderer" in handles:
                     handles["glyph_renderer"].visible = True

@@ -79,7 +79,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
             "top attended": TopAttended(**parts),
             "model view": ModelView(**parts),
             "positional": Positional(**parts),
-            "heads": HeadComparison(**parts),
+            "heads": HeadComparison(linked=self.linked, **parts),
             "linked zoom": LinkedZoom(linked=self.linked, **parts),
             "merge": MergeOutput(**parts),
             "shapes": ShapeTable(**parts),

@@ -1,15 +1,17 @@
 """Linked zoom and box selection across the attention matrix and the per-head maps.
 
-Every map of attention (the large matrix, the unmasked matrix beside it, the eight small
-head maps and the head average) shares one pair of Bokeh ranges (Panel's ``linked_axes``),
-so a zoom or pan on any of them moves all of them in the browser at once. The server then
-re-rasterizes the *visible window* of each map with datashader from the full array, at the
-map's own pixel size, and writes the images into the Bokeh models already on the page (the
-explorer's hot path): a zoomed map is never a magnified image. When the window holds no
-more cells than the map has pixels, the image is the array's slice itself, cell for cell.
+The large matrix, the unmasked matrix beside it and the head average share one pair of
+Bokeh ranges, so a zoom or pan on any of them moves all of them in the browser at once.
+The server then re-rasterizes the *visible window* of each map with datashader from the
+full array, at the map's own pixel size, and writes the images into the Bokeh models
+already on the page (the explorer's hot path): a zoomed map is never a magnified image.
+When the window holds no more cells than the map has pixels, the image is the array's slice
+itself, cell for cell. The head maps (:mod:`attnpanel.head_grid`, one figure of a tile per
+head) follow the same window: their tiles are re-rasterized with the other maps.
 
-A box selection (drag on a small map, or the box-select tool of the matrix) marks the same
-region on every map and shows, per head, the share of attention mass inside it::
+A box selection (drag on a head's tile, or the box-select tool of the matrix) marks the
+same region on every map and tile and shows, per head, the share of attention mass inside
+it::
 
     share[h] = sum(weights[h, rows, cols]) / sum(weights[h, rows, :])
 
@@ -177,11 +179,11 @@ class LinkedMaps:
         select = BoxSelectTool(
             renderers=[handles["glyph_renderer"]],
             description="Box select: compare the heads' attention mass",
-            overlay=BoxAnnotation(handles=self.engine.box_handles, **SELECT_OVERLAY),
+            overlay=self.select_overlay(),
         )
         figure.add_tools(select)
         if element.group == "HeadMap":
-            # The small maps show no toolbar: the wheel zooms and a drag draws the box.
+            # A small map shows no toolbar: the wheel zooms and a drag draws the box.
             figure.toolbar.active_drag = select
             wheel = [t for t in figure.tools if isinstance(t, WheelZoomTool)]
             if wheel:
@@ -208,6 +210,10 @@ class LinkedMaps:
         figure.add_layout(box)
         self._boxes.append(box)
         figure.on_event(SelectionGeometry, self._on_select)
+
+    def select_overlay(self) -> BoxAnnotation:
+        """A box-select tool's rubber band, as every map of the page draws it."""
+        return BoxAnnotation(handles=self.engine.box_handles, **SELECT_OVERLAY)
 
     def _watch_ranges(self, figure) -> None:
         for rng in (figure.x_range, figure.y_range):

@@ -1,4 +1,4 @@
-"""Linked zoom across the attention matrix and the eight head maps: zoom event to repaint.
+"""Linked zoom across the attention matrix and the head maps: zoom event to repaint.
 
 Run: ``python benchmarks/linked_zoom.py [--repeats 8]``.
 
@@ -8,15 +8,15 @@ and box zoom tools do), then, every animation frame, checks which maps' image da
 server has re-rasterized and whether their canvases have repainted. It prints the medians
 over the zooms of:
 
-* ``total``: zoom to all nine maps repainted with their re-rasterized windows (the
-  acceptance number);
+* ``total``: zoom to every map repainted with its re-rasterized window: the matrix and
+  the head maps (one figure of eight tiles); the acceptance number;
 * ``first data`` / ``all data``: zoom to the first and the last map's new image arriving
   (debounce, round trip, server work), so ``total - all data`` is the browser's paint;
 * ``server``: the explorer's linked zoom measured in this process (re-rasterize the window
   of the ten maps with datashader and write them into the Bokeh models), and how much of
   it is datashader;
 * ``first box selection``: on fresh pages (each its own session), from releasing the mouse
-  after dragging a box on a head map to the mass-share bars repainted (median, p95);
+  after dragging a box on a head's tile to the mass-share bars repainted (median, p95);
 * the naive baseline, measured in the same run: the matrix and eight head maps as HoloViews
   ``rasterize``d ``DynamicMap``s, each ``RangeXY`` stream given the new window (what a
   linked zoom triggers), and the ratio of its server time to the explorer's.
@@ -51,20 +51,24 @@ TIMED_ZOOM_JS = r"""
 async ([x0, x1, y0, y1]) => {
   const imageOf = (pv) => [...pv.renderer_views.values()].find(
     (r) => r.model.glyph && r.model.glyph.type === "Image");
+  // The matrix, and the head maps: one figure of a tile per head.
   const pvs = attn.plots().filter((pv) => imageOf(pv) && pv.el.offsetParent !== null &&
-    /^(sample \d+, |head \d)/.test(pv.model.title.text));
-  const sources = pvs.map((pv) => imageOf(pv).model.data_source);
+    (pv.model.name === "head maps" || /^sample \d+, /.test(pv.model.title.text)));
+  const sources = pvs.map((pv) => [...pv.renderer_views.values()]
+    .filter((r) => r.model.glyph && r.model.glyph.type === "Image")
+    .map((r) => r.model.data_source));
   const arrived = pvs.map(() => null);
   const done = pvs.map(() => null);
   const doc = pvs[0].model.document;
   const listener = (ev) => {
-    const i = sources.indexOf(ev.model);
+    const i = sources.findIndex((found) => found.includes(ev.model));
     if (i >= 0 && arrived[i] === null) arrived[i] = performance.now();
   };
   doc.on_change(listener);
   const frame = () => new Promise((resolve) => requestAnimationFrame(resolve));
   const t0 = performance.now();
-  const m = pvs[1].model;  // a head map: the ranges are shared by every map
+  // the matrix: its ranges are the window every map shows
+  const m = pvs.find((pv) => pv.model.name !== "head maps").model;
   m.x_range.setv({start: x0, end: x1});
   m.y_range.setv({start: y1, end: y0});  // the query axis is inverted
   await frame();  // Bokeh paints in its own animation-frame callback, queued before ours
@@ -114,10 +118,10 @@ ARM_BOX_JS = r"""
 """
 
 
-def drag_box(page, title: str, start=(0.25, 0.3), end=(0.6, 0.7)) -> None:
-    """Drag a box on a head map with the mouse, as a person does."""
-    a = page.evaluate("([t, x, y]) => attn.frame_point(attn.plot(t), x, y)", [title, *start])
-    b = page.evaluate("([t, x, y]) => attn.frame_point(attn.plot(t), x, y)", [title, *end])
+def drag_box(page, head: int, start=(0.25, 0.3), end=(0.6, 0.7)) -> None:
+    """Drag a box on a head's tile with the mouse, as a person does."""
+    a = page.evaluate("([h, x, y]) => attn.tile_point(h, x, y)", [head, *start])
+    b = page.evaluate("([h, x, y]) => attn.tile_point(h, x, y)", [head, *end])
     page.mouse.move(a["x"], a["y"])
     page.mouse.down()
     page.mouse.move((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, steps=4)
@@ -136,7 +140,7 @@ def browser_box_selections(pages: int) -> list[float]:
         for i in range(pages):
             page = open_app(browser, url, [])
             page.evaluate(ARM_BOX_JS)
-            drag_box(page, f"head {1 + i % 7}")
+            drag_box(page, 1 + i % 7)
             page.wait_for_function("() => window.__box_ms !== null", timeout=60_000)
             out.append(page.evaluate("window.__box_ms"))
             page.close()
@@ -240,7 +244,7 @@ def main(argv=None) -> None:
     med = statistics.median
     print()
     print(
-        f"linked zoom, {zooms[0]['maps']} maps (matrix 520 px + head maps 150 px), demo "
+        f"linked zoom, {zooms[0]['maps']} maps (matrix 520 px + head tiles 140 px), demo "
         f"480 x 480, {len(zooms)} zooms (medians, ms)"
     )
     print(

@@ -53,8 +53,10 @@ HELPERS_JS = r"""
     return out;
   };
   const plots = () => views().filter((v) => v.model && v.model.type === "Figure");
+  // A plot by its name (the head maps) or the start of its title.
   const plot = (prefix) => {
-    const found = plots().filter((v) => v.model.title && v.model.title.text.startsWith(prefix));
+    const found = plots().filter((v) => v.model.name === prefix ||
+                                        (v.model.title && v.model.title.text.startsWith(prefix)));
     if (found.length === 0) throw new Error(`no plot titled ${prefix}...`);
     return found[0];
   };
@@ -82,6 +84,15 @@ HELPERS_JS = r"""
     const rect = pv.el.getBoundingClientRect();
     const f = pv.frame.bbox;
     return { x: rect.left + f.x + fx * f.width, y: rect.top + f.y + fy * f.height };
+  };
+  // The page position of a point given as a fraction of one head's tile in the head maps.
+  const tile_point = (head, fx, fy) => {
+    const pv = plot("head maps");
+    const glyph = pv.model.renderers.find((r) => r.name === `head ${head}`).glyph;
+    const at = (spec) => (typeof spec === "number" ? spec : spec.value);
+    const rect = pv.el.getBoundingClientRect();
+    return { x: rect.left + pv.frame.x_scale.compute(at(glyph.x) + fx),
+             y: rect.top + pv.frame.y_scale.compute(at(glyph.y) + fy) };
   };
   // RGBA of the pixel at data coordinates (x, y) of a plot.
   const rgba_at = (pv, x, y) => {
@@ -122,7 +133,7 @@ HELPERS_JS = r"""
     doc.remove_on_change(listener);
     return { total: t1 - t0, to_patch: first_patch === null ? null : first_patch - t0 };
   };
-  window.attn = { views, plots, plot, widget, hash, pixels, frame_point, rgba_at,
+  window.attn = { views, plots, plot, widget, hash, pixels, frame_point, tile_point, rgba_at,
                   until_changed, timed_change };
 })();
 """

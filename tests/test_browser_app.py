@@ -55,13 +55,16 @@ def test_page_loads_without_console_errors(app, artifacts):
         "weights of query",
         "value vectors of the top 5",
         "context of query",
-        "head 0",
-        "head 7",
         "head merge",
         "Wo",
         "output Wo",
     ):
         assert any(t.startswith(expected) for t in titles), (expected, titles)
+    tiles = page.evaluate(
+        "attn.plot('head maps').model.renderers.map((r) => r.name)"
+        ".filter((n) => n && n.startsWith('head'))"
+    )
+    assert tiles == [f"head {h}" for h in range(8)]  # one figure, a tile per head
     labels = page.evaluate(
         "attn.views().filter((v) => v.model && 'title' in v.model && "
         "typeof v.model.title === 'string').map((v) => v.model.title)"
@@ -175,7 +178,14 @@ def test_switching_a_head_off_changes_output(app, artifacts):
     page.evaluate("(b) => attn.until_changed(attn.plot('output Wo'), b)", before)
     title = page.evaluate("attn.plot('output Wo').model.title.text")
     assert "changed 0.0%" not in title
-    assert page.evaluate("attn.plot('head 2').model.title.text") == "head 2 (off)"
+    tile_palette = (
+        "(h) => attn.plot('head maps').model.renderers.find((r) => r.name === `head ${h}`)"
+        ".glyph.color_mapper.palette.at(-1)"
+    )
+    assert page.evaluate(tile_palette, 2) == "#8a8a8a"  # head 2's tile turns grey
+    assert page.evaluate(tile_palette, 3) != "#8a8a8a"
+    pressed = page.get_by_role("button", name="head 2", exact=True)
+    assert "bk-active" not in pressed.get_attribute("class")
     shot(page, artifacts, "head_off")
     page.get_by_role("button", name="head 2", exact=True).click()
     page.wait_for_function("attn.plot('output Wo').model.title.text.includes('changed 0.0%')")

@@ -1,8 +1,8 @@
 """Linked zoom and box selection of the attention maps, in the served explorer (Chromium).
 
-A wheel zoom over one small head map must move every map (the matrix and the eight head
-maps) and re-rasterize each one's visible window from the full array at its pixel size; a
-box drawn on one head map must be marked on every map and give per-head mass bars equal
+A wheel zoom over the matrix must move every map (the matrix and the eight head tiles) and
+re-rasterize each one's visible window from the full array at its pixel size; a box drawn
+on one head's tile must be marked on every map and tile and give per-head mass bars equal
 to a numpy computation on the trace.
 """
 
@@ -16,28 +16,55 @@ import attnpanel
 from attnpanel import linked
 from attnpanel.sections.heads import HEAD_MAP_SIZE as SIZE
 
-# Every linked map with its image: title, x/y range, image extent and shape, box annotation.
+# Every linked map with its image: title, x/y range, image extent and shape, box
+# annotation. The large matrices are figures of their own; the head maps are tiles of one
+# figure ("head maps"), which shows the window named by its "head maps window" source.
 MAPS_JS = r"""
-(valuesOf = null) => attn.plots().flatMap((pv) => {
-  const rv = [...pv.renderer_views.values()].find(
-    (r) => r.model.glyph && r.model.glyph.type === "Image");
-  if (!rv || !/^(sample \d+, |head \d)/.test(pv.model.title.text)) return [];
-  const d = rv.model.data_source.data;
-  const img = d.image[0];
-  const box = pv.model.center.find((a) => a.name === "box selection");
-  return [{
-    title: pv.model.title.text,
-    x: [pv.model.x_range.start, pv.model.x_range.end],
-    y: [pv.model.y_range.start, pv.model.y_range.end],
-    extent: [d.x[0], d.y[0], d.dw[0], d.dh[0]],
+(valuesOf = null) => {
+  const round = (v) => (typeof v === "number" ? Math.round(v * 1000) / 1000 : null);
+  const read = (title, img, extent, box, x = null, y = null) => ({
+    title, x, y, extent,
     shape: img.shape ? [...img.shape] : [img.length],
-    values: pv.model.title.text === valuesOf
-      ? Array.from(img, (v) => (Number.isNaN(v) ? null : v)) : null,
+    values: title === valuesOf ? Array.from(img, (v) => (Number.isNaN(v) ? null : v)) : null,
+    box,
+  });
+  const out = [];
+  for (const pv of attn.plots()) {
+    if (pv.model.name === "head maps") {
+      const doc = pv.model.document;
+      const w = doc.get_model_by_name("head maps window").data;
+      const [l, b, r, t] = [w.left[0], w.bottom[0], w.right[0], w.top[0]];
+      const outline = doc.get_model_by_name("head maps box").data;
+      for (const renderer of pv.model.renderers.filter((r) => /^head \d+$/.test(r.name))) {
+        const head = Number(renderer.name.slice(5));
+        const g = renderer.glyph;
+        const at = (spec) => (typeof spec === "number" ? spec : spec.value);
+        const [ox, oy] = [at(g.x), at(g.y)];
+        const box = outline.left.length === 0 ? [false, null, null, null, null] : [
+          true,
+          round(l + (outline.left[head] - ox) * (r - l)),
+          round(l + (outline.right[head] - ox) * (r - l)),
+          round(b + (outline.bottom[head] - oy) * (t - b)),
+          round(b + (outline.top[head] - oy) * (t - b)),
+        ];
+        out.push(read(renderer.name, renderer.data_source.data.image[0],
+                      [l, b, r - l, t - b], box));
+      }
+      continue;
+    }
+    const rv = [...pv.renderer_views.values()].find(
+      (r) => r.model.glyph && r.model.glyph.type === "Image");
+    if (!rv || !/^sample \d+, /.test(pv.model.title.text)) continue;
+    const d = rv.model.data_source.data;
+    const a = pv.model.center.find((a) => a.name === "box selection");
     // Numbers only: an unset side is a Bokeh model (the frame's edge), not a coordinate.
-    box: box ? [box.visible, ...[box.left, box.right, box.bottom, box.top].map(
-      (v) => (typeof v === "number" ? v : null))] : null,
-  }];
-})
+    const box = a ? [a.visible, ...[a.left, a.right, a.bottom, a.top].map(round)] : null;
+    out.push(read(pv.model.title.text, d.image[0], [d.x[0], d.y[0], d.dw[0], d.dh[0]], box,
+                  [pv.model.x_range.start, pv.model.x_range.end],
+                  [pv.model.y_range.start, pv.model.y_range.end]));
+  }
+  return out;
+}
 """
 
 
@@ -70,21 +97,21 @@ def head_weights(trace, head: int, sample: int = 0) -> np.ndarray:
     return weights
 
 
-def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, artifacts):
+def test_wheel_zoom_on_the_matrix_rerasterizes_every_map(app, trace, artifacts):
     page, console = app
     before = maps(page)
     heads = [t for t in before if t.startswith("head ") and t[5:].isdigit()]
     assert len(heads) == trace.sizes["head"]
     assert before["head 3"]["shape"] == [SIZE, SIZE]  # 480 cells in 140 px: downsampled
     target = page.evaluate(
-        "(() => { const p = attn.plot('head 2'); return attn.frame_point(p, 0.3, 0.6); })()"
+        "(() => { const p = attn.plot('sample 0, '); return attn.frame_point(p, 0.3, 0.6); })()"
     )
     page.mouse.move(target["x"], target["y"])
     for _ in range(12):  # wheel steps until the window holds fewer cells than SIZE pixels
         page.mouse.wheel(0, -240)
         page.wait_for_timeout(60)
         span = page.evaluate(
-            "(() => { const r = attn.plot('head 2').model.x_range; "
+            "(() => { const r = attn.plot('sample 0, ').model.x_range; "
             "return Math.abs(r.end - r.start); })()"
         )
         if span < 120:
@@ -99,10 +126,10 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
     page.wait_for_timeout(300)
     after = maps(page, "head 3")
     page.screenshot(path=str(artifacts / "browser_linked_zoom.png"), full_page=True)
-    ranges = {(tuple(m["x"]), tuple(m["y"])) for m in after.values()}
+    ranges = {(tuple(m["x"]), tuple(m["y"])) for m in after.values() if m["x"] is not None}
     assert len(ranges) == 1, ranges  # one shared window
     ((x_range, y_range),) = ranges
-    assert x_range != tuple(before["head 3"]["x"])
+    assert x_range != (-0.5, 479.5)
     for title, m in after.items():
         left, bottom, width, height = m["extent"]
         # The image covers the window snapped to whole cells, cell for cell.
@@ -119,7 +146,7 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
     assert m["shape"][1] > SIZE * width / 480
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
     page.evaluate(
-        "(() => { const p = attn.plot('head 2'); "
+        "(() => { const p = attn.plot('sample 0, '); "
         "p.model.x_range.setv({start: -0.5, end: 479.5}); "
         "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
     )
@@ -133,8 +160,8 @@ def test_wheel_zoom_on_a_head_map_zooms_and_rerasterizes_every_map(app, trace, a
 
 def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifacts):
     page, console = app
-    start = page.evaluate("attn.frame_point(attn.plot('head 5'), 0.25, 0.3)")
-    end = page.evaluate("attn.frame_point(attn.plot('head 5'), 0.6, 0.7)")
+    start = page.evaluate("attn.tile_point(5, 0.25, 0.3)")
+    end = page.evaluate("attn.tile_point(5, 0.6, 0.7)")
     page.mouse.move(start["x"], start["y"])
     page.mouse.down()
     page.mouse.move((start["x"] + end["x"]) / 2, (start["y"] + end["y"]) / 2, steps=4)
@@ -149,7 +176,7 @@ def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifact
     page.wait_for_timeout(300)
     page.screenshot(path=str(artifacts / "browser_linked_box.png"), full_page=True)
     boxes = {tuple(m["box"]) for m in maps(page).values()}
-    assert len(boxes) == 1, boxes  # the same box on every map
+    assert len(boxes) == 1, boxes  # the same box on every map, the matrix and every tile
     ((visible, left, right, bottom, top),) = boxes
     assert visible and left < right and bottom < top
     bars = page.evaluate(
@@ -168,4 +195,38 @@ def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifact
     assert bars["head"] == list(range(trace.sizes["head"]))
     assert bars["label"] == linked.SHARE_LABEL
     assert 0 < min(bars["top"]) and max(bars["top"]) <= 1
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
+def test_hover_on_a_head_tile_names_the_head_and_whole_positions(app, trace):
+    page, console = app
+    page.evaluate(
+        "(() => { const p = attn.plot('sample 0, '); "
+        "p.model.x_range.setv({start: -0.5, end: 479.5}); "
+        "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
+    )
+    page.wait_for_function(
+        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) >= 479)",
+        timeout=20_000,
+        polling=100,
+    )
+    fx, fy = 0.3, 0.6
+    point = page.evaluate("([x, y]) => attn.tile_point(3, x, y)", [fx, fy])
+    page.mouse.move(point["x"] - 3, point["y"] - 3)
+    page.mouse.move(point["x"], point["y"], steps=2)
+    tooltip = page.locator(".bk-tooltip-content").filter(has_text="key")
+    tooltip.first.wait_for(timeout=10_000)
+    text = tooltip.first.inner_text()
+    assert "head 3" in text, text
+    fields = dict(
+        line.split(":", 1) for line in text.replace(":\n", ":").splitlines() if ":" in line
+    )
+    key, query = int(fields["key"].strip()), int(fields["query"].strip())
+    # whole positions, where the pointer is (to the pixel: 480 positions on 140 pixels)
+    assert abs(key - fx * 480) <= 4 and abs(query - fy * 480) <= 4, text
+    # the weight shown is the tile's own pixel under the pointer (a mean of ~3 x 3 cells)
+    shown = float(fields["weight"])
+    weights = head_weights(trace, 3)
+    near = weights[max(0, query - 4) : query + 5, max(0, key - 4) : key + 5]
+    assert np.nanmin(near) - 1e-4 <= shown <= np.nanmax(near) + 1e-4, (text, near)
     assert [e for e in console if e[0] in ("error", "pageerror")] == []

@@ -84,21 +84,28 @@ def images(ex) -> dict:
 def test_maps_share_ranges_and_a_zoom_rerasterizes_the_window(explorer):
     maps = images(explorer)
     assert {"matrix", "head 0", "head 1", "head 2"} <= set(maps)
-    figures = [h["plot"] for h in maps.values()]
-    assert len({id(f.x_range) for f in figures}) == 1  # one shared range: linked in the browser
+    grid = explorer.sections["heads"].grid
+    # The matrices share one pair of ranges (linked in the browser); the head tiles are one
+    # figure that follows the window the matrices show.
+    figures = [h["plot"] for p, h in maps.items() if not p.startswith("head ")]
+    assert len({id(f.x_range) for f in figures}) == 1
     assert len({id(f.y_range) for f in figures}) == 1
+    assert {id(maps[f"head {h}"]["plot"]) for h in range(3)} == {id(grid.figure)}
     weights = explorer.trace["weights"].values[0]
     explorer.linked.zoom((4.6, 20.2), (30.4, 10.0))
     for pane, found in maps.items():
         data = found["source"].data
-        assert (data["x"][0], data["y"][0], data["dw"][0], data["dh"][0]) == (4.5, 9.5, 16, 21)
         if pane.startswith("head "):
-            # 16 x 21 cells in 150 px: the image is the array's window itself.
+            # 16 x 21 cells on a 140 px tile: the image is the array's window itself.
             np.testing.assert_array_equal(data["image"][0], weights[int(pane[5:]), 10:31, 5:21])
+        else:
+            assert (data["x"][0], data["y"][0], data["dw"][0], data["dh"][0]) == (4.5, 9.5, 16, 21)
+    assert grid.window_bounds == (4.5, 9.5, 20.5, 30.5)
     assert figures[0].x_range.start == 4.6 and figures[0].y_range.end == 10.0
     explorer.linked.zoom((-0.5, 39.5), (39.5, -0.5))
     head = maps["head 1"]["source"].data["image"][0]
     np.testing.assert_array_equal(head, weights[1])
+    assert grid.window_bounds == (-0.5, -0.5, 39.5, 39.5)
 
 
 def test_windowed_raster_downsamples_with_datashader_when_cells_exceed_pixels():
@@ -127,6 +134,30 @@ def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
     weights = explorer.trace["weights"].values[1].astype(np.float64)
     expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
     np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
+    grid = explorer.sections["heads"].grid
+    outline = grid.box.data  # the box on every head's tile
+    for head in range(3):
+        keys, queries = grid.to_window(
+            (outline["left"][head], outline["right"][head]),
+            (outline["bottom"][head], outline["top"][head]),
+        )
+        assert keys == pytest.approx((5.2, 20.4)) and queries == pytest.approx((3.0, 12.6))
     explorer.linked.clear()
     assert not any(box.visible for box in explorer.linked.boxes)
     assert (bars["source"].data["top"] == 0).all()
+    assert len(grid.box.data["left"]) == 0
+
+
+def test_a_box_drawn_on_a_head_tile_selects_its_keys_and_queries(explorer):
+    grid = explorer.sections["heads"].grid
+    x0, y0 = grid.origin(2)
+    # Keys 10.3-20.6 and queries 5.3-15.6 of the 40-position window (cells 11-20 and
+    # 6-15), drawn on head 2's tile: read through that tile, whichever way it was dragged.
+    grid.select((x0 + 21.1 / 40, x0 + 10.8 / 40), (y0 + 5.8 / 40, y0 + 16.1 / 40))
+    keys, queries = explorer.linked.box
+    assert keys == pytest.approx((10.3, 20.6)) and queries == pytest.approx((5.3, 15.6))
+    bars = handles(explorer, linked.MASS_PANE, "Rectangles", "Vector")["source"].data
+    weights = explorer.trace["weights"].values[explorer.sample].astype(np.float64)
+    expected = weights[:, 6:16, 11:21].sum(axis=(1, 2)) / weights[:, 6:16].sum(axis=(1, 2))
+    np.testing.assert_allclose(bars["top"], expected, rtol=1e-5)
+    explorer.linked.clear()

@@ -1,18 +1,22 @@
 """Head comparison: every head's softmax map side by side, and the linked zoom below.
 
-Each head has a small map (white to the head's colour, grey while the head is off) and a
-toggle that keeps it in the merge or drops it. The maps share their ranges with the large
-matrix: a wheel zooms all of them, and a drag on a head map draws a box whose attention
-mass the :class:`LinkedZoom` section compares across heads.
+Each head has a tile (white to the head's colour, grey while the head is off) in one figure
+(:class:`attnpanel.head_grid.HeadGrid`) and a toggle under it that keeps the head in the
+merge or drops it. The tiles show the window of the large matrix (a wheel over the matrix
+zooms them too, re-rasterized), and a drag on a tile draws a box whose attention mass the
+:class:`LinkedZoom` section compares across heads.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import panel as pn
 import param
 
 from attnpanel import linked, model_views, views
 from attnpanel.engine import PlotKey
+from attnpanel.head_grid import GAP_PX, HeadGrid
 from attnpanel.linked import LinkedMaps
 from attnpanel.palette import head_color
 from attnpanel.readouts import MissingVariable
@@ -21,40 +25,110 @@ from attnpanel.styling import WRAP
 
 HEAD_MAP_SIZE = 140
 HEAD_MAP_KEY = PlotKey("Image", "HeadMap")
+GRID_PANE = "head maps"  # the one figure holding every head's tile
+QUERY_BAND_KEY = PlotKey("HSpan", "Marker")
 HEAD_AVERAGE_COLORS = views.head_cmap(0, enabled=False)  # white to grey
 
 
 class HeadComparison(Section):
-    """A small softmax map and an on/off toggle per head, and the head average."""
+    """Every head's softmax map in one figure, a toggle per head, and the head average."""
 
     title = (
         "Head comparison: softmax weights per head (switch a head off to drop it from the merge)"
     )
+    linked = param.ClassSelector(class_=LinkedMaps, doc="The linked maps' window and box.")
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.toggles: list[pn.widgets.Toggle] = []  # one per head, in head order
+        self.grid: HeadGrid | None = None
+        self.toggles: pn.widgets.CheckButtonGroup | None = None
         self.average = HeadAverage(state=self.state, engine=self.engine)
         self.state.param.watch(self._recolor, "enabled_heads")
 
     def build(self):
-        cells = [self._head_cell(head) for head in range(self.state.n_heads)]
+        try:
+            grid = self._grid()
+        except MissingVariable as err:
+            return pn.Column(self.heading(), self.missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE))
         return pn.Column(
             self.heading(),
-            # Wraps onto a second line for models with more heads than fit (MiniLM has 12).
-            # A wrapping Row, not pn.FlexBox: nested in another layout (the DataTree
-            # explorer, a notebook cell) a FlexBox's figures never report painted, the
-            # page never becomes idle, and Panel then drops every later update.
             pn.Row(
-                *cells,
+                pn.Column(pn.pane.Bokeh(grid.figure), self._toggles(), margin=0),
                 self.average,
                 margin=0,
                 sizing_mode="stretch_width",
-                stylesheets=[WRAP],
+                stylesheets=[WRAP],  # the average goes under the tiles when they fill a line
             ),
             self._summary(),
             sizing_mode="stretch_width",
         )
+
+    def _grid(self) -> HeadGrid:
+        """The tiles, each a view of the engine redrawn for the sample, mask and window."""
+        state = self.state
+        rasters = [
+            self.engine.add(
+                f"head {head} map",
+                partial(self._head_values, head),
+                ["sample", "mask"],
+                f"head {head}",
+                raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
+                group="HeadMap",
+                title=False,
+            )
+            for head in range(state.n_heads)
+        ]
+        enabled = set(state.enabled_heads)
+        grid = HeadGrid(
+            state.n_heads,
+            HEAD_MAP_SIZE,
+            [views.head_cmap(h, h in enabled) for h in range(state.n_heads)],
+            rasters[0].bounds,
+            self.linked.select_overlay(),
+        )
+        for head, raster in enumerate(rasters):
+            grid.push_tile(grid.tiles[head], raster)
+            self.engine.record(f"head {head}", HEAD_MAP_KEY, grid.tiles[head])
+        marker = self.engine.add(
+            "head maps query marker",
+            lambda sel: views.query_marker(self.trace, sel),
+            ["query"],
+            GRID_PANE,
+            title=False,
+            first=True,
+        )
+        band = {"plot": grid.figure, "source": grid.query_band, "push": grid.push_query}
+        grid.push_query(band, marker)
+        self.engine.record(GRID_PANE, QUERY_BAND_KEY, band)
+        grid.on_select(self.linked.select)
+        self.linked.on_box(lambda: grid.mark_box(self.linked.box))
+        grid.mark_box(self.linked.box)
+        self.grid = grid
+        return grid
+
+    def _head_values(self, head: int, sel):
+        return (
+            views.attention_values(self.trace, sel.with_(head=head, stage="softmax"), self.cache),
+            f"head {head}",
+        )
+
+    def _toggles(self) -> pn.widgets.CheckButtonGroup:
+        """One button per head under its tile, in the head's colour while it is on."""
+        n_heads = self.state.n_heads
+        columns = self.grid.columns
+        width = columns * HEAD_MAP_SIZE + (columns - 1) * GAP_PX
+        self.toggles = pn.widgets.CheckButtonGroup(
+            options={f"head {h}": h for h in range(n_heads)},
+            value=list(self.state.enabled_heads),
+            width=width,
+            margin=(4, 5),
+            stylesheets=[toggles_css(n_heads)],
+        )
+        self.toggles.param.watch(self._on_toggles, "value")
+        return self.toggles
+
+    def _on_toggles(self, event) -> None:
+        self.state.enabled_heads = sorted(event.new)
 
     def _summary(self):
         """Per head: mean attention distance, most-attended lag, entropy (a table)."""
@@ -83,52 +157,13 @@ class HeadComparison(Section):
             margin=0,
         )
 
-    def _title(self, head: int) -> str:
-        return f"head {head}" + ("" if head in self.state.enabled_heads else " (off)")
-
-    def _head_cell(self, head: int):
-        pane = f"head {head}"
-        try:
-            raster = self.engine.add(
-                f"head {head} map",
-                lambda sel: (
-                    views.attention_values(
-                        self.trace, sel.with_(head=head, stage="softmax"), self.cache
-                    ),
-                    self._title(head),
-                ),
-                ["sample", "mask"],
-                pane,
-                raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
-                group="HeadMap",
-            )
-        except MissingVariable as err:
-            return self.missing(err, HEAD_MAP_SIZE, HEAD_MAP_SIZE)
-        enabled = head in self.state.enabled_heads
-        image = self.marked(raster.element("weight"), f"head {head} query marker", pane)
-        style = small_map(views.head_cmap(head, enabled))
-        toggle = pn.widgets.Toggle(
-            label=f"head {head}",
-            value=enabled,
-            width=HEAD_MAP_SIZE,
-            margin=(0, 5),
-            stylesheets=[toggle_css(head_color(head))],
-        )
-        toggle.param.watch(lambda event: self.state.toggle_head(head, event.new), "value")
-        self.toggles.append(toggle)
-        return pn.Column(
-            self.engine.render(image, pane, style=style, linked=True), toggle, margin=0
-        )
-
     def _recolor(self, *_events) -> None:
-        for head in range(self.state.n_heads):
-            enabled = head in self.state.enabled_heads
-            palette = views.head_cmap(head, enabled)
-            for handles in self.engine.handles(f"head {head}", HEAD_MAP_KEY):
-                handles["color_mapper"].palette = palette
-                handles["plot"].title.text = self._title(head)
-        for head, toggle in enumerate(self.toggles):
-            toggle.value = head in self.state.enabled_heads
+        enabled = set(self.state.enabled_heads)
+        if self.grid is not None:
+            for head in range(self.state.n_heads):
+                self.grid.set_palette(head, views.head_cmap(head, head in enabled))
+        if self.toggles is not None and set(self.toggles.value) != enabled:
+            self.toggles.value = sorted(enabled)
 
 
 class HeadAverage(Section):
@@ -196,9 +231,10 @@ class LinkedZoom(Section):
         clear = pn.widgets.Button(label="Clear box", width=100, margin=(10, 5))
         clear.on_click(self.linked.clear)
         note = pn.pane.Markdown(
-            "Wheel: zoom every map (re-rasterized at full resolution). Drag on a head map "
-            "(or use the matrix's box select): the share of each head's attention, from "
-            f"the box's queries, that goes to the box's keys ({linked.SHARE_LABEL}).",
+            "Wheel over the matrix: zoom it and every head's tile (re-rasterized at full "
+            "resolution). Drag on a head's tile (or use the matrix's box select): the "
+            "share of each head's attention, from the box's queries, that goes to the box's keys "
+            f"({linked.SHARE_LABEL}).",
             width=260,
             styles={"font-size": "11px"},
             margin=(20, 5),
@@ -224,13 +260,22 @@ def small_map(cmap) -> dict:
     )
 
 
-def toggle_css(color: str) -> str:
-    """Stylesheet filling a head's toggle button with the head's colour while it is on."""
+def toggles_css(n_heads: int) -> str:
+    """The head toggles: one button per tile, wrapping like the tiles, each filled with its
+    head's colour while the head is on."""
     # !important: Panel's own button stylesheets load after this one.
-    red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
-    text = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 150 else "white"
-    return (
-        f":host .bk-btn.bk-active {{ background-color: {color} !important; color: {text} "
-        f"!important; border-color: {color} !important; }}"
-        f":host .bk-btn {{ border: 2px solid {color} !important; }}"
-    )
+    rules = [
+        f":host .bk-btn-group {{ display: flex; flex-wrap: wrap; gap: {GAP_PX}px; }}",
+        f":host .bk-btn-group > .bk-btn {{ flex: 0 0 {HEAD_MAP_SIZE}px; "
+        "border-radius: 4px !important; margin: 0 !important; }",
+    ]
+    for head in range(n_heads):
+        color = head_color(head)
+        red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+        text = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 150 else "white"
+        nth = f":host .bk-btn-group > .bk-btn:nth-child({head + 1})"
+        rules.append(f"{nth} {{ border: 2px solid {color} !important; }}")
+        rules.append(
+            f"{nth}.bk-active {{ background-color: {color} !important; color: {text} !important; }}"
+        )
+    return "\n".join(rules)
