@@ -30,12 +30,12 @@ import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and 
 import numpy as np
 import panel as pn
 from bokeh.events import Tap
-from bokeh.models import ColumnDataSource, Range1d
+from bokeh.models import Range1d
 from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
-from attnpanel.figures import axis_number, box_handles, draw
+from attnpanel.figures import axis_number, box_handles, draw, table_columns, table_html
 from attnpanel.raster import image_limits, scale_title, window_raster
 from attnpanel.readouts import stages_cached
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
@@ -497,13 +497,18 @@ class LiveEngine:
         for figure, extent in figures.values():
             if view.title:
                 figure.title.text = element.label
-            if extent is not None and np.isfinite(extent).all():
+            # all-equal values (empty mass bars: zeros) keep the axis they were drawn with
+            if extent is not None and np.isfinite(extent).all() and extent[1] > extent[0]:
                 pad = 0.06 * (extent[1] - extent[0]) or 1.0
                 figure.y_range.start, figure.y_range.end = extent[0] - pad, extent[1] + pad
 
 
 def push(handles: dict, element):
     """Write one element's data into its rendered Bokeh models; return its y extent."""
+    if isinstance(element, hv.Table):
+        handles["table"].text = table_html(element)
+        handles["columns"] = table_columns(element)
+        return None
     glyph = handles.get("glyph")
     if isinstance(element, hv.HSpan):
         glyph.bottom, glyph.top = (axis_number(v) for v in element.data)
@@ -547,11 +552,6 @@ def push(handles: dict, element):
     for column in source.data:
         name = RECT_COLUMNS.get(column, column) if isinstance(element, hv.Rectangles) else column
         data[column] = columns[name] if name in columns else element.dimension_values(name)
-    if isinstance(element, hv.Table):
-        # BokehJS redraws a table's cells when its view's indices change, which new data
-        # of as many rows never does; a new source makes it draw them.
-        handles["source"] = handles["table"].source = ColumnDataSource(data)
-        return None
     source.data = data
     if isinstance(element, hv.Rectangles):
         if element.group != "Vector":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from served_app import PAGE_TEXT_JS, opened, page_widths, shot
 
@@ -192,31 +193,44 @@ def test_switching_a_head_off_changes_output(app, artifacts):
 
 
 SUMMARY_JS = """() => {
-  const table = attn.views().find((v) => v.model && v.model.type === "DataTable" &&
-                                   "entropy" in v.model.source.data);
-  const cells = [...table.el.shadowRoot.querySelectorAll(".slick-row")].map(
-    (row) => [...row.querySelectorAll(".slick-cell")].map((c) => c.textContent.trim()));
-  const data = table.model.source.data;
-  return { cells, distance: [...data.distance].map((d) => d.toFixed(1)) };
+  const table = attn.views().find((v) => v.model && v.model.type === "Div" &&
+                                   v.model.text.includes("entropy"));
+  return [...table.el.shadowRoot.querySelectorAll("tbody tr")].map(
+    (row) => [...row.querySelectorAll("td")].map((c) => c.textContent.trim()));
 }"""
 
 
 def test_head_summary_table_redraws_with_the_mask(app, artifacts):
-    """The per-head table shows the numbers the server sent, and new ones after a mask
-    switch (a table that kept drawing its first data once misled here)."""
+    """The per-head table shows the statistics of the shown sample and mask, and new ones
+    after a mask switch (a table that kept drawing its first data once misled here)."""
+    import attnpanel
+    from attnpanel import views
+    from attnpanel.readouts import head_statistics
+
+    trace = attnpanel.demo()
+
+    def expected(mask):
+        sample = page.evaluate("attn.widget('Sample').value")  # as earlier tests left it
+        sel = views.Selection(sample=sample, mask=mask, stage="softmax")
+        weights = views.stage_heads(trace, sel)
+        return [
+            f"{d:.1f}" for d in np.round(head_statistics(np.nan_to_num(weights))["distance"], 1)
+        ]
+
     page, console = app
     set_widget(page, "Mask", "diagonal")
     page.wait_for_timeout(500)
     before = page.evaluate(SUMMARY_JS)
-    assert len(before["cells"]) == 8
-    assert [row[0] for row in before["cells"]] == [f"head {h}" for h in range(8)]
-    assert [row[1] for row in before["cells"]] == before["distance"]
+    assert len(before) == 8
+    assert [row[0] for row in before] == [f"head {h}" for h in range(8)]
+    assert [row[1] for row in before] == expected("diagonal")
     set_widget(page, "Mask", "causal")
     page.wait_for_function(
-        f"(b) => JSON.stringify(({SUMMARY_JS})().cells) !== JSON.stringify(b)", arg=before["cells"]
+        f"(b) => JSON.stringify(({SUMMARY_JS})()) !== JSON.stringify(b)", arg=before
     )
     after = page.evaluate(SUMMARY_JS)
-    assert [row[1] for row in after["cells"]] == after["distance"] != before["distance"]
+    assert [row[1] for row in after] == expected("causal") != expected("diagonal")
+    shot(page, artifacts, "head_summary")
     set_widget(page, "Mask", "diagonal")
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 

@@ -10,7 +10,7 @@ import panel as pn
 import pytest
 import torch
 from bokeh.document import Document
-from drawn import handles, shown_matrix
+from drawn import handles, shown_matrix, table_rows
 
 import attnpanel
 from attnpanel import views
@@ -218,9 +218,9 @@ def test_shape_table_never_names_a_stale_mask(explorer):
     """The masking step points at the Mask selector instead of naming a mask that a
     switch would leave stale (it kept saying "mask diagonal" after switching to causal)."""
 
-    def masking_step():  # as the page's table holds it
-        data = handles(explorer, "shapes", "Table")["source"].data
-        return dict(zip(data["step"], data["operation"], strict=True))["masked"]
+    def masking_step():  # as the page's table shows it
+        rows = table_rows(explorer, "shapes")
+        return {row["step"]: row["operation"] for row in rows}["masked"]
 
     for mask in ("causal", "none", "diagonal"):
         explorer.mask = mask
@@ -385,12 +385,12 @@ def test_head_summary_table_follows_sample_and_mask(explorer, trace):
         explorer.param.update(**change)
         weights = views.stage_heads(trace, explorer.selection.with_(stage="softmax"))
         expected = head_statistics(np.nan_to_num(weights))
-        # read again: a table's source is replaced on each update (so that it redraws)
-        data = handles(explorer, "head summary", "Table")["source"].data
-        np.testing.assert_allclose(data["distance"], np.round(expected["distance"], 1))
-        np.testing.assert_array_equal(data["lag"], expected["lag"])
-        assert list(data["head"]) == [f"head {h}" for h in range(8)]
-        assert data["span"][0].endswith(("min", "s"))  # one-minute steps: a time span
+        rows = table_rows(explorer, "head summary")  # as the page shows it
+        distance = [float(row["distance (steps)"]) for row in rows]
+        np.testing.assert_allclose(distance, np.round(expected["distance"], 1))
+        np.testing.assert_array_equal([int(row["top lag"]) for row in rows], expected["lag"])
+        assert [row["head"] for row in rows] == [f"head {h}" for h in range(8)]
+        assert rows[0]["distance (time)"].endswith(("min", "s"))  # one-minute steps: a time
 
 
 def test_positional_encoding_is_drawn_when_first_shown(explorer):

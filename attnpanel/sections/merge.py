@@ -26,7 +26,7 @@ class MergeOutput(Section):
             430,
             170,
         )
-        wo = weight_map(self, "w_o", 200, 170, colorbar=True)
+        wo = weight_map(self, "w_o", 250, 250, colorbar=True)  # tall enough for its title
         output = self.bars(
             "output",
             lambda sel: views.output_change(self.trace, sel, self.cache),
@@ -34,7 +34,7 @@ class MergeOutput(Section):
             480,
             170,
         )
-        arrow = dict(margin=(60, 5))
+        arrow = dict(margin=(60, 5))  # beside the charts' middle
         return pn.Column(
             self.heading(),
             pn.Row(
