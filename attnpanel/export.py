@@ -379,7 +379,7 @@ def _page(
             y_range=y_range,
             tools=tools,
             active_scroll="wheel_zoom",
-            output_backend="webgl",
+            output_backend="canvas",  # an image: see attnpanel.figures.WEBGL_MIN_POINTS
         )
         fig.grid.visible = False
         source = ColumnDataSource({"image": [np.zeros((n, n), dtype=np.uint8)]})

@@ -58,9 +58,12 @@ def box_handles():
     return BoxInteractionHandles(all=AreaVisuals(fill_color="white", line_color="black"))
 
 
-# WebGL draws maps and long curves; a chart of a few hundred bars or points gains nothing
-# from it and each WebGL canvas costs a read-back per paint (20-150 ms in software GL: the
-# demo's top view of twelve 480-point layers painted in 148 ms with WebGL, 12 ms without).
+# WebGL draws long curves only. A map is one image, which a 2D canvas draws with one
+# ``drawImage``; a WebGL canvas costs a context and a read-back per paint (software GL: the
+# matrix's head change repainted in 114 ms median with WebGL maps, 91 ms on canvas, and the
+# page's first paint took ~0.2 s longer). A chart of a few hundred bars or points gains
+# nothing either (the top view's twelve 480-point layers: 148 ms a paint with WebGL, 12 ms
+# without).
 WEBGL_MIN_POINTS = 5_000
 # The look of each (element kind, group); colours shared with attnpanel.styling.
 GROUP_STYLE = {
@@ -96,10 +99,8 @@ def palette(cmap) -> list[str]:
 
 
 def backend(layers) -> str:
-    """``"webgl"`` for a figure with a map or a layer of over :data:`WEBGL_MIN_POINTS`
-    points (a long curve), else ``"canvas"``."""
-    if any(isinstance(layer, hv.Image) for layer in layers):
-        return "webgl"
+    """``"webgl"`` for a figure with a layer of over :data:`WEBGL_MIN_POINTS` points (a long
+    curve), else ``"canvas"`` (maps included)."""
     longest = max(
         (len(layer) for layer in layers if isinstance(layer, hv.Curve | hv.Rectangles)), default=0
     )

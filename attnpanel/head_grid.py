@@ -96,7 +96,7 @@ class HeadGrid:
             tools="",
             min_border=0,
             outline_line_color=None,
-            output_backend="webgl",
+            output_backend="canvas",  # images: see attnpanel.figures.WEBGL_MIN_POINTS
             margin=(0, 5, 0, 5),
             name=NAME,
         )

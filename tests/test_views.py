@@ -334,3 +334,14 @@ def test_head_statistics_match_a_direct_computation():
         np.testing.assert_allclose(stats["entropy"][h], entropy, rtol=1e-5)
     uniform = head_statistics(np.full((1, 4, 4), 0.25, dtype=np.float32))
     np.testing.assert_allclose(uniform["entropy"], [1.0], rtol=1e-6)
+
+
+def test_webgl_only_for_curves_of_over_5000_points():
+    from attnpanel.figures import WEBGL_MIN_POINTS, draw
+
+    long_curve = hv.Curve((np.arange(WEBGL_MIN_POINTS + 1), np.zeros(WEBGL_MIN_POINTS + 1)))
+    short_curve = hv.Curve((np.arange(480), np.zeros(480)))
+    image = hv.Image(np.zeros((480, 480), dtype=np.float32), group="Attention")
+    assert draw(long_curve)[0].output_backend == "webgl"
+    assert draw(short_curve)[0].output_backend == "canvas"
+    assert draw(image)[0].output_backend == "canvas"  # one drawImage on a 2D canvas
