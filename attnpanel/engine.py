@@ -19,6 +19,7 @@ from the full array, never magnified.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,13 @@ IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repa
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
 SLOW_DELAY_MS = 10  # the loading indicator goes out, then the slow maps are computed
+# A change whose maps are not cached and whose redraw is expected to take longer than this
+# shows the busy indicator first. The expectation is the sample's attention cells (heads x
+# query x key) times a cost per cell: first this guess (the demo's 1.8 M cells redraw in
+# 0.06-0.10 s uncached on a 2-core machine, so its changes never wait for the indicator),
+# then what the engine measured on its own uncached changes.
+BUSY_AFTER_S = 0.25
+SECONDS_PER_CELL = 5.5e-8
 # One indicator for the page, fixed at its top right (visible wherever the page is
 # scrolled): a per-plot one (Panel's ``loading``, or a style) makes BokehJS re-render each
 # plot, 0.2-0.7 s apiece, longer than the recomputation it announces.
@@ -144,6 +152,8 @@ class LiveEngine:
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._pending: dict[int, LiveView] = {}
         self._scheduled = False
+        self.seconds_per_cell = SECONDS_PER_CELL  # an uncached redraw's cost, learnt
+        self._timing: list[float] | None = None  # seconds spent on an uncached change
         # shown while maps are recomputed from q and k (the explorer lays it out)
         self.indicator = pn.pane.HTML(
             "⏳ recomputing the maps from q and k …",
@@ -391,8 +401,11 @@ class LiveEngine:
         doc = pn.state.curdoc
         if doc is None or doc.session_context is None:
             sel = self.state.selection
+            if changed & IMAGE_PARAMS and not self._cached(sel):
+                self._timing = [0.0]
             for view in due:
                 self._refresh(view, sel)
+            self._learn()
             self._push_notebook()
             return
         # Panel sends a change's model updates together when its callback returns: the
@@ -400,11 +413,14 @@ class LiveEngine:
         # user acts on repaints first. A new image takes the browser ~100 ms to map and
         # paint (software GL); the other views' updates would block that frame, so they
         # wait that long (a moved marker is cheap: 30 ms). Pending views coalesce across
-        # fast events (a dragged slider).
+        # fast events (a dragged slider). A change whose maps must be recomputed and whose
+        # redraw is expected to be slow shows the busy indicator first (``_slow``).
         sel = self.state.selection
         if changed & IMAGE_PARAMS and not self._cached(sel):
-            self._slow(doc, due)
-            return
+            self._timing = [0.0]
+            if self.expected_seconds() > BUSY_AFTER_S:
+                self._slow(doc, due)
+                return
         with pn.io.hold(doc):  # one message for all of them, not one per property
             for view in due:
                 if view.first:
@@ -417,6 +433,24 @@ class LiveEngine:
             # next tick too and must go out before the other views are computed.
             delay = SECONDARY_DELAY_MS if changed & IMAGE_PARAMS else QUERY_DELAY_MS
             doc.add_timeout_callback(partial(self._refresh_pending, doc), delay)
+        elif not self._pending:
+            self._learn()
+
+    def expected_seconds(self) -> float:
+        """How long a change whose maps are not cached is expected to take to redraw."""
+        sizes = self.state.trace.sizes
+        cells = sizes.get("head", 1) * sizes.get("query", 0) * sizes.get("key", 0)
+        return cells * self.seconds_per_cell
+
+    def _learn(self) -> None:
+        """Fold the redraw time of the uncached change just drawn into the cost per cell."""
+        if self._timing is None:
+            return
+        sizes = self.state.trace.sizes
+        cells = sizes.get("head", 1) * sizes.get("query", 0) * sizes.get("key", 0)
+        if cells and self._timing[0] > 0:
+            self.seconds_per_cell = 0.5 * self.seconds_per_cell + 0.5 * self._timing[0] / cells
+        self._timing = None
 
     def _cached(self, sel) -> bool:
         try:
@@ -426,8 +460,8 @@ class LiveEngine:
 
     def _slow(self, doc, due: list[LiveView]) -> None:
         """A change whose maps must be recomputed from q and k (a mask or sample not seen
-        yet: 0.1-0.5 s): the page's busy indicator shows first, then the views are drawn
-        together and it goes."""
+        yet) and whose redraw is expected to take over :data:`BUSY_AFTER_S`: the page's
+        busy indicator shows first, then the views are drawn together and it goes."""
         self.indicator.visible = True
         for view in due:
             self._pending[id(view)] = view
@@ -456,14 +490,18 @@ class LiveEngine:
         with set_curdoc(doc), pn.io.hold(doc):
             for view in pending:
                 self._refresh(view, sel)
+        self._learn()
 
     def _refresh(self, view: LiveView, sel) -> None:
         if view.active is not None and not view.active():
             return
+        start = time.perf_counter()
         try:
             self._draw(view, self._element(view, sel))
         except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
             self.report(err, f"updating the {view.name}")
+        if self._timing is not None:
+            self._timing[0] += time.perf_counter() - start
 
     def _draw(self, view: LiveView, element) -> None:
         """Write an element's data into the Bokeh models already on the page."""

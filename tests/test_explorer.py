@@ -429,3 +429,28 @@ def test_the_guided_walk_steps_through_one_query(explorer, trace):
     assert "query 13" in walk.text.object
     explorer.step = 0
     assert walk.text.object == ""
+
+
+def test_the_busy_indicator_waits_for_changes_expected_to_be_slow(trace):
+    """Only a change whose redraw is expected to take over BUSY_AFTER_S shows the busy
+    indicator first; the expectation scales with the sample's attention cells and learns
+    from the uncached changes the engine drew."""
+    from attnpanel import engine
+
+    state = AttentionExplorer(trace.copy())  # a cache of its own: nothing drawn yet
+    state.__panel__().get_root(Document())
+    live = state.engine
+    cells = trace.sizes["head"] * trace.sizes["query"] * trace.sizes["key"]
+    assert live.expected_seconds() == pytest.approx(cells * engine.SECONDS_PER_CELL)
+    # the demo (8 x 480 x 480) redraws in about 0.1 s: no indicator
+    assert 8 * 480 * 480 * engine.SECONDS_PER_CELL < engine.BUSY_AFTER_S
+    # 8 heads at L = 2,048: seconds, so the indicator goes out first
+    assert 8 * 2048 * 2048 * engine.SECONDS_PER_CELL > engine.BUSY_AFTER_S
+    live.seconds_per_cell = 1.0
+    assert live.expected_seconds() == cells
+    live.seconds_per_cell = engine.SECONDS_PER_CELL
+    state.sample = 1  # not drawn yet: its redraw time is learnt
+    assert live.seconds_per_cell != engine.SECONDS_PER_CELL
+    learnt = live.seconds_per_cell
+    state.sample = 0  # cached: nothing learnt
+    assert live.seconds_per_cell == learnt
