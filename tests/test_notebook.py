@@ -172,7 +172,7 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
         )
         assert errors.count() == 0 or "Traceback" not in errors.all_inner_texts()[0]
-        page.locator(".jp-OutputArea-output .bk-Figure").nth(8).scroll_into_view_if_needed()
+        page.locator(".jp-OutputArea-output .bk-Figure").nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))
         page.evaluate(HELPERS_JS)
         matrix = "attn.plots().find((v) => /^sample \\d+, head /.test(v.model.title.text))"
