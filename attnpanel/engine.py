@@ -346,7 +346,9 @@ class LiveEngine:
         def element(**_params):
             built = view.build(self.state.selection)
             if view.raster is None:
-                return built.element() if isinstance(built, Raster) else built
+                # a payload drawn straight into Bokeh models (a Raster, the mass shares)
+                # gives its HoloViews element
+                return built if isinstance(built, hv.core.Dimensioned) else built.element()
             values, label, *value_label = built  # at full resolution: rasterize regrids
             rows, cols = values.shape
             raster = Raster(values, (-0.5, -0.5, cols - 0.5, rows - 0.5), view.group, label)

@@ -7,7 +7,8 @@ colours follow the one colour rule (:func:`attnpanel.raster.image_limits`) on it
 what a tile holds is the head's values themselves.
 
 Tile space: head ``h``'s tile is the unit square at column ``h % columns`` and row
-``h // columns``, one :data:`STEP` apart; ``y`` grows downwards (query 0 on top, as on every
+``h // columns``; columns are a tile and a gap apart, rows a tile, the strip of mass-share
+bars under it and a gap; ``y`` grows downwards (query 0 on top, as on every
 map here). Every tile shows the same window of its head's map (the linked window, snapped
 to whole cells): :attr:`HeadGrid.extent` holds its ``(left, bottom, right, top)`` in key and
 query positions, which the hover, the query band and the box selection translate through.
@@ -31,6 +32,7 @@ from bokeh.models import (
     LinearColorMapper,
     Quad,
     Range1d,
+    Text,
 )
 from bokeh.models import Image as ImageGlyph
 from bokeh.plotting import figure as bokeh_figure
@@ -39,10 +41,15 @@ from attnpanel.raster import image_limits
 from attnpanel.styling import HIGHLIGHT
 
 EXTENT = ("left", "bottom", "right", "top")  # the shown window, in positions
+SHARES_NAME = "head maps shares"  # the source of the mass-share bars and their values
 BOX_NAME = "head maps box"  # the source of the box selection's outline on every tile
 NAME = "head maps"  # the figure's name in the page
 WINDOW_NAME = "head maps window"  # the source holding the window the tiles show
 GAP_PX = 8  # white space between two tiles
+SHARE_PX = 38  # under each row of tiles: each head's share of attention mass in the box
+SHARE_BAR = 0.6  # the tallest bar (a share of 1), as a fraction of the strip
+TITLE_PX = 22  # the figure's title: what the box holds
+SHARE_TEXT = dict(text_font_size="8pt", text_align="center", text_baseline="bottom")
 MAX_COLUMNS = 8  # tiles per row; more heads wrap onto further rows
 BOX_STYLE = dict(
     fill_alpha=0.08, fill_color="#111111", line_color="#111111", line_width=2, line_dash="dashed"
@@ -62,7 +69,8 @@ def _quads(n: int) -> dict:
 
 
 class HeadGrid:
-    """One figure with a tile per head, a query band and a box on every tile.
+    """One figure with a tile per head, a query band and a box on every tile, and under each
+    tile its head's share of attention mass in the box (a bar and its value).
 
     Parameters
     ----------
@@ -83,11 +91,18 @@ class HeadGrid:
         self.columns = max(1, min(n_heads, MAX_COLUMNS))
         self.rows = max(1, math.ceil(n_heads / self.columns))
         self.step = 1.0 + GAP_PX / size  # a tile and its gap, in tile units
-        width = self.columns * self.step - (self.step - 1.0)
-        height = self.rows * self.step - (self.step - 1.0)
+        self.strip = SHARE_PX / size  # the mass-share strip under a row of tiles
+        self.pitch = 1.0 + self.strip + GAP_PX / size  # from one row of tiles to the next
+        width = self.columns * self.step - GAP_PX / size
+        height = self.rows * self.pitch - GAP_PX / size
         self.figure = bokeh_figure(
-            frame_width=round(width * size),
-            frame_height=round(height * size),
+            # At most the tiles' own size; narrower (a notebook's output, a 1280 px window)
+            # the figure scales down as a whole, so that every tile stays in view.
+            width=round(width * size),
+            height=round(height * size) + TITLE_PX,
+            title=" ",
+            max_width=round(width * size),
+            sizing_mode="scale_width",
             x_range=Range1d(0.0, width),
             y_range=Range1d(height, 0.0),  # y grows downwards: query 0 on top
             x_axis_type=None,
@@ -115,6 +130,28 @@ class HeadGrid:
                     level="overlay",
                 )
             )
+        self.shares = ColumnDataSource(
+            dict(**_quads(0), color=[], x=[], y=[], text=[]), name=SHARES_NAME
+        )
+        self.figure.renderers.append(
+            GlyphRenderer(
+                data_source=self.shares,
+                glyph=Quad(
+                    left="left",
+                    right="right",
+                    bottom="bottom",
+                    top="top",
+                    fill_color="color",
+                    line_color=None,
+                ),
+            )
+        )
+        self.figure.renderers.append(
+            GlyphRenderer(
+                data_source=self.shares, glyph=Text(x="x", y="y", text="text", **SHARE_TEXT)
+            )
+        )
+        self.figure.title.text_font_size = "9pt"
         self._query: float | None = None
         self._box_window: tuple | None = None
         self._select_callbacks: list[Callable] = []
@@ -122,7 +159,7 @@ class HeadGrid:
 
     def origin(self, head: int) -> tuple[float, float]:
         """The top-left corner of ``head``'s tile, in tile units."""
-        return (head % self.columns) * self.step, (head // self.columns) * self.step
+        return (head % self.columns) * self.step, (head // self.columns) * self.pitch
 
     def _tile(self, head: int, palette) -> dict:
         x, y = self.origin(head)
@@ -144,9 +181,9 @@ class HeadGrid:
         renderers = [tile["glyph_renderer"] for tile in self.tiles]
         position = {
             axis: CustomJSHover(
-                args=dict(extent=self.extent, step=self.step, axis=axis), code=POSITION_JS
+                args=dict(extent=self.extent, step=step, axis=axis), code=POSITION_JS
             )
-            for axis in ("x", "y")
+            for axis, step in (("x", self.step), ("y", self.pitch))
         }
         hover = HoverTool(
             renderers=renderers,
@@ -198,6 +235,32 @@ class HeadGrid:
         low, high = (float(v) for v in span.data)
         self._query = (low + high) / 2
         self._draw_query()
+
+    def push_shares(self, handles: dict, shares) -> None:
+        """Each head's share of attention mass in the box (an
+        :class:`attnpanel.linked.MassShares`) as a bar under its tile, with its value."""
+        values = np.clip(np.asarray(shares.shares, dtype=float), 0.0, 1.0)
+        if len(values) == 0:
+            self.shares.data = dict(**_quads(0), color=[], x=[], y=[], text=[])
+            return
+        origins = np.array([self.origin(h) for h in range(len(values))])
+        base = origins[:, 1] + 1.0 + self.strip  # the strip's bottom edge (y grows down)
+        top = base - values * SHARE_BAR * self.strip
+        self.shares.data = dict(
+            left=origins[:, 0] + 0.3,
+            right=origins[:, 0] + 0.7,
+            bottom=base,
+            top=top,
+            color=list(shares.colors),
+            x=origins[:, 0] + 0.5,
+            y=top - 0.02,
+            text=[f"{v:.2f}" for v in values],
+        )
+
+    def drawn_shares(self) -> np.ndarray:
+        """The shares the bars under the tiles show now (their heights), in head order."""
+        data = self.shares.data
+        return (np.asarray(data["bottom"]) - np.asarray(data["top"])) / (SHARE_BAR * self.strip)
 
     def mark_box(self, box) -> None:
         """Outline ``((key0, key1), (query0, query1))`` on every tile, or nothing (None)."""
@@ -251,13 +314,13 @@ class HeadGrid:
         x0, x1 = sorted(float(v) for v in x_range)
         y0, y1 = sorted(float(v) for v in y_range)
         column = min(self.columns - 1, max(0, math.floor((x0 + x1) / 2 / self.step)))
-        row = min(self.rows - 1, max(0, math.floor((y0 + y1) / 2 / self.step)))
+        row = min(self.rows - 1, max(0, math.floor((y0 + y1) / 2 / self.pitch)))
         left, bottom, right, top = self.window_bounds
 
         def position(v, origin, start, stop):
             return start + min(1.0, max(0.0, v - origin)) * (stop - start)
 
-        ox, oy = column * self.step, row * self.step
+        ox, oy = column * self.step, row * self.pitch
         keys = (position(x0, ox, left, right), position(x1, ox, left, right))
         queries = (position(y0, oy, bottom, top), position(y1, oy, bottom, top))
         return keys, queries

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import holoviews as hv
@@ -61,7 +62,6 @@ SELECT_OVERLAY = dict(
     line_width=2,
     line_dash=[4, 4],
 )
-MASS_PANE = "mass share"
 
 
 def box_cells(x_range, y_range, n_query: int, n_key: int) -> tuple[slice, slice]:
@@ -100,31 +100,41 @@ def mass_share(weights: np.ndarray, x_range, y_range) -> np.ndarray:
         return np.where(total > 0, inside / np.where(total > 0, total, 1.0), np.nan)
 
 
-def mass_bars(ds, sel: readouts.Selection, cache, box) -> hv.Rectangles:
-    """The per-head mass-share bars (head colours, grey when off) for a box, or empty bars."""
+NO_BOX_LABEL = "drag a box on a head's tile: each head's share of its queries' attention in it"
+
+
+@dataclass
+class MassShares:
+    """Each head's share of attention mass in the box, as the head maps draw it under their
+    tiles (:meth:`attnpanel.head_grid.HeadGrid.push_shares`); empty without a box."""
+
+    shares: np.ndarray  # (head,) in [0, 1]; empty without a box
+    colors: list  # per head: its colour, grey while off
+    label: str  # what the box holds, or how to draw one
+    group: str = "MassShare"
+
+    def element(self) -> hv.Rectangles:
+        """The shares as bars, for a notebook user (``explorer.dynamic_map("mass share")``)."""
+        heads = np.arange(len(self.colors))
+        values = self.shares if len(self.shares) else np.zeros(len(heads))
+        return views.vector_bars(values, self.colors, "head", SHARE_LABEL, heads, self.label)
+
+
+def mass_shares(ds, sel: readouts.Selection, cache, box) -> MassShares:
+    """The per-head mass shares of a box (head colours, grey when off), or none."""
     n_heads = ds.sizes["head"]
-    heads = np.arange(n_heads)
-    colors = styling.head_colors(heads, set(sel.enabled_heads) or None)
+    colors = list(styling.head_colors(np.arange(n_heads), set(sel.enabled_heads) or None))
     if box is None:
-        return views.vector_bars(
-            np.zeros(n_heads),
-            colors,
-            "head",
-            SHARE_LABEL,
-            heads,
-            "box-select a region of a head map to compare the heads",
-        )
+        return MassShares(np.zeros(0), colors, NO_BOX_LABEL)
     weights = readouts.stage_heads(ds, sel.with_(stage="softmax"), cache)
-    shares = mass_share(weights, *box)
+    shares = np.nan_to_num(mass_share(weights, *box))
     rows, cols = box_cells(*box, weights.shape[1], weights.shape[2])
     if cols.stop <= cols.start or rows.stop <= rows.start:
-        label = "the box holds no cell: draw a larger one"
-    else:
-        label = (
-            f"attention mass of queries {rows.start}-{rows.stop - 1} on keys "
-            f"{cols.start}-{cols.stop - 1}"
-        )
-    return views.vector_bars(np.nan_to_num(shares), colors, "head", SHARE_LABEL, heads, label)
+        return MassShares(np.zeros(0), colors, "the box holds no cell: draw a larger one")
+    label = (
+        f"{SHARE_LABEL}: queries {rows.start}-{rows.stop - 1} on keys {cols.start}-{cols.stop - 1}"
+    )
+    return MassShares(shares, colors, label)
 
 
 class LinkedMaps:

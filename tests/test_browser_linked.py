@@ -168,8 +168,7 @@ def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifact
     page.mouse.move(end["x"], end["y"], steps=4)
     page.mouse.up()
     page.wait_for_function(
-        "() => { try { return attn.plot('attention mass of queries') !== null; } "
-        "catch (e) { return false; } }",
+        "() => Bokeh.documents[0].get_model_by_name('head maps shares').data.text.length > 0",
         timeout=20_000,
         polling=100,
     )
@@ -179,22 +178,24 @@ def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifact
     assert len(boxes) == 1, boxes  # the same box on every map, the matrix and every tile
     ((visible, left, right, bottom, top),) = boxes
     assert visible and left < right and bottom < top
+    # under each head's tile: a bar of its share and the share's value
     bars = page.evaluate(
-        "(() => { const pv = attn.plot('attention mass of queries'); "
-        "const rv = [...pv.renderer_views.values()].find((r) => r.model.data_source && "
-        "'top' in r.model.data_source.data); const d = rv.model.data_source.data; "
-        "return {top: Array.from(d.top), head: Array.from(d.head), "
-        "colors: Array.from(d.fill_color || d.color || []), "
-        "label: pv.model.left[0].axis_label}; })()"
+        "(() => { const d = Bokeh.documents[0].get_model_by_name('head maps shares').data; "
+        "return {height: Array.from(d.bottom, (b, i) => b - d.top[i]), "
+        "left: Array.from(d.left), text: Array.from(d.text), color: Array.from(d.color), "
+        "title: attn.plot('head maps').model.title.text}; })()"
     )
     weights = trace["weights"].values[0].astype(np.float64)  # (head, query, key)
     rows, cols = linked.box_cells((left, right), (bottom, top), *weights.shape[1:])
     inside = weights[:, rows, cols].sum(axis=(1, 2))
-    total = weights[:, rows, :].sum(axis=(1, 2))
-    np.testing.assert_allclose(bars["top"], inside / total, rtol=1e-4, atol=1e-6)
-    assert bars["head"] == list(range(trace.sizes["head"]))
-    assert bars["label"] == linked.SHARE_LABEL
-    assert 0 < min(bars["top"]) and max(bars["top"]) <= 1
+    expected = inside / weights[:, rows, :].sum(axis=(1, 2))
+    np.testing.assert_allclose([float(t) for t in bars["text"]], expected, atol=0.0051)
+    np.testing.assert_allclose(
+        np.array(bars["height"]) / max(bars["height"]), expected / expected.max(), rtol=1e-4
+    )
+    assert bars["left"] == sorted(bars["left"])  # head 0 first, left to right
+    assert bars["title"].startswith(f"{linked.SHARE_LABEL}: queries {rows.start}-")
+    assert 0 < min(expected) and max(expected) <= 1
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 

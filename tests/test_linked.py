@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import xarray as xr
 from bokeh.document import Document
-from drawn import handles
 
 from attnpanel import linked, views
 from attnpanel.engine import LINKED_GROUPS
@@ -124,17 +123,17 @@ def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
     explorer.linked.select((20.4, 5.2), (3.0, 12.6))
     for box in explorer.linked.boxes:
         assert box.visible and (box.left, box.right, box.bottom, box.top) == (5.2, 20.4, 3, 12.6)
-    bars = handles(explorer, linked.MASS_PANE, "Rectangles", "Vector")
+    grid = explorer.sections["heads"].grid  # the shares are bars under the head tiles
     weights = explorer.trace["weights"].values[explorer.sample].astype(np.float64)
     expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
-    np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
-    assert list(bars["source"].data["color"]) == list(views.HEAD_COLORS[:3])
-    assert bars["plot"].title.text == "attention mass of queries 3-12 on keys 6-20"
+    np.testing.assert_allclose(grid.drawn_shares(), expected, rtol=1e-5)
+    assert grid.shares.data["text"] == [f"{v:.2f}" for v in expected]
+    assert list(grid.shares.data["color"]) == list(views.HEAD_COLORS[:3])
+    assert grid.figure.title.text == f"{linked.SHARE_LABEL}: queries 3-12 on keys 6-20"
     explorer.sample = 1  # the bars follow the sample
     weights = explorer.trace["weights"].values[1].astype(np.float64)
     expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
-    np.testing.assert_allclose(bars["source"].data["top"], expected, rtol=1e-5)
-    grid = explorer.sections["heads"].grid
+    np.testing.assert_allclose(grid.drawn_shares(), expected, rtol=1e-5)
     outline = grid.box.data  # the box on every head's tile
     for head in range(3):
         keys, queries = grid.to_window(
@@ -144,8 +143,8 @@ def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
         assert keys == pytest.approx((5.2, 20.4)) and queries == pytest.approx((3.0, 12.6))
     explorer.linked.clear()
     assert not any(box.visible for box in explorer.linked.boxes)
-    assert (bars["source"].data["top"] == 0).all()
-    assert len(grid.box.data["left"]) == 0
+    assert len(grid.drawn_shares()) == 0 and len(grid.box.data["left"]) == 0
+    assert grid.figure.title.text == linked.NO_BOX_LABEL
 
 
 def test_a_box_drawn_on_a_head_tile_selects_its_keys_and_queries(explorer):
@@ -156,8 +155,7 @@ def test_a_box_drawn_on_a_head_tile_selects_its_keys_and_queries(explorer):
     grid.select((x0 + 21.1 / 40, x0 + 10.8 / 40), (y0 + 5.8 / 40, y0 + 16.1 / 40))
     keys, queries = explorer.linked.box
     assert keys == pytest.approx((10.3, 20.6)) and queries == pytest.approx((5.3, 15.6))
-    bars = handles(explorer, linked.MASS_PANE, "Rectangles", "Vector")["source"].data
     weights = explorer.trace["weights"].values[explorer.sample].astype(np.float64)
     expected = weights[:, 6:16, 11:21].sum(axis=(1, 2)) / weights[:, 6:16].sum(axis=(1, 2))
-    np.testing.assert_allclose(bars["top"], expected, rtol=1e-5)
+    np.testing.assert_allclose(grid.drawn_shares(), expected, rtol=1e-5)
     explorer.linked.clear()

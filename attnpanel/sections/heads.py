@@ -27,6 +27,7 @@ HEAD_MAP_SIZE = 140
 HEAD_MAP_KEY = PlotKey("Image", "HeadMap")
 GRID_PANE = "head maps"  # the one figure holding every head's tile
 QUERY_BAND_KEY = PlotKey("HSpan", "Marker")
+SHARES_KEY = PlotKey("MassShares", "MassShare")
 HEAD_AVERAGE_COLORS = views.head_cmap(0, enabled=False)  # white to grey
 
 
@@ -53,7 +54,13 @@ class HeadComparison(Section):
         return pn.Column(
             self.heading(),
             pn.Row(
-                pn.Column(pn.pane.Bokeh(grid.figure), self._toggles(), margin=0),
+                pn.Column(
+                    pn.pane.Bokeh(grid.figure),
+                    self._toggles(),
+                    margin=0,
+                    sizing_mode="stretch_width",
+                    max_width=grid.figure.max_width + 10,
+                ),
                 self.average,
                 margin=0,
                 sizing_mode="stretch_width",
@@ -101,10 +108,25 @@ class HeadComparison(Section):
         grid.push_query(band, marker)
         self.engine.record(GRID_PANE, QUERY_BAND_KEY, band)
         grid.on_select(self.linked.select)
-        self.linked.on_box(lambda: grid.mark_box(self.linked.box))
+        shares = self.engine.add(
+            "mass share",
+            lambda sel: linked.mass_shares(self.trace, sel, self.cache, self.linked.box),
+            ["sample", "mask", "enabled_heads"],
+            GRID_PANE,
+        )
+        strip = {"plot": grid.figure, "source": grid.shares, "push": grid.push_shares}
+        grid.push_shares(strip, shares)
+        grid.figure.title.text = shares.label
+        self.engine.record(GRID_PANE, SHARES_KEY, strip)
+        self.linked.on_box(self._on_box)
         grid.mark_box(self.linked.box)
         self.grid = grid
         return grid
+
+    def _on_box(self) -> None:
+        if self.grid is not None:
+            self.grid.mark_box(self.linked.box)
+            self.engine.redraw(lambda view: view.name == "mass share")
 
     def _head_values(self, head: int, sel):
         return (
@@ -120,7 +142,8 @@ class HeadComparison(Section):
         self.toggles = pn.widgets.CheckButtonGroup(
             options={f"head {h}": h for h in range(n_heads)},
             value=list(self.state.enabled_heads),
-            width=width,
+            max_width=width,
+            sizing_mode="stretch_width",  # under the tiles, however wide they are drawn
             margin=(4, 5),
             stylesheets=[toggles_css(n_heads)],
         )
@@ -210,42 +233,27 @@ class HeadAverage(Section):
 
 
 class LinkedZoom(Section):
-    """The share of each head's attention mass in the box drawn on the maps."""
+    """How to zoom every map and compare the heads in a box, and the button that clears it.
+
+    The shares themselves are drawn under the head tiles (:class:`HeadComparison`).
+    """
 
     linked = param.ClassSelector(class_=LinkedMaps, doc="The linked maps' zoom and box.")
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self.linked.on_box(self._on_box)
-
     def build(self):
-        try:
-            bars = self.engine.add(
-                "mass share",
-                lambda sel: linked.mass_bars(self.trace, sel, self.cache, self.linked.box),
-                ["sample", "mask", "enabled_heads"],
-                linked.MASS_PANE,
-            )
-        except MissingVariable as err:
-            return self.missing(err, 420)
-        clear = pn.widgets.Button(label="Clear box", width=100, margin=(10, 5))
+        clear = pn.widgets.Button(label="Clear box", width=100, margin=(5, 5))
         clear.on_click(self.linked.clear)
         note = pn.pane.Markdown(
-            "Wheel over the matrix: zoom it and every head's tile (re-rasterized at full "
-            "resolution). Drag on a head's tile (or use the matrix's box select): the "
-            "share of each head's attention, from the box's queries, that goes to the box's keys "
-            f"({linked.SHARE_LABEL}).",
-            width=260,
-            styles={"font-size": "11px"},
-            margin=(20, 5),
+            "**Zoom and compare heads.** Wheel over the matrix: zoom it and every head's tile "
+            "(re-rasterized at full resolution). Drag on a head's tile (or use the matrix's "
+            "box select): under each tile, the share of that head's attention, from the "
+            f"box's queries, that goes to the box's keys ({linked.SHARE_LABEL}).",
+            sizing_mode="stretch_width",
+            max_width=700,
+            styles={"font-size": "12px"},
+            margin=(5, 5),
         )
-        pane = self.engine.render(
-            bars, linked.MASS_PANE, style=dict(width=420, height=190, ylim=(0, 1))
-        )
-        return pn.Row(pane, pn.Column(note, clear), margin=(5, 0))
-
-    def _on_box(self) -> None:
-        self.engine.redraw(lambda view: view.pane == linked.MASS_PANE)
+        return pn.Row(note, clear, margin=(0, 0), sizing_mode="stretch_width")
 
 
 def small_map(cmap) -> dict:
@@ -266,7 +274,7 @@ def toggles_css(n_heads: int) -> str:
     # !important: Panel's own button stylesheets load after this one.
     rules = [
         f":host .bk-btn-group {{ display: flex; flex-wrap: wrap; gap: {GAP_PX}px; }}",
-        f":host .bk-btn-group > .bk-btn {{ flex: 0 0 {HEAD_MAP_SIZE}px; "
+        ":host .bk-btn-group > .bk-btn { flex: 1 1 0; min-width: 0; "
         "border-radius: 4px !important; margin: 0 !important; }",
     ]
     for head in range(n_heads):
