@@ -42,7 +42,6 @@ from attnpanel.readouts import stages_cached
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
 
 log = logging.getLogger(__name__)
-hv.Store.set_current_backend("bokeh")
 
 LINKED_GROUPS = ("Attention", "HeadMap")  # map groups that zoom together
 IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repaint maps

@@ -13,6 +13,10 @@ from bokeh.models import BasicTickFormatter
 
 from attnpanel.palette import APPLIANCE_COLORS, HIGHLIGHT, head_color  # noqa: F401 - re-exported
 
+# The options below are Bokeh's: they apply when Bokeh is HoloViews' current backend (a
+# notebook user's ``.opts(*options())`` without ``hv.extension("bokeh")`` first).
+hv.Store.set_current_backend("bokeh")
+
 
 def head_colors(heads: np.ndarray, enabled=None) -> list[str]:
     return [head_color(h) if enabled is None or h in enabled else "#c8c8c8" for h in heads]
