@@ -49,6 +49,9 @@ GAP_PX = 8  # white space between two tiles
 SHARE_PX = 38  # under each row of tiles: each head's share of attention mass in the box
 SHARE_BAR = 0.6  # the tallest bar (a share of 1), as a fraction of the strip
 TITLE_PX = 22  # the figure's title: what the box holds
+NAME_TEXT = dict(
+    text_font_size="8pt", text_align="left", text_baseline="middle", text_color="#666666"
+)
 SHARE_TEXT = dict(text_font_size="8pt", text_align="center", text_baseline="bottom")
 MAX_COLUMNS = 8  # tiles per row; more heads wrap onto further rows
 BOX_STYLE = dict(
@@ -151,6 +154,19 @@ class HeadGrid:
                 data_source=self.shares, glyph=Text(x="x", y="y", text="text", **SHARE_TEXT)
             )
         )
+        names = np.array([self.origin(h) for h in range(n_heads)]).reshape(-1, 2)
+        self.figure.renderers.append(  # each tile's head, left in the strip under it
+            GlyphRenderer(
+                data_source=ColumnDataSource(
+                    dict(
+                        x=names[:, 0] + 0.02,
+                        y=names[:, 1] + 1.0 + 0.55 * self.strip,
+                        text=[f"head {h}" for h in range(n_heads)],
+                    )
+                ),
+                glyph=Text(x="x", y="y", text="text", **NAME_TEXT),
+            )
+        )
         self.figure.title.text_font_size = "9pt"
         self._query: float | None = None
         self._box_window: tuple | None = None
@@ -247,12 +263,12 @@ class HeadGrid:
         base = origins[:, 1] + 1.0 + self.strip  # the strip's bottom edge (y grows down)
         top = base - values * SHARE_BAR * self.strip
         self.shares.data = dict(
-            left=origins[:, 0] + 0.3,
-            right=origins[:, 0] + 0.7,
+            left=origins[:, 0] + 0.45,
+            right=origins[:, 0] + 0.75,
             bottom=base,
             top=top,
             color=list(shares.colors),
-            x=origins[:, 0] + 0.5,
+            x=origins[:, 0] + 0.6,
             y=top - 0.02,
             text=[f"{v:.2f}" for v in values],
         )

@@ -145,7 +145,7 @@ class HeadComparison(Section):
             max_width=width,
             sizing_mode="stretch_width",  # under the tiles, however wide they are drawn
             margin=(4, 5),
-            stylesheets=[toggles_css(n_heads)],
+            stylesheets=[toggles_css(n_heads, columns)],
         )
         self.toggles.param.watch(self._on_toggles, "value")
         return self.toggles
@@ -268,14 +268,14 @@ def small_map(cmap) -> dict:
     )
 
 
-def toggles_css(n_heads: int) -> str:
-    """The head toggles: one button per tile, wrapping like the tiles, each filled with its
-    head's colour while the head is on."""
+def toggles_css(n_heads: int, columns: int) -> str:
+    """The head toggles: one button per tile, ``columns`` to a line like the tiles, each
+    filled with its head's colour while the head is on."""
     # !important: Panel's own button stylesheets load after this one.
     rules = [
         f":host .bk-btn-group {{ display: flex; flex-wrap: wrap; gap: {GAP_PX}px; }}",
-        ":host .bk-btn-group > .bk-btn { flex: 1 1 0; min-width: 0; "
-        "border-radius: 4px !important; margin: 0 !important; }",
+        f":host .bk-btn-group > .bk-btn {{ flex: 0 0 calc((100% - {(columns - 1) * GAP_PX}px)"
+        f" / {columns}); min-width: 0; border-radius: 4px !important; margin: 0 !important; }}",
     ]
     for head in range(n_heads):
         color = head_color(head)
