@@ -190,9 +190,17 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
                        const option = w.options.find((o) => label(o) === 'head 5');
                        w.value = Array.isArray(option) ? option[0] : option; }"""
         )
-        page.wait_for_function(
-            f"() => {matrix}.model.title.text.startsWith('sample 0, head 5')", timeout=60_000
-        )
+        try:
+            page.wait_for_function(
+                f"() => {matrix}.model.title.text.startsWith('sample 0, head 5')",
+                timeout=60_000,
+                polling=200,  # a timer, not animation frames: a page in the background
+            )
+        except Exception as err:  # what the page and the kernel said, for the next reader
+            state = page.evaluate(_PYVIZ_STATE)
+            raise AssertionError(
+                f"the Head widget's change never came back: {state}\n" + "\n".join(console[-30:])
+            ) from err
         page.evaluate(f"(b) => attn.until_changed({matrix}, b, 30000)", before)
         # and Python drives the rendered page: code run in the kernel after the display
         before = page.evaluate(f"attn.hash({matrix})")
