@@ -118,7 +118,6 @@ class HeadGrid:
             margin=(0, 5, 0, 5),
             name=NAME,
         )
-        self.figure.grid.visible = False
         self.extent = ColumnDataSource(
             {k: [float(v)] for k, v in zip(EXTENT, extent, strict=True)}, name=WINDOW_NAME
         )
