@@ -84,6 +84,20 @@ def maps(page, values_of: str | None = None) -> dict:
     return {m["title"].split(" (")[0]: m for m in page.evaluate(MAPS_JS, values_of)}
 
 
+def zoom_out(page) -> None:
+    """Show the whole map again (as the matrix's reset does) and wait for every map."""
+    page.evaluate(
+        "(() => { const p = attn.plot('sample 0, '); "
+        "p.model.x_range.setv({start: -0.5, end: 479.5}); "
+        "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
+    )
+    page.wait_for_function(
+        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) >= 479)",
+        timeout=20_000,
+        polling=100,
+    )
+
+
 def head_weights(trace, head: int, sample: int = 0) -> np.ndarray:
     """What a head map shows: the trace's softmax weights, blocked cells NaN."""
     weights = trace["weights"].values[sample, head].astype(np.float32).copy()
@@ -145,16 +159,7 @@ def test_wheel_zoom_on_the_matrix_rerasterizes_every_map(app, trace, artifacts):
     # More detail than the magnified image: the map's full width went to the window alone.
     assert m["shape"][1] > SIZE * width / 480
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
-    page.evaluate(
-        "(() => { const p = attn.plot('sample 0, '); "
-        "p.model.x_range.setv({start: -0.5, end: 479.5}); "
-        "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
-    )
-    page.wait_for_function(
-        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) >= 479)",
-        timeout=20_000,
-        polling=100,
-    )
+    zoom_out(page)
     assert maps(page)["head 3"]["shape"] == [SIZE, SIZE]
 
 
@@ -201,16 +206,7 @@ def test_box_select_marks_every_map_and_shows_mass_per_head(app, trace, artifact
 
 def test_hover_on_a_head_tile_names_the_head_and_whole_positions(app, trace):
     page, console = app
-    page.evaluate(
-        "(() => { const p = attn.plot('sample 0, '); "
-        "p.model.x_range.setv({start: -0.5, end: 479.5}); "
-        "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
-    )
-    page.wait_for_function(
-        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) >= 479)",
-        timeout=20_000,
-        polling=100,
-    )
+    zoom_out(page)
     fx, fy = 0.3, 0.6
     point = page.evaluate("([x, y]) => attn.tile_point(3, x, y)", [fx, fy])
     page.mouse.move(point["x"] - 3, point["y"] - 3)
