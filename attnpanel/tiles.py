@@ -264,3 +264,83 @@ def lazy_scores(q, k, chunks=(BLOCK, BLOCK)):
 
     shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     return _lazy(tile, shape, chunks, "attnpanel-scores")
+
+
+@dataclass(frozen=True)
+class Overview:
+    """A whole map reduced to display resolution, ``(B, H, rows, cols)`` float32 each.
+
+    Pixel ``(r, c)`` covers the queries ``i`` with ``i * rows // L == r`` and the keys
+    ``j`` with ``j * cols // S == c`` (whole cells, the first pixels one cell larger where
+    the division is not even).
+    """
+
+    max: np.ndarray  # the heaviest weight of the pixel's cells: a sharp key is never lost
+    mean: np.ndarray  # the mean weight of its cells (blocked cells count as 0)
+    blocked: np.ndarray  # the share of its cells the mask blocks
+
+
+def _bins(n: int, pixels: int, device=None) -> torch.Tensor:
+    """Each of ``n`` positions' pixel among ``pixels`` (whole cells per pixel)."""
+    return torch.arange(n, device=device) * pixels // n
+
+
+@torch.no_grad()
+def overview(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    masking: Masking = Masking(),
+    scale: float | None = None,
+    pixels: tuple[int, int] = (480, 480),
+    block_q: int = BLOCK,
+    block_k: int = BLOCK,
+) -> Overview:
+    """The ``(L, S)`` softmax weights reduced to ``pixels`` (rows, cols) in one pass.
+
+    Per pixel, the maximum and mean weight of its cells and the share of them blocked,
+    from exact tiles (:func:`weights_tile`) streamed over blocks of queries and keys:
+    memory ``O(block_q * block_k)`` per head plus the output, whatever ``L`` and ``S``. A
+    map smaller than ``pixels`` keeps its own size (one cell per pixel).
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    length, keys = q.shape[-2], k.shape[-2]
+    rows, cols = min(pixels[0], length), min(pixels[1], keys)
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    device = q.device
+    row_bin, col_bin = _bins(length, rows, device), _bins(keys, cols, device)
+    peak = torch.zeros((*lead, rows, cols), dtype=torch.float32, device=device)
+    total = torch.zeros((*lead, rows, cols), dtype=torch.float64, device=device)
+    blocked_count = torch.zeros((*lead, rows, cols), dtype=torch.float64, device=device)
+    for r in _blocks(length, block_q):
+        for c in _blocks(keys, block_k):
+            logits, blocked = logits_tile(q.double(), k.double(), masking, scale, r, c)
+            weights = torch.exp(logits - lse[..., r, None].double())
+            if blocked is not None:
+                weights = weights.masked_fill(blocked, 0.0)
+            weights = weights.nan_to_num(0.0)  # (lead, r, c)
+            shape = (*lead, r.stop - r.start, cols)
+            by_col_max = torch.zeros(shape, dtype=torch.float64, device=device)
+            index = col_bin[c].expand(weights.shape)
+            by_col_max.scatter_reduce_(-1, index, weights, "amax", include_self=True)
+            by_col_sum = torch.zeros(shape, dtype=torch.float64, device=device)
+            by_col_sum.index_add_(-1, col_bin[c], weights)
+            tile_max = torch.zeros((*lead, rows, cols), dtype=torch.float64, device=device)
+            index = row_bin[r][:, None].expand(by_col_max.shape)
+            tile_max.scatter_reduce_(-2, index, by_col_max, "amax", include_self=True)
+            peak = torch.maximum(peak, tile_max.float())
+            total.index_add_(-2, row_bin[r], by_col_sum)
+            if blocked is not None:
+                cells = blocked.expand(*lead, r.stop - r.start, c.stop - c.start).double()
+                by_col = torch.zeros(shape, dtype=torch.float64, device=device)
+                by_col.index_add_(-1, col_bin[c], cells)
+                blocked_count.index_add_(-2, row_bin[r], by_col)
+    per_pixel = torch.outer(
+        torch.bincount(row_bin, minlength=rows).double(),
+        torch.bincount(col_bin, minlength=cols).double(),
+    )
+    return Overview(
+        max=peak.cpu().numpy(),
+        mean=(total / per_pixel).float().cpu().numpy(),
+        blocked=(blocked_count / per_pixel).float().cpu().numpy(),
+    )

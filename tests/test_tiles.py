@@ -18,6 +18,7 @@ from attnpanel.tiles import (
     blocked_attention,
     lazy_scores,
     lazy_weights,
+    overview,
     row_statistics,
 )
 
@@ -150,3 +151,43 @@ def test_lazy_scores_are_the_raw_products():
 def test_an_unknown_mask_is_refused():
     with pytest.raises(ValueError, match="unknown mask 'upper'"):
         Masking("upper")
+
+
+def _pixel_reduce(dense: np.ndarray, rows: int, cols: int, reduce) -> np.ndarray:
+    """The reference: each pixel's cells gathered by the same whole-cell bins, reduced."""
+    length, keys = dense.shape[-2:]
+    row_bin = np.arange(length) * rows // length
+    col_bin = np.arange(keys) * cols // keys
+    out = np.zeros((*dense.shape[:-2], rows, cols))
+    for r in range(rows):
+        for c in range(cols):
+            cells = dense[..., row_bin == r, :][..., col_bin == c]
+            out[..., r, c] = reduce(cells, axis=(-2, -1))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("length", "pixels"), [(300, (64, 48)), (257, (480, 480)), (97, (10, 7))])
+def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels):
+    """Per pixel, the overview's max is the true maximum of its cells (a single sharp key is
+    never averaged away), its mean the true mean, its blocked share the mask's."""
+    batch, heads = 2, 3
+    q, k, _, generator = _inputs(batch, heads, length)
+    masking = _masking(kind, batch, heads, length, generator)
+    scale = q.shape[-1] ** -0.5
+    _, lse = row_statistics(q, k, masking, scale, block_q=61, block_k=53)
+    found = overview(q, k, lse, masking, scale, pixels=pixels, block_q=61, block_k=53)
+    dense = _dense(q, k, masking, scale).numpy()
+    rows, cols = min(pixels[0], length), min(pixels[1], length)
+    assert found.max.shape == found.mean.shape == (batch, heads, rows, cols)
+    np.testing.assert_allclose(found.max, _pixel_reduce(dense, rows, cols, np.max), atol=1e-6)
+    np.testing.assert_allclose(found.mean, _pixel_reduce(dense, rows, cols, np.mean), atol=1e-6)
+    blocked = np.zeros((batch, heads, length, length), dtype=bool)
+    if kind != "none":
+        mask = build_mask(masking.mode, length)
+        if mask is not None:
+            blocked |= mask.numpy()
+        if masking.key_padding is not None:
+            blocked |= masking.key_padding.numpy()[:, None, None, :]
+    expected = _pixel_reduce(blocked.astype(float), rows, cols, np.mean)
+    np.testing.assert_allclose(found.blocked, expected, atol=1e-6)
