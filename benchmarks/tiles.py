@@ -4,7 +4,8 @@ Run: ``python benchmarks/tiles.py [--lengths 4096 16384] [--windows 9]``.
 
 One sample, one head, head dim 12, diagonal mask, random q, k, v. Per length it prints:
 the streaming pass that computes every row's log-sum-exp (``row_statistics``), the
-bounded-memory forward (``blocked_attention``), and the median and p95 time to compute a
+bounded-memory forward (``blocked_attention``), the 480 x 480 overview of the whole map
+(per-pixel max, mean and blocked share, ``overview``), and the median and p95 time to compute a
 random 480 x 480 window of the lazy weights (what a zoomed view asks for); beside them,
 in the same run, the dense path (``attention.attention_weights``, the whole ``L x L``
 map) where it fits in 2 GiB, and each side's peak memory (measured in a fresh process
@@ -24,7 +25,7 @@ CASE = r"""
 import json, resource, sys, time
 import torch
 from attnpanel.attention import attention_weights, build_mask
-from attnpanel.tiles import Masking, blocked_attention, lazy_weights, row_statistics
+from attnpanel.tiles import Masking, blocked_attention, lazy_weights, overview, row_statistics
 kind, length, windows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 1, length, 12) for _ in range(3))
@@ -41,6 +42,9 @@ else:
     start = time.perf_counter()
     blocked_attention(q, k, v, masking)
     out["forward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    overview(q, k, lse, masking, pixels=(480, 480))
+    out["overview"] = time.perf_counter() - start
     lazy = lazy_weights(q, k, lse, masking)
     generator = torch.Generator().manual_seed(1)
     times = []
@@ -78,10 +82,10 @@ def main() -> None:
     args = parser.parse_args()
     print("one sample, one head, E = 12, diagonal mask; seconds, window in ms")
     print(
-        "| L | row statistics (s) | bounded forward (s) | 480x480 window median / p95 (ms)"
-        " | tiles peak (MB) | dense map (s) | dense peak (MB) |"
+        "| L | row statistics (s) | bounded forward (s) | overview 480x480 (s)"
+        " | 480x480 window median / p95 (ms) | tiles peak (MB) | dense map (s) | dense peak (MB) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for length in args.lengths:
         tiles = run("tiles", length, args.windows)
         ms = [1000 * t for t in tiles["windows"]]
@@ -92,6 +96,7 @@ def main() -> None:
             dense, dense_peak = f"{baseline['dense']:.2f}", f"{baseline['peak_mb']:.0f}"
         print(
             f"| {length} | {tiles['statistics']:.2f} | {tiles['forward']:.2f} | "
+            f"{tiles['overview']:.2f} | "
             f"{statistics.median(ms):.0f} / {p95(ms):.0f} | {tiles['peak_mb']:.0f} | "
             f"{dense} | {dense_peak} |"
         )
