@@ -48,7 +48,8 @@ WINDOW_NAME = "head maps window"  # the source holding the window the tiles show
 GAP_PX = 8  # white space between two tiles
 SHARE_PX = 38  # under each row of tiles: each head's share of attention mass in the box
 SHARE_BAR = 0.6  # the tallest bar (a share of 1), as a fraction of the strip
-TITLE_PX = 22  # the figure's title: what the box holds
+TITLE_PX = 24  # the figure's title (what the box holds), as Bokeh lays a 9pt title out
+MIN_WIDTH_PX = 440  # the figure's title: what the box holds
 NAME_TEXT = dict(
     text_font_size="8pt", text_align="left", text_baseline="middle", text_color="#666666"
 )
@@ -96,7 +97,8 @@ class HeadGrid:
         self.step = 1.0 + GAP_PX / size  # a tile and its gap, in tile units
         self.strip = SHARE_PX / size  # the mass-share strip under a row of tiles
         self.pitch = 1.0 + self.strip + GAP_PX / size  # from one row of tiles to the next
-        width = self.columns * self.step - GAP_PX / size
+        # at least wide enough for the title naming the box (one or two heads' tiles are not)
+        width = max(self.columns * self.step - GAP_PX / size, MIN_WIDTH_PX / size)
         height = self.rows * self.pitch - GAP_PX / size
         self.figure = bokeh_figure(
             # At most the tiles' own size; narrower (a notebook's output, a 1280 px window)

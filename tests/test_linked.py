@@ -159,3 +159,18 @@ def test_a_box_drawn_on_a_head_tile_selects_its_keys_and_queries(explorer):
     expected = weights[:, 6:16, 11:21].sum(axis=(1, 2)) / weights[:, 6:16].sum(axis=(1, 2))
     np.testing.assert_allclose(grid.drawn_shares(), expected, rtol=1e-5)
     explorer.linked.clear()
+
+
+def test_one_head_grid_leaves_room_for_the_box_title():
+    """A grid of one head is one tile wide; the figure is still wide enough for the title
+    that names the box (a 140 px figure clipped it)."""
+    from attnpanel.head_grid import MIN_WIDTH_PX
+
+    ex = AttentionExplorer(small_trace(heads=1))
+    ex.__panel__().get_root(Document())
+    grid = ex.sections["heads"].grid
+    assert grid.columns == grid.rows == 1
+    assert grid.figure.width >= MIN_WIDTH_PX
+    ex.linked.select((3.0, 10.0), (2.0, 12.0))
+    assert grid.figure.title.text.endswith("queries 2-12 on keys 3-10")
+    assert len(grid.drawn_shares()) == 1
