@@ -36,7 +36,7 @@ from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
-from attnpanel.figures import axis_number, box_handles, draw, table_columns, table_html
+from attnpanel.figures import axis_number, box_handles, draw, table_html
 from attnpanel.raster import image_limits, scale_title, window_raster
 from attnpanel.readouts import stages_cached
 from attnpanel.state import SELECTION_PARAMS, ExplorerState
@@ -152,7 +152,7 @@ class LiveEngine:
         self._pending: dict[int, LiveView] = {}
         self._scheduled = False
         self.seconds_per_cell = SECONDS_PER_CELL  # an uncached redraw's cost, learnt
-        self._timing: list[float] | None = None  # seconds spent on an uncached change
+        self._timing: float | None = None  # seconds spent drawing an uncached change
         # shown while maps are recomputed from q and k (the explorer lays it out)
         self.indicator = pn.pane.HTML(
             "⏳ recomputing the maps from q and k …",
@@ -403,7 +403,7 @@ class LiveEngine:
         if doc is None or doc.session_context is None:
             sel = self.state.selection
             if changed & IMAGE_PARAMS and not self._cached(sel):
-                self._timing = [0.0]
+                self._timing = 0.0
             for view in due:
                 self._refresh(view, sel)
             self._learn()
@@ -418,7 +418,7 @@ class LiveEngine:
         # redraw is expected to be slow shows the busy indicator first (``_slow``).
         sel = self.state.selection
         if changed & IMAGE_PARAMS and not self._cached(sel):
-            self._timing = [0.0]
+            self._timing = 0.0
             if self.expected_seconds() > BUSY_AFTER_S:
                 self._slow(doc, due)
                 return
@@ -437,20 +437,20 @@ class LiveEngine:
         elif not self._pending:
             self._learn()
 
+    def _cells(self) -> int:
+        """The attention cells of one sample of the shown layer (heads x query x key)."""
+        sizes = self.state.trace.sizes
+        return sizes.get("head", 1) * sizes.get("query", 0) * sizes.get("key", 0)
+
     def expected_seconds(self) -> float:
         """How long a change whose maps are not cached is expected to take to redraw."""
-        sizes = self.state.trace.sizes
-        cells = sizes.get("head", 1) * sizes.get("query", 0) * sizes.get("key", 0)
-        return cells * self.seconds_per_cell
+        return self._cells() * self.seconds_per_cell
 
     def _learn(self) -> None:
         """Fold the redraw time of the uncached change just drawn into the cost per cell."""
-        if self._timing is None:
-            return
-        sizes = self.state.trace.sizes
-        cells = sizes.get("head", 1) * sizes.get("query", 0) * sizes.get("key", 0)
-        if cells and self._timing[0] > 0:
-            self.seconds_per_cell = 0.5 * self.seconds_per_cell + 0.5 * self._timing[0] / cells
+        cells = self._cells()
+        if self._timing and cells:
+            self.seconds_per_cell = 0.5 * self.seconds_per_cell + 0.5 * self._timing / cells
         self._timing = None
 
     def _cached(self, sel) -> bool:
@@ -502,7 +502,7 @@ class LiveEngine:
         except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
             self.report(err, f"updating the {view.name}")
         if self._timing is not None:
-            self._timing[0] += time.perf_counter() - start
+            self._timing += time.perf_counter() - start
 
     def _draw(self, view: LiveView, element) -> None:
         """Write an element's data into the Bokeh models already on the page."""
@@ -546,7 +546,6 @@ def push(handles: dict, element):
     """Write one element's data into its rendered Bokeh models; return its y extent."""
     if isinstance(element, hv.Table):
         handles["table"].text = table_html(element)
-        handles["columns"] = table_columns(element)
         return None
     glyph = handles.get("glyph")
     if isinstance(element, hv.HSpan):

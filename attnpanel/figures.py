@@ -179,7 +179,7 @@ def draw(
     Returns
     -------
     figure : bokeh.plotting.figure or bokeh.models.Div
-        A table is an HTML table in a ``Div`` (handles ``table`` and ``columns``).
+        A table is an HTML table in a ``Div`` (handle ``table``).
     layers : list of (PlotKey, dict)
         Each layer's handles: ``plot``, ``source``, ``glyph``, ``glyph_renderer`` and for
         maps ``color_mapper``, ``colorbar``, ``x_range``, ``y_range``, ``xaxis`` and
@@ -510,15 +510,10 @@ def _cell(value) -> str:
     return str(value)
 
 
-def table_columns(element: hv.Table) -> dict:
-    """A table's columns by dimension name, as drawn."""
-    return {d.name: element.dimension_values(d) for d in element.dimensions()}
-
-
 def table_html(element: hv.Table) -> str:
     """An ``hv.Table`` as an HTML table; every header and cell escaped (untrusted text)."""
     dims = element.dimensions()
-    columns = table_columns(element)
+    columns = {d.name: element.dimension_values(d) for d in dims}
     head = "".join(f"<th>{escape(d.pprint_label)}</th>" for d in dims)
     rows = "".join(
         "<tr>" + "".join(f"<td>{escape(_cell(columns[d.name][i]))}</td>" for d in dims) + "</tr>"
@@ -534,7 +529,7 @@ def _table(element: hv.Table, width, height):
         height=height,
         stylesheets=[InlineStyleSheet(css=TABLE_CSS)],
     )
-    handles = {"plot": table, "table": table, "columns": table_columns(element)}
+    handles = {"plot": table, "table": table}
     return table, [(_key(element), handles)]
 
 

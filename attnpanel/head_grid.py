@@ -123,6 +123,8 @@ class HeadGrid:
         self.extent = ColumnDataSource(
             {k: [float(v)] for k, v in zip(EXTENT, extent, strict=True)}, name=WINDOW_NAME
         )
+        # every tile's top-left corner, (head, 2), in tile units
+        self.origins = np.array([self.origin(h) for h in range(n_heads)], dtype=float)
         self.tiles: list[dict] = [self._tile(h, palettes[h]) for h in range(n_heads)]
         self.query_band = ColumnDataSource(_quads(0))
         self.box = ColumnDataSource(_quads(0), name=BOX_NAME)
@@ -155,7 +157,7 @@ class HeadGrid:
                 data_source=self.shares, glyph=Text(x="x", y="y", text="text", **SHARE_TEXT)
             )
         )
-        names = np.array([self.origin(h) for h in range(n_heads)]).reshape(-1, 2)
+        names = self.origins
         self.figure.renderers.append(  # each tile's head, left in the strip under it
             GlyphRenderer(
                 data_source=ColumnDataSource(
@@ -260,7 +262,7 @@ class HeadGrid:
         if len(values) == 0:
             self.shares.data = dict(**_quads(0), color=[], x=[], y=[], text=[])
             return
-        origins = np.array([self.origin(h) for h in range(len(values))])
+        origins = self.origins[: len(values)]
         base = origins[:, 1] + 1.0 + self.strip  # the strip's bottom edge (y grows down)
         top = base - values * SHARE_BAR * self.strip
         self.shares.data = dict(
@@ -296,7 +298,7 @@ class HeadGrid:
     def _rects(self, fx, fy) -> dict:
         if fx is None or fy is None:
             return _quads(0)
-        origins = np.array([self.origin(h) for h in range(self.n_heads)])
+        origins = self.origins
         return dict(
             left=origins[:, 0] + fx[0],
             right=origins[:, 0] + fx[1],

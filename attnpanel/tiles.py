@@ -148,11 +148,17 @@ def weights_tile(q, k, lse, masking: Masking, scale: float, rows: slice, cols: s
 
     Computed in float64 from float64 ``lse`` (:func:`row_statistics`), then rounded once.
     """
-    logits, blocked = logits_tile(q.double(), k.double(), masking, scale, rows, cols)
+    return _weights64(q.double(), k.double(), lse, masking, scale, rows, cols)[0].float()
+
+
+def _weights64(q, k, lse, masking: Masking, scale: float, rows: slice, cols: slice):
+    """A tile's float64 weights (blocked cells 0) from float64 ``q``, ``k``; and its blocked
+    cells (or None)."""
+    logits, blocked = logits_tile(q, k, masking, scale, rows, cols)
     weights = torch.exp(logits - lse[..., rows, None].double())
     if blocked is not None:
         weights = weights.masked_fill(blocked, 0.0)
-    return weights.nan_to_num(0.0).float()  # a row whose every key is blocked (lse = -inf)
+    return weights.nan_to_num(0.0), blocked  # a row whose every key is blocked: lse = -inf
 
 
 @torch.no_grad()
@@ -309,38 +315,36 @@ def overview(
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     device = q.device
     row_bin, col_bin = _bins(length, rows, device), _bins(keys, cols, device)
-    peak = torch.zeros((*lead, rows, cols), dtype=torch.float32, device=device)
-    total = torch.zeros((*lead, rows, cols), dtype=torch.float64, device=device)
-    blocked_count = torch.zeros((*lead, rows, cols), dtype=torch.float64, device=device)
+    q, k = q.double(), k.double()
+    out = (*lead, rows, cols)
+    peak = torch.zeros(out, dtype=torch.float64, device=device)
+    total = torch.zeros(out, dtype=torch.float64, device=device)
+    blocked_count = torch.zeros(out, dtype=torch.float64, device=device)
+
+    def add_into(into, values, r, c):  # the tile's cells summed into their pixels
+        by_col = torch.zeros((*lead, r.stop - r.start, cols), dtype=torch.float64, device=device)
+        by_col.index_add_(-1, col_bin[c], values)
+        into.index_add_(-2, row_bin[r], by_col)
+
     for r in _blocks(length, block_q):
         for c in _blocks(keys, block_k):
-            logits, blocked = logits_tile(q.double(), k.double(), masking, scale, r, c)
-            weights = torch.exp(logits - lse[..., r, None].double())
-            if blocked is not None:
-                weights = weights.masked_fill(blocked, 0.0)
-            weights = weights.nan_to_num(0.0)  # (lead, r, c)
-            shape = (*lead, r.stop - r.start, cols)
-            by_col_max = torch.zeros(shape, dtype=torch.float64, device=device)
+            weights, blocked = _weights64(q, k, lse, masking, scale, r, c)  # (lead, r, c)
+            by_col_max = torch.zeros(
+                (*lead, r.stop - r.start, cols), dtype=torch.float64, device=device
+            )
             index = col_bin[c].expand(weights.shape)
             by_col_max.scatter_reduce_(-1, index, weights, "amax", include_self=True)
-            by_col_sum = torch.zeros(shape, dtype=torch.float64, device=device)
-            by_col_sum.index_add_(-1, col_bin[c], weights)
-            tile_max = torch.zeros((*lead, rows, cols), dtype=torch.float64, device=device)
             index = row_bin[r][:, None].expand(by_col_max.shape)
-            tile_max.scatter_reduce_(-2, index, by_col_max, "amax", include_self=True)
-            peak = torch.maximum(peak, tile_max.float())
-            total.index_add_(-2, row_bin[r], by_col_sum)
+            peak.scatter_reduce_(-2, index, by_col_max, "amax", include_self=True)
+            add_into(total, weights, r, c)
             if blocked is not None:
-                cells = blocked.expand(*lead, r.stop - r.start, c.stop - c.start).double()
-                by_col = torch.zeros(shape, dtype=torch.float64, device=device)
-                by_col.index_add_(-1, col_bin[c], cells)
-                blocked_count.index_add_(-2, row_bin[r], by_col)
+                add_into(blocked_count, blocked.expand(weights.shape).double(), r, c)
     per_pixel = torch.outer(
         torch.bincount(row_bin, minlength=rows).double(),
         torch.bincount(col_bin, minlength=cols).double(),
     )
     return Overview(
-        max=peak.cpu().numpy(),
+        max=peak.float().cpu().numpy(),
         mean=(total / per_pixel).float().cpu().numpy(),
         blocked=(blocked_count / per_pixel).float().cpu().numpy(),
     )
