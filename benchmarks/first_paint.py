@@ -24,6 +24,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 from served_app import APP, launch_chromium, serve  # noqa: E402
 
 IDLE_JS = "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].is_idle"
+PLOTS_JS = (
+    "() => [...Bokeh.documents[0].all_models]"
+    ".filter(m => m.type == 'Figure' || m.type == 'Plot').length"
+)
+
+
+def check_rendered(page, app: Path) -> None:
+    """Raise unless the page drew plots: a page whose app failed is idle at once, and
+    empty (its app's error is in the server's log, not the page)."""
+    if page.evaluate(PLOTS_JS) == 0:
+        raise RuntimeError(
+            f"{app.name} served a page without plots: its app failed (is attnpanel "
+            "installed in this environment?); the page reads: " + page.inner_text("body")[:300]
+        )
 
 
 def first_paints(browser, app: Path, pages: int) -> list[float]:
@@ -36,6 +50,7 @@ def first_paints(browser, app: Path, pages: int) -> list[float]:
             page.goto(url, timeout=300_000)
             page.wait_for_function(IDLE_JS, timeout=300_000, polling=20)
             times.append(time.perf_counter() - start)
+            check_rendered(page, app)
             page.close()
     return times
 
