@@ -13,8 +13,10 @@ Deliberate differences from that source:
 * masks are built once per (mode, length, device) and cached, not rebuilt on every call;
 * :meth:`MultiHeadSelfAttention.forward` runs the fused kernel
   (``F.scaled_dot_product_attention``), which gives the same output without materialising
-  the ``(B, H, L, S)`` weights, while :meth:`MultiHeadSelfAttention.stages` runs the plain
-  path step by step and keeps every intermediate (as nanoGPT keeps both paths);
+  the ``(B, H, L, S)`` weights (at inference from :data:`BOUNDED_LENGTH` positions on,
+  :func:`attnpanel.tiles.attention`, which builds no ``(L, L)`` mask either), while
+  :meth:`MultiHeadSelfAttention.stages` runs the plain path step by step and keeps
+  every intermediate (as nanoGPT keeps both paths);
 * before materialising attention tensors the layer checks that they fit in memory and
   raises a ``ValueError`` naming the sizes instead of letting the allocator fail.
 
@@ -39,6 +41,7 @@ MASK_MODES = ("none", "diagonal", "causal")
 MASK_FILL = -1e4
 MAX_ATTENTION_BYTES: int | None = None  # None: the memory available when a layer runs
 MEMORY_SHARE = 0.8  # share of the available memory that attention tensors may take
+BOUNDED_LENGTH = 4096  # from here on, forward() at inference never builds an (L, L) mask
 _NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
@@ -496,16 +499,32 @@ class MultiHeadSelfAttention(nn.Module):
         q = self.split_heads(self.wq(x))  # (B, H, L, E)
         k = self.split_heads(self.wk(x))  # (B, H, S, E)
         v = self.split_heads(self.wv(x))  # (B, H, S, E)
-        context = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=self.allowed(length, x.device),
-            dropout_p=self.attn_dropout.p if self.training else 0.0,
-            scale=self.scale,
-        )  # (B, H, L, E)
+        if self._bounded(length, q):
+            from attnpanel import tiles  # tiles reads this module's mask rules
+
+            context, _ = tiles.attention(q, k, v, tiles.Masking(self.mask), self.scale)
+        else:
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=self.allowed(length, x.device),
+                dropout_p=self.attn_dropout.p if self.training else 0.0,
+                scale=self.scale,
+            )  # (B, H, L, E)
         merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, L, D)
         return self.out_dropout(self.wo(merged))  # (B, L, D)
+
+    def _bounded(self, length: int, q: torch.Tensor) -> bool:
+        """Whether :meth:`forward` runs in bounded memory (:func:`attnpanel.tiles.attention`):
+        at inference, under a mask mode, from :data:`BOUNDED_LENGTH` positions on, where the
+        ``(L, L)`` mask the fused kernel would take costs more than the attention."""
+        return (
+            length >= BOUNDED_LENGTH
+            and not self.training
+            and not (torch.is_grad_enabled() and q.requires_grad)
+            and self.mask_name != "custom"
+        )
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, mask={self.mask_name!r}"

@@ -26,6 +26,7 @@ from attnpanel.attention import available_memory
 from attnpanel.files import check_target, write_safely
 from attnpanel.layers import groups
 from attnpanel.trace import validate
+from attnpanel.virtual import attach, detach
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 LAZY_BYTES = 256 * 2**20  # traces larger than this stay on disk until sliced
@@ -75,8 +76,9 @@ def _chunks(var: xr.Variable) -> dict[str, int]:
 
 
 def _for_writing(ds: xr.Dataset, fmt: str) -> xr.Dataset:
-    """A shallow copy without encodings from a previous read, zarr-chunked if needed."""
-    ds = ds.copy()
+    """A shallow copy without encodings from a previous read, zarr-chunked if needed; a
+    virtual trace without its lazy maps (its ``lse`` gives them back on reading)."""
+    ds = detach(ds).copy()
     for var in ds.variables.values():
         var.encoding = {k: v for k, v in var.encoding.items() if k not in _STALE_ENCODING}
     for name, var in list(ds.variables.items()):
@@ -511,6 +513,7 @@ def _validated(path: Path, fmt: str, ds: xr.Dataset, lazy: bool, group: str | No
     try:
         if not lazy:
             ds = ds.load()  # small: validate in memory, where it is fastest
+        ds = attach(ds)  # a virtual trace's maps, computed from q, k and lse on demand
         validate(ds)
     except MemoryError:
         ds.close()

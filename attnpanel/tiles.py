@@ -199,6 +199,115 @@ def blocked_attention(
     return context, lse
 
 
+NEAR_BLOCK = 2048  # queries per call of the fused kernel in :func:`attention`
+
+
+def _fused_kernel():
+    """torch's fused CPU attention that also returns the rows' log-sum-exp, or None.
+
+    ``aten._scaled_dot_product_flash_attention_for_cpu`` (what
+    ``F.scaled_dot_product_attention`` runs on CPU) is an internal op: where a torch
+    release lacks it, :func:`attention` falls back to :func:`blocked_attention`.
+    """
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _fused(kernel, q, k, v, scale: float, additive=None, causal: bool = False):
+    """One call of the fused kernel: the context and the rows' lse (of the logits plus
+    ``additive``, a float mask broadcastable to ``(B, H, rows, keys)``)."""
+    context, lse = kernel(q, k, v, 0.0, causal, attn_mask=additive, scale=scale)
+    return context, lse.to(q.dtype)
+
+
+def _merge(part, other):
+    """Two softmaxes over disjoint key sets as one: (context, lse) each."""
+    if part is None:
+        return other
+    (c1, l1), (c2, l2) = part, other
+    lse = torch.logaddexp(l1, l2)
+    c1 = c1 * torch.exp(l1 - lse)[..., None] + c2 * torch.exp(l2 - lse)[..., None]
+    return c1, lse
+
+
+def _padding_fill(masking: Masking, cols: slice, like: torch.Tensor):
+    """``(B, 1, 1, cols)`` additive fill of the padded keys, or None."""
+    if masking.key_padding is None:
+        return None
+    padded = masking.key_padding[:, None, None, cols].to(like.device)
+    return torch.zeros(padded.shape, dtype=like.dtype, device=like.device).masked_fill(
+        padded, MASK_FILL
+    )
+
+
+@torch.no_grad()
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    masking: Masking = Masking(),
+    scale: float | None = None,
+    block_q: int = NEAR_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The context ``weights @ v`` and the rows' ``lse`` at any length, as fast as torch
+    allows: what :func:`blocked_attention` gives, through torch's fused CPU kernel.
+
+    The kernel takes a mask only as an ``(L, S)``-broadcastable tensor, which at long
+    lengths would not fit. So per block of ``block_q`` queries the keys are split in two:
+    the keys the structural mask leaves alone (for the diagonal mask, every key outside
+    the block; for the causal mask, every earlier key), attended without a mask, and the
+    block's own keys with a ``block_q x block_q`` mask; the two softmaxes are merged
+    through their log-sum-exps (flash attention's rule). Padded keys get the dense path's
+    fill as an additive ``(B, 1, 1, S)`` mask, so their weight underflows to 0 as there.
+    A row whose every key is blocked gets a zero context (as in the dense path) and the
+    dense path's ``lse``. With a bias, off the CPU, or without the kernel, this is
+    :func:`blocked_attention`.
+    """
+    kernel = _fused_kernel()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if (
+        kernel is None
+        or masking.bias is not None
+        or q.device.type != "cpu"
+        or q.dtype not in (torch.float32, torch.float64)
+        or q.shape[-2] != k.shape[-2]
+        and masking.mode != "none"
+    ):
+        return blocked_attention(q, k, v, masking, scale)
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
+    length, keys = q.shape[-2], k.shape[-2]
+    if masking.mode == "none":
+        context, lse = _fused(kernel, q, k, v, scale, _padding_fill(masking, slice(None), q))
+    else:
+        context = torch.empty((*lead, length, v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.empty((*lead, length), dtype=q.dtype, device=q.device)
+        for rows in _blocks(length, block_q):
+            a, b = rows.start, rows.stop
+            near_fill = _padding_fill(masking, rows, q)
+            blocked = Masking(masking.mode).blocked(rows, rows, q.device)  # the block's own keys
+            structural = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device)
+            structural.masked_fill_(blocked, MASK_FILL)
+            near_fill = structural if near_fill is None else near_fill + structural
+            found = None
+            far = [slice(0, a)] if masking.mode == "causal" else [slice(0, a), slice(b, keys)]
+            far = [cols for cols in far if cols.stop > cols.start]
+            if far:
+                far_k = torch.cat([k[..., cols, :] for cols in far], dim=-2)
+                far_v = torch.cat([v[..., cols, :] for cols in far], dim=-2)
+                fills = [_padding_fill(masking, cols, q) for cols in far]
+                far_fill = None if fills[0] is None else torch.cat(fills, dim=-1)
+                found = _fused(kernel, q[..., rows, :], far_k, far_v, scale, far_fill)
+            near = _fused(
+                kernel, q[..., rows, :], k[..., rows, :], v[..., rows, :], scale, near_fill
+            )
+            context[..., rows, :], lse[..., rows] = _merge(found, near)
+    dead = lse < MASK_FILL / 2  # every key of the row blocked (its logits all near -1e4)
+    if bool(dead.any()):
+        context[dead] = 0.0
+        lse[dead] = MASK_FILL + math.log(keys)
+    return context, lse
+
+
 def _lazy(tile, shape, chunks, name: str):
     """A dask array of ``shape`` whose every chunk is ``tile(b, h, rows, cols)``."""
     import dask.array as da
@@ -223,7 +332,7 @@ def _lazy(tile, shape, chunks, name: str):
     return da.Array(graph, token, dims, dtype=np.float32)
 
 
-def _sample_masking(masking: Masking, b: int, h: int) -> Masking:
+def sample_masking(masking: Masking, b: int, h: int) -> Masking:
     """The masking of one sample and head (its padding row, its bias slice)."""
     padding = None if masking.key_padding is None else masking.key_padding[b : b + 1]
     bias = masking.bias
@@ -244,7 +353,7 @@ def lazy_weights(q, k, lse, masking: Masking = Masking(), scale=None, chunks=(BL
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
     def tile(b, h, rows, cols):
-        one = _sample_masking(masking, b, h)
+        one = sample_masking(masking, b, h)
         found = weights_tile(
             q[b : b + 1, h : h + 1],
             k[b : b + 1, h : h + 1],

@@ -19,14 +19,17 @@ import pandas as pd
 import torch
 import xarray as xr
 
+from attnpanel import tiles, virtual
 from attnpanel.attention import (
     MASK_FILL,
     MASK_MODES,
     MultiHeadSelfAttention,
     attend,
+    available_memory,
     cached_mask,
     check_attention_size,
 )
+from attnpanel.virtual import LSE, LSE_DIMS
 
 ATTENTION_DIMS = ("batch", "head", "query", "key")
 EXPECTED_DIMS = {  # in pipeline order
@@ -36,6 +39,7 @@ EXPECTED_DIMS = {  # in pipeline order
     "v": ("batch", "head", "position", "head_dim"),
     "scores": ATTENTION_DIMS,
     "weights": ATTENTION_DIMS,
+    "lse": ("batch", "head", "query"),  # a virtual trace's rows (attnpanel.virtual)
     "context": ("batch", "head", "query", "head_dim"),
     "output": ("batch", "position", "feature"),
     "w_q": ("feature_out", "feature_in"),
@@ -168,7 +172,8 @@ def _mask_truth(blocked, bias, shape: tuple, cross: bool) -> dict:
 
 def build_trace(
     *,
-    weights,
+    weights=None,
+    lse=None,
     x=None,
     q=None,
     k=None,
@@ -190,12 +195,16 @@ def build_trace(
     check: bool = True,
     cross: bool = False,
 ) -> xr.Dataset:
-    """Assemble a trace from arrays; only ``weights`` is required.
+    """Assemble a trace from arrays; only ``weights`` is required (or ``lse``, ``q``, ``k``).
 
     Parameters
     ----------
     weights : array-like
         ``(batch, head, query, key)`` attention weights.
+    lse : array-like, optional
+        Instead of ``weights`` and ``scores``: ``(batch, head, query)``, the log-sum-exp
+        of each row's logits (:func:`attnpanel.tiles.attention`), for a virtual trace whose
+        maps are computed from ``q``, ``k`` and ``lse`` on demand (:mod:`attnpanel.virtual`).
     x, output : array-like, optional
         ``(batch, position, feature)`` layer input and output.
     q, k, v : array-like, optional
@@ -242,6 +251,7 @@ def build_trace(
     """
     ds = trace_parts(
         weights=weights,
+        lse=lse,
         x=x,
         q=q,
         k=k,
@@ -279,12 +289,14 @@ class TraceParts(NamedTuple):
     attrs: dict
 
     def dataset(self) -> xr.Dataset:
-        return xr.Dataset(self.data_vars, coords=self.coords, attrs=self.attrs)
+        """The trace; a virtual one with its lazy maps (:func:`attnpanel.virtual.attach`)."""
+        return virtual.attach(xr.Dataset(self.data_vars, coords=self.coords, attrs=self.attrs))
 
 
 def trace_parts(
     *,
-    weights,
+    weights=None,
+    lse=None,
     x=None,
     q=None,
     k=None,
@@ -305,18 +317,37 @@ def trace_parts(
     source: str = "",
     cross: bool = False,
 ) -> TraceParts:
-    """The parts of :func:`build_trace` (same arguments, less ``check``), not validated."""
-    weights = _float32(_numpy(weights))
-    if weights.ndim != 4:
-        raise ValueError(
-            f"weights must have dims {ATTENTION_DIMS}, got an array of {weights.ndim} dims "
-            f"with shape {weights.shape}"
-        )
-    batch, n_heads, length, n_keys = weights.shape
+    """The parts of :func:`build_trace` (same arguments, less ``check``), not validated.
+
+    With ``lse`` ``(batch, head, query)`` instead of ``weights`` (and ``scores``), the
+    parts of a virtual trace (:mod:`attnpanel.virtual`): ``q`` and ``k`` are then required.
+    """
     given = dict(x=x, q=q, k=k, v=v, scores=scores, context=context, output=output)
     given.update(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o)
     arrays = {name: _float32(_numpy(value)) for name, value in given.items() if value is not None}
-    data_vars = {"weights": (ATTENTION_DIMS, weights)}
+    if lse is not None:
+        if weights is not None or scores is not None:
+            raise ValueError("give either lse (a virtual trace) or weights and scores, not both")
+        if "q" not in arrays or "k" not in arrays:
+            raise ValueError("a virtual trace (lse instead of weights) needs q and k")
+        lse = _float32(_numpy(lse))
+        if lse.ndim != 3:
+            raise ValueError(f"lse must have dims {LSE_DIMS}, got shape {lse.shape}")
+        batch, n_heads, length = lse.shape
+        n_keys = arrays["k"].shape[2]
+        weights_shape = (batch, n_heads, length, n_keys)
+        data_vars = {LSE: (LSE_DIMS, lse)}
+    else:
+        if weights is None:
+            raise ValueError("a trace needs weights (or lse, with q and k)")
+        weights = _float32(_numpy(weights))
+        if weights.ndim != 4:
+            raise ValueError(
+                f"weights must have dims {ATTENTION_DIMS}, got an array of {weights.ndim} "
+                f"dims with shape {weights.shape}"
+            )
+        batch, n_heads, length, n_keys = weights_shape = weights.shape
+        data_vars = {"weights": (ATTENTION_DIMS, weights)}
     cross = (
         cross
         or n_keys != length
@@ -332,7 +363,7 @@ def trace_parts(
     if cross:
         attrs["attention"] = "cross"
     if blocked is not None or bias is not None:
-        truth = _mask_truth(blocked, bias, weights.shape, cross)
+        truth = _mask_truth(blocked, bias, weights_shape, cross)
         mask = truth.pop("mask")
         data_vars.update(truth)
     if isinstance(mask, str):
@@ -403,6 +434,7 @@ def trace(
     time=None,
     tokens: Sequence[Sequence[str]] | None = None,
     source: str | None = None,
+    dense: bool | None = None,
 ) -> xr.Dataset:
     """Run ``layer`` on ``x`` and return every intermediate as a trace.
 
@@ -422,17 +454,24 @@ def trace(
         Token strings for text inputs.
     source : str, optional
         Description of the model; defaults to the layer's repr.
+    dense : bool, optional
+        Keep ``scores`` and ``weights`` as dense arrays (True), or record each row's
+        log-sum-exp ``lse`` and compute the maps on demand (False: a virtual trace, see
+        :mod:`attnpanel.virtual`; the layer then runs in bounded memory at any length).
+        By default dense when both maps fit :data:`attnpanel.virtual.DENSE_MAX_BYTES`.
 
     Returns
     -------
     xarray.Dataset
-        Variables ``x, q, k, v, scores, weights, context, output, w_q, w_k, w_v, w_o``.
+        Variables ``x, q, k, v, scores, weights, context, output, w_q, w_k, w_v, w_o``
+        (and ``lse`` in a virtual trace, whose ``scores`` and ``weights`` are lazy).
 
     Raises
     ------
     ValueError
-        If ``x`` has the wrong shape or holds NaN or Inf, if its attention would not fit
-        in memory, or if the layer produced a non-finite value (named with its location).
+        If ``x`` has the wrong shape or holds NaN or Inf, if its attention (dense) or its
+        projections (virtual) would not fit in memory, or if the layer produced a
+        non-finite value (named with its location).
     """
     dtype, device = layer.wq.weight.dtype, layer.wq.weight.device
     x = torch.as_tensor(x).to(dtype=dtype, device=device, copy=True)
@@ -450,6 +489,9 @@ def trace(
         raise ValueError(
             f"x contains NaN or Inf at batch={batch}, position={position}, feature={feature}"
         )
+    batch, length = x.shape[:2]
+    if not virtual.wants_dense(batch, layer.n_heads, length, length, dense):
+        return _virtual_trace(layer, x, time=time, tokens=tokens, source=source)
     was_training = layer.training
     layer.eval()
     try:
@@ -484,6 +526,71 @@ def trace(
         validate(ds)  # names the variable and location
         raise ValueError("the layer produced NaN or Inf")
     return ds
+
+
+PROJECTIONS_KEPT = 6  # x, q, k, v, context, output: (B, L, D) each in a virtual trace
+
+
+def _virtual_trace(layer: MultiHeadSelfAttention, x: torch.Tensor, **labels) -> xr.Dataset:
+    """:func:`trace` without the maps: the layer's forward in bounded memory
+    (:func:`attnpanel.tiles.attention`), each row's ``lse`` recorded."""
+    if layer.mask_name == "custom":
+        raise ValueError(
+            "a custom (L, L) mask tensor cannot be traced without dense maps: give the "
+            "layer a mask mode, or trace it with dense=True"
+        )
+    check_projection_size(x.shape, layer.n_heads, x.dtype, x.device)
+    with torch.no_grad():
+        q = layer.split_heads(layer.wq(x))  # (B, H, L, E)
+        k = layer.split_heads(layer.wk(x))
+        v = layer.split_heads(layer.wv(x))
+        context, lse = tiles.attention(q, k, v, tiles.Masking(layer.mask), layer.scale)
+        merged = context.transpose(1, 2).reshape(x.shape)  # (B, L, D)
+        output = layer.wo(merged)
+    source = labels.pop("source")
+    ds = build_trace(
+        x=x,
+        q=q,
+        k=k,
+        v=v,
+        lse=lse,
+        context=context,
+        output=output,
+        w_q=layer.wq.weight.detach().clone(),
+        w_k=layer.wk.weight.detach().clone(),
+        w_v=layer.wv.weight.detach().clone(),
+        w_o=layer.wo.weight.detach().clone(),
+        mask=layer.mask,
+        scale=layer.scale,
+        source=source if source is not None else repr(layer),
+        check=False,
+        **labels,
+    )
+    if not _all_finite(q, k, v, lse, context, output):
+        validate(ds)  # names the variable and location
+        raise ValueError("the layer produced NaN or Inf")
+    return ds
+
+
+def check_projection_size(shape, n_heads: int, dtype=torch.float32, device=None) -> None:
+    """Raise before a virtual trace's ``(B, L, D)`` arrays would not fit in memory.
+
+    Raises
+    ------
+    ValueError
+        Naming the length, the bytes the projections need and the bytes available.
+    """
+    batch, length, d_model = (int(n) for n in shape)
+    per_array = batch * length * d_model * torch.empty((), dtype=dtype).element_size()
+    needed = PROJECTIONS_KEPT * per_array + 2 * batch * n_heads * length * 8  # + lse
+    budget = available_memory(device)
+    if needed > budget:
+        raise ValueError(
+            f"a sequence of {length:,} positions (batch {batch}, d_model {d_model}) needs "
+            f"{needed / 2**30:.3g} GiB for its projections (q, k, v, the context and the "
+            f"input and output, {per_array / 2**30:.3g} GiB each) but only "
+            f"{budget / 2**30:.3g} GiB may be used: trace a shorter window or fewer samples"
+        )
 
 
 def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
@@ -890,14 +997,31 @@ def _row_totals(weights: xr.DataArray) -> xr.DataArray:
     return xr.DataArray(totals.numpy(), dims=weights.dims[:-1])
 
 
+def _check_finite(ds: xr.Dataset, floats: list[str], reductions: dict) -> dict:
+    """Compute the reductions (in one dask pass) and raise at the first float variable
+    that holds NaN or Inf, naming where; returns the computed values."""
+    values = dict(zip(reductions, dask.compute(*reductions.values()), strict=True))
+    for name in floats:
+        low, high = float(values[(name, "min")]), float(values[(name, "max")])
+        if np.isnan(low) or np.isnan(high):
+            where = _where(_first_bad(np.isnan(ds[name])))
+            raise ValueError(f"{name} contains NaN at {where}")
+        if np.isinf(low) or np.isinf(high):
+            where = _where(_first_bad(np.isinf(ds[name])))
+            raise ValueError(f"{name} contains Inf at {where}")
+    return values
+
+
 def validate(ds: xr.Dataset) -> xr.Dataset:
     """Check a trace against the contract and return it unchanged.
 
     Checks the dims of every known variable (an optional leading ``layer`` dim is allowed),
     that ``weights`` exists, that no float variable holds NaN or Inf, that weights are
-    non-negative and that each row sums to 1. All value checks of a dask-backed (lazy)
-    trace run in one streaming pass, chunk by chunk, so it is never loaded whole; only
-    when a check fails is the array searched again for the first offending location.
+    non-negative and that each row sums to 1. A virtual trace's lazy maps are not
+    computed: its ``lse`` is checked instead (:func:`attnpanel.virtual.check`). All
+    value checks of a dask-backed (lazy) trace run in one streaming pass, chunk by chunk,
+    so it is never loaded whole; only when a check fails is the array searched again for
+    the first offending location.
 
     Parameters
     ----------
@@ -915,12 +1039,21 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
         Naming the variable, what is wrong and the first offending location.
     """
     _check_structure(ds)
+    lazy_maps = virtual.is_virtual(ds)  # computed from q, k and lse: checked through lse
     # in pipeline order, so a NaN is reported where it first appears, not where it spread to
     order = {name: i for i, name in enumerate(EXPECTED_DIMS)}
     floats = sorted(
-        (str(n) for n, var in ds.data_vars.items() if var.dtype.kind == "f" and var.size),
+        (
+            str(n)
+            for n, var in ds.data_vars.items()
+            if var.dtype.kind == "f" and var.size and not (lazy_maps and n in virtual.MAPS)
+        ),
         key=lambda name: order.get(name, len(order)),
     )
+    if lazy_maps:
+        _check_finite(ds, floats, _every_extreme(ds, floats))
+        virtual.check(ds)
+        return ds
     weights = ds["weights"]
     tolerance = max(ROW_SUM_TOLERANCE, 2 * float(np.finfo(weights.dtype).eps))
     totals = _row_totals(weights)
@@ -935,16 +1068,7 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
         row_error = row_error.transpose(*totals.dims)
     reductions = _every_extreme(ds, floats)
     reductions[("weights", "row_error")] = row_error.max(skipna=False).data
-    values = dict(zip(reductions, dask.compute(*reductions.values()), strict=True))
-
-    for name in floats:
-        low, high = float(values[(name, "min")]), float(values[(name, "max")])
-        if np.isnan(low) or np.isnan(high):
-            where = _where(_first_bad(np.isnan(ds[name])))
-            raise ValueError(f"{name} contains NaN at {where}")
-        if np.isinf(low) or np.isinf(high):
-            where = _where(_first_bad(np.isinf(ds[name])))
-            raise ValueError(f"{name} contains Inf at {where}")
+    values = _check_finite(ds, floats, reductions)
     if float(values[("weights", "min")]) < 0:
         location = _first_bad(weights < 0)
         value = float(weights.isel(location))

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from attnpanel import tiles
 from attnpanel.attention import attention_weights, build_mask
 from attnpanel.tiles import (
     Masking,
+    attention,
     blocked_attention,
     lazy_scores,
     lazy_weights,
@@ -124,6 +126,40 @@ def test_blocked_attention_gives_the_dense_context_and_statistics(kind):
     np.testing.assert_allclose(context.numpy(), (weights @ v.double()).numpy(), rtol=0, atol=1e-5)
     _, streamed = row_statistics(q, k, masking, scale, block_q=33, block_k=77)
     np.testing.assert_allclose(lse.numpy(), streamed.numpy(), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused kernel", "without it"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("length", [2, 300, 1000])
+def test_attention_gives_the_dense_context_and_statistics(kind, length, fused, monkeypatch):
+    """The fast forward, whose query blocks split the keys in two (near and far), and its
+    fallback: both the dense path's context and lse, for every mask kind and block edge."""
+    if not fused:
+        monkeypatch.setattr(tiles, "_fused_kernel", lambda: None)
+    batch, heads = 2, 2
+    q, k, v, generator = _inputs(batch, heads, length, seed=length + 11)
+    masking = _masking(kind, batch, heads, length, generator)
+    scale = 12**-0.5
+    weights = _dense(q, k, masking, scale)
+    context, lse = attention(q, k, v, masking, scale, block_q=128)
+    assert context.dtype == lse.dtype == torch.float32
+    np.testing.assert_allclose(context.numpy(), (weights @ v.double()).numpy(), rtol=0, atol=1e-5)
+    _, streamed = row_statistics(q, k, masking, scale)
+    np.testing.assert_allclose(lse.numpy(), streamed.numpy(), rtol=1e-6, atol=2e-5)
+    # weights from the forward's own lse: the dense weights to float32 rounding of lse
+    lazy = lazy_weights(q, k, lse, masking, scale, chunks=(100, 128)).compute()
+    np.testing.assert_allclose(lazy, weights.numpy(), rtol=0, atol=2e-5)
+
+
+def test_attention_zeroes_a_row_whose_every_key_is_blocked():
+    q, k, v, _ = _inputs(2, 1, 16, seed=4)
+    padding = torch.zeros(2, 16, dtype=torch.bool)
+    padding[1] = True  # the second sample is all padding
+    for mode in ("none", "diagonal", "causal"):
+        context, lse = attention(q, k, v, Masking(mode, key_padding=padding), block_q=5)
+        assert (context[1] == 0).all() and bool(context[0].abs().sum() > 0)
+        _, streamed = row_statistics(q, k, Masking(mode, key_padding=padding))
+        np.testing.assert_allclose(lse[1].numpy(), streamed[1].numpy(), rtol=1e-6)
 
 
 def test_a_row_with_every_key_blocked_is_all_zeros():

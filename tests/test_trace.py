@@ -79,7 +79,7 @@ def test_every_stage_matches_torch_references(mode):
 def test_contract_dims_coords_and_attrs():
     _, _, ds = small_trace("causal")
     for name, dims in EXPECTED_DIMS.items():
-        if name not in ("mask", "padding"):  # only where the mask is custom or pads
+        if name not in ("mask", "padding", "lse"):  # custom masks, padding, virtual traces
             assert ds[name].dims == dims, name
     assert ds.weights.dims == ATTENTION_DIMS
     assert ds.attrs["d_model"] == 16
