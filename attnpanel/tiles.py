@@ -395,9 +395,14 @@ class Overview:
     blocked: np.ndarray  # the share of its cells the mask blocks
 
 
-def _bins(n: int, pixels: int, device=None) -> torch.Tensor:
-    """Each of ``n`` positions' pixel among ``pixels`` (whole cells per pixel)."""
-    return torch.arange(n, device=device) * pixels // n
+def _starts(n: int, pixels: int) -> np.ndarray:
+    """The first cell of each of ``pixels`` pixels over ``n`` cells (cell ``i`` lies in
+    pixel ``i * pixels // n``: whole cells, contiguous)."""
+    return -(-np.arange(pixels) * n // pixels)
+
+
+OVERVIEW_COLUMNS = 4096  # keys per step of the overview pass (a cache-sized slab)
+OVERVIEW_EXACT_CELLS = 2**22  # maps up to this many cells are reduced in float64
 
 
 @torch.no_grad()
@@ -408,52 +413,123 @@ def overview(
     masking: Masking = Masking(),
     scale: float | None = None,
     pixels: tuple[int, int] = (480, 480),
-    block_q: int = BLOCK,
-    block_k: int = BLOCK,
+    block_k: int = OVERVIEW_COLUMNS,
+    exact_cells: int = OVERVIEW_EXACT_CELLS,
 ) -> Overview:
     """The ``(L, S)`` softmax weights reduced to ``pixels`` (rows, cols) in one pass.
 
-    Per pixel, the maximum and mean weight of its cells and the share of them blocked,
-    from exact tiles (:func:`weights_tile`) streamed over blocks of queries and keys:
-    memory ``O(block_q * block_k)`` per head plus the output, whatever ``L`` and ``S``. A
-    map smaller than ``pixels`` keeps its own size (one cell per pixel).
+    Per pixel, the maximum and mean weight of its cells and the share of them blocked.
+    The pass walks one pixel row (its queries) at a time against ``block_k`` keys at a
+    time: the slab's logits minus each row's ``lse``, blocked cells ``-inf``; its maximum
+    (and which query holds it) and its sum of ``exp`` over the pixel row's queries, then
+    over each pixel's keys. Memory: one ``rows x block_k`` slab plus the output, whatever
+    ``L`` and ``S``; slabs the causal mask blocks entirely are skipped.
+
+    Precision: a map of at most ``exact_cells`` cells is reduced in float64. A larger one
+    is reduced in float32 (3x faster on CPU), and then each pixel's maximum is recomputed
+    in float64 from the one cell that holds it, so the maximum is exact; a mean is off by
+    float32 rounding of its weights (about 3e-6 of it), and a pixel's mean is at most
+    ``1 / keys per pixel`` (each row's weights sum to at most 1).
+
+    ``q`` ``(B, H, L, E)``, ``k`` ``(B, H, S, E)``, ``lse`` ``(B, H, L)``. A map smaller
+    than ``pixels`` keeps its own size (one cell per pixel).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     length, keys = q.shape[-2], k.shape[-2]
     rows, cols = min(pixels[0], length), min(pixels[1], keys)
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    device = q.device
-    row_bin, col_bin = _bins(length, rows, device), _bins(keys, cols, device)
-    q, k = q.double(), k.double()
-    out = (*lead, rows, cols)
-    peak = torch.zeros(out, dtype=torch.float64, device=device)
-    total = torch.zeros(out, dtype=torch.float64, device=device)
-    blocked_count = torch.zeros(out, dtype=torch.float64, device=device)
-
-    def add_into(into, values, r, c):  # the tile's cells summed into their pixels
-        by_col = torch.zeros((*lead, r.stop - r.start, cols), dtype=torch.float64, device=device)
-        by_col.index_add_(-1, col_bin[c], values)
-        into.index_add_(-2, row_bin[r], by_col)
-
-    for r in _blocks(length, block_q):
-        for c in _blocks(keys, block_k):
-            weights, blocked = _weights64(q, k, lse, masking, scale, r, c)  # (lead, r, c)
-            by_col_max = torch.zeros(
-                (*lead, r.stop - r.start, cols), dtype=torch.float64, device=device
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], lse.shape[:-1])
+    dtype = torch.float64 if length * keys <= exact_cells else torch.float32
+    q64 = q.double().expand(*lead, length, -1)
+    k64 = k.double().expand(*lead, keys, -1)
+    lse64 = lse.to(q.device, torch.float64).expand(*lead, length)
+    lse64 = torch.where(torch.isfinite(lse64), lse64, torch.full_like(lse64, math.inf))
+    row_starts, col_starts = _starts(length, rows), _starts(keys, cols)
+    row_edges = [*row_starts.tolist(), length]
+    col_of_key = np.repeat(np.arange(cols), np.diff([*col_starts.tolist(), keys]))
+    peak = np.zeros((*lead, rows, cols))
+    total = np.zeros((*lead, rows, cols))
+    blocked_count = np.zeros((*lead, rows, cols))
+    for b, h in np.ndindex(*lead):
+        one = sample_masking(masking, b, h)
+        q_bh, lse_bh = q64[b, h].to(dtype), lse64[b, h].to(dtype)
+        kt = k64[b, h].transpose(0, 1).to(dtype).contiguous()  # (E, S)
+        for r in range(rows):
+            span = slice(row_edges[r], row_edges[r + 1])
+            row_max, row_sum, row_blocked = _overview_row(
+                q_bh[span], kt, lse_bh[span], one, scale, span, block_k
             )
-            index = col_bin[c].expand(weights.shape)
-            by_col_max.scatter_reduce_(-1, index, weights, "amax", include_self=True)
-            index = row_bin[r][:, None].expand(by_col_max.shape)
-            peak.scatter_reduce_(-2, index, by_col_max, "amax", include_self=True)
-            add_into(total, weights, r, c)
-            if blocked is not None:
-                add_into(blocked_count, blocked.expand(weights.shape).double(), r, c)
-    per_pixel = torch.outer(
-        torch.bincount(row_bin, minlength=rows).double(),
-        torch.bincount(col_bin, minlength=cols).double(),
-    )
+            pixel_max = np.maximum.reduceat(row_max, col_starts).astype(np.float64)
+            if dtype != torch.float64:  # recompute each maximum in float64 from its key
+                held = np.flatnonzero(np.isfinite(pixel_max))
+                key = _first_key_at(row_max, pixel_max, col_of_key, held)
+                pixel_max[held] = _exact_column_max(
+                    q64[b, h, span], k64[b, h], lse64[b, h, span], one, scale, span, key
+                )
+            peak[b, h, r] = np.exp(pixel_max)
+            total[b, h, r] = np.add.reduceat(row_sum, col_starts)
+            blocked_count[b, h, r] = np.add.reduceat(row_blocked, col_starts)
+    per_pixel = np.outer(np.diff(row_edges), np.diff([*col_starts.tolist(), keys]))
     return Overview(
-        max=peak.float().cpu().numpy(),
-        mean=(total / per_pixel).float().cpu().numpy(),
-        blocked=(blocked_count / per_pixel).float().cpu().numpy(),
+        max=peak.astype(np.float32),
+        mean=(total / per_pixel).astype(np.float32),
+        blocked=(blocked_count / per_pixel).astype(np.float32),
     )
+
+
+def _first_key_at(row_max, pixel_max, col_of_key, pixels):
+    """For each of ``pixels``, the first key whose ``row_max`` is its pixel's maximum."""
+    hits = np.flatnonzero(row_max == pixel_max[col_of_key])
+    found, first = np.unique(col_of_key[hits], return_index=True)
+    return hits[first[np.searchsorted(found, pixels)]]
+
+
+def _exact_column_max(q, k, lse, masking: Masking, scale: float, rows: slice, keys):
+    """float64 ``max over rows of (logit - lse)`` at each of ``keys``, for the queries
+    ``rows`` of one sample and head (``q`` and ``lse`` those rows', ``k`` ``(S, E)``)."""
+    keys = torch.as_tensor(keys, device=q.device)
+    logits = (q @ k[keys].transpose(0, 1)) * scale - lse[:, None]
+    if masking.bias is not None:
+        bias = masking.bias.reshape(masking.bias.shape[-2:])
+        bias = bias[rows] if bias.shape[0] > 1 else bias
+        logits = logits + (bias[:, keys] if bias.shape[1] > 1 else bias).to(logits)
+    query = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
+    blocked = torch.zeros(logits.shape, dtype=torch.bool, device=q.device)
+    if masking.mode == "diagonal":
+        blocked |= query == keys[None, :]
+    elif masking.mode == "causal":
+        blocked |= keys[None, :] > query
+    if masking.key_padding is not None:
+        blocked |= masking.key_padding[0, keys].to(q.device)[None, :]
+    return logits.masked_fill(blocked, -math.inf).amax(0).cpu().numpy()
+
+
+def _overview_row(q, kt, lse, masking: Masking, scale: float, rows: slice, block_k: int):
+    """Per key, over the queries ``rows`` of one sample and head: the largest
+    ``logit - lse`` (``-inf`` where every cell is blocked), the sum of the weights and the
+    number of blocked cells; numpy ``(S,)`` each."""
+    keys, count = kt.shape[1], rows.stop - rows.start
+    row_max = torch.full((keys,), -math.inf, dtype=q.dtype, device=q.device)
+    row_sum = torch.zeros(keys, dtype=q.dtype, device=q.device)
+    row_blocked = torch.zeros(keys, dtype=q.dtype, device=q.device)
+    shift = -lse[:, None]
+    for cols in _blocks(keys, block_k):
+        if masking.mode == "causal" and cols.start >= rows.stop:
+            row_blocked[cols] = count  # every key after the last query: all blocked
+            continue
+        logits = torch.addmm(shift, q, kt[:, cols], alpha=scale)
+        bias = masking.bias_tile(rows, cols)
+        if bias is not None:
+            logits = logits + bias.to(logits).reshape(bias.shape[-2:])
+        touched = (
+            masking.mode == "diagonal" and cols.start < rows.stop and rows.start < cols.stop
+        ) or (masking.mode == "causal" and cols.stop - 1 > rows.start)
+        blocked = (masking if touched else Masking(key_padding=masking.key_padding)).blocked(
+            rows, cols, q.device
+        )
+        if blocked is not None:
+            blocked = blocked.reshape(blocked.shape[-2:]).expand(count, -1)
+            logits = logits.masked_fill(blocked, -math.inf)
+            row_blocked[cols] = blocked.sum(0, dtype=q.dtype)
+        torch.amax(logits, 0, out=row_max[cols])
+        torch.sum(logits.exp_(), 0, out=row_sum[cols])
+    return (t.cpu().numpy() for t in (row_max, row_sum, row_blocked))

@@ -203,16 +203,26 @@ def _pixel_reduce(dense: np.ndarray, rows: int, cols: int, reduce) -> np.ndarray
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("length", "pixels"), [(300, (64, 48)), (257, (480, 480)), (97, (10, 7))])
-def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels):
+@pytest.mark.parametrize(
+    ("length", "pixels", "exact_cells"),
+    [
+        (300, (64, 48), 2**22),
+        (257, (480, 480), 2**22),
+        (97, (10, 7), 2**22),
+        (300, (64, 48), 0),  # reduced in float32, maxima recomputed in float64
+        (97, (10, 7), 0),
+    ],
+)
+def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels, exact_cells):
     """Per pixel, the overview's max is the true maximum of its cells (a single sharp key is
-    never averaged away), its mean the true mean, its blocked share the mask's."""
+    never averaged away), its mean the true mean, its blocked share the mask's; in float64
+    (small maps) and in float32 (large ones)."""
     batch, heads = 2, 3
     q, k, _, generator = _inputs(batch, heads, length)
     masking = _masking(kind, batch, heads, length, generator)
     scale = q.shape[-1] ** -0.5
     _, lse = row_statistics(q, k, masking, scale, block_q=61, block_k=53)
-    found = overview(q, k, lse, masking, scale, pixels=pixels, block_q=61, block_k=53)
+    found = overview(q, k, lse, masking, scale, pixels=pixels, block_k=53, exact_cells=exact_cells)
     dense = _dense(q, k, masking, scale).numpy()
     rows, cols = min(pixels[0], length), min(pixels[1], length)
     assert found.max.shape == found.mean.shape == (batch, heads, rows, cols)
@@ -227,3 +237,21 @@ def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels):
             blocked |= masking.key_padding.numpy()[:, None, None, :]
     expected = _pixel_reduce(blocked.astype(float), rows, cols, np.mean)
     np.testing.assert_allclose(found.blocked, expected, atol=1e-6)
+
+
+def test_overview_maxima_are_exact_where_float32_logits_are_not():
+    """With sharp rows (logits near 40) float32 rounding moves a weight near 1 by about
+    1e-5; the overview still gives each pixel's true maximum, recomputed in float64."""
+    q, k, _, _ = _inputs(1, 2, 300)
+    q = q * 3.0
+    masking = Masking("diagonal")
+    scale = q.shape[-1] ** -0.5
+    _, lse = row_statistics(q, k, masking, scale)
+    dense = _dense(q, k, masking, scale).numpy()
+    truth = _pixel_reduce(dense, 64, 48, np.max)
+    rounded = torch.softmax(
+        (q @ k.transpose(-2, -1) * scale).masked_fill(build_mask("diagonal", 300), -torch.inf), -1
+    ).numpy()
+    assert np.abs(_pixel_reduce(rounded, 64, 48, np.max) - truth).max() > 1e-6  # float32 is off
+    found = overview(q, k, lse, masking, scale, pixels=(64, 48), exact_cells=0)
+    np.testing.assert_allclose(found.max, truth, rtol=0, atol=1e-7)
