@@ -381,6 +381,24 @@ def lazy_scores(q, k, chunks=(BLOCK, BLOCK)):
     return _lazy(tile, shape, chunks, "attnpanel-scores")
 
 
+def lazy_logits(q, k, masking: Masking = Masking(), scale=None, chunks=(BLOCK, BLOCK)):
+    """The ``(B, H, L, S)`` logits (scaled scores plus any bias, blocked cells filled as
+    the dense path fills them: :func:`logits_tile`) as a dask array of tiles; with
+    ``Masking()`` the scaled scores."""
+    q, k = torch.as_tensor(q), torch.as_tensor(k)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+
+    def tile(b, h, rows, cols):
+        one = sample_masking(masking, b, h)
+        found, _ = logits_tile(
+            q[b : b + 1, h : h + 1], k[b : b + 1, h : h + 1], one, scale, rows, cols
+        )
+        return found.numpy().astype(np.float32, copy=False)
+
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return _lazy(tile, shape, chunks, "attnpanel-logits")
+
+
 @dataclass(frozen=True)
 class Overview:
     """A whole map reduced to display resolution, ``(B, H, rows, cols)`` float32 each.

@@ -690,6 +690,8 @@ def blocked_cells(
         if own is None
         else per_sample & ~xr.DataArray(own.numpy(), dims=("query", "key"))
     )
+    if "padding" in ds:  # a padded key stays blocked for every query, itself included
+        extra = extra | _select(ds["padding"], batch, None).rename(position="key")
     return extra if shared is None else extra | shared
 
 
@@ -770,6 +772,8 @@ def recompute_weights(ds: xr.Dataset, mask, batch: int | None = None) -> xr.Data
     """
     _check_index(ds, "batch", batch)
     _require(ds, "q", "k")
+    if virtual.is_virtual(ds):
+        return virtual.stage(ds, "softmax", mask, batch)
     return _recompute(ds, "softmax", mask, batch, None)
 
 
@@ -822,6 +826,8 @@ def attention_stage(
         if stage == "raw" and "scores" in ds:
             return _select(ds["scores"], batch, head)
         _require(ds, "q", "k")
+    if virtual.is_virtual(ds):
+        return virtual.stage(ds, stage, mask, batch, head)
     return _recompute(ds, stage, mask, batch, head)
 
 

@@ -21,7 +21,7 @@ import torch
 import xarray as xr
 
 from attnpanel import tiles
-from attnpanel.attention import MASK_MODES, available_memory
+from attnpanel.attention import MASK_MODES, available_memory, cached_mask
 
 LSE = "lse"
 LSE_DIMS = ("batch", "head", "query")
@@ -51,8 +51,9 @@ def wants_dense(batch: int, heads: int, length: int, keys: int, dense: bool | No
     return needed <= min(DENSE_MAX_BYTES, available_memory())
 
 
-def masking(ds: xr.Dataset) -> tiles.Masking:
-    """The trace's mask as :class:`attnpanel.tiles.Masking` (a mode and key padding).
+def masking(ds: xr.Dataset, mode: str | None = None, batch: int | None = None) -> tiles.Masking:
+    """The trace's mask as :class:`attnpanel.tiles.Masking` (a mode and key padding): its
+    own mode or ``mode``; every sample's padding or that of ``batch``.
 
     Raises
     ------
@@ -60,22 +61,36 @@ def masking(ds: xr.Dataset) -> tiles.Masking:
         For a mask a virtual trace cannot hold: a custom ``(query, key)`` mask, a
         per-sample mask beyond padding, or an additive bias.
     """
-    mode = ds.attrs.get("mask", "none")
+    mode = ds.attrs.get("mask", "none") if mode is None else mode
     if mode not in MASK_MODES:
         raise ValueError(
             f"a virtual trace needs a mask mode ({', '.join(MASK_MODES)}), not {mode!r}: "
             "trace this model in the dense form (dense=True)"
         )
-    for name in ("sample_mask", "bias"):
-        if name in ds:
-            raise ValueError(
-                f"a virtual trace cannot hold a {name!r}: trace this model in the dense "
-                "form (dense=True)"
-            )
+    if "bias" in ds or "sample_mask" in ds and not _padding_only(ds):
+        name = "bias" if "bias" in ds else "sample_mask"
+        raise ValueError(
+            f"a virtual trace cannot hold a {name!r} beyond its mask mode and padded keys: "
+            "trace this model in the dense form (dense=True)"
+        )
     padding = None
     if "padding" in ds:
-        padding = torch.from_numpy(np.ascontiguousarray(ds["padding"].values, dtype=bool))
+        found = ds["padding"] if batch is None else ds["padding"].isel(batch=[batch])
+        padding = torch.from_numpy(np.array(found.values, dtype=bool))
     return tiles.Masking(mode, key_padding=padding)
+
+
+def _padding_only(ds: xr.Dataset) -> bool:
+    """Whether the trace's ``sample_mask`` is its own mode's cells plus its padded keys
+    (which :class:`attnpanel.tiles.Masking` holds without any ``(L, S)`` array)."""
+    mode = ds.attrs.get("mask", "none")
+    if mode not in MASK_MODES or "padding" not in ds:
+        return False
+    own = cached_mask(mode, ds.sizes["query"])
+    expected = ds["padding"].rename(position="key")
+    if own is not None:
+        expected = expected | xr.DataArray(own.numpy(), dims=("query", "key"))
+    return bool((ds["sample_mask"] == expected).all())
 
 
 def _tensor(da: xr.DataArray) -> torch.Tensor:
@@ -115,6 +130,73 @@ def attach(ds: xr.Dataset, chunks: tuple[int, int] = (tiles.BLOCK, tiles.BLOCK))
         weights=xr.DataArray(weights, dims=ATTENTION_DIMS, coords=coords, attrs={"note": note}),
         scores=xr.DataArray(scores, dims=ATTENTION_DIMS, coords=coords, attrs={"note": note}),
     )
+
+
+def row_lse(ds: xr.Dataset, mode: str, batch: int | None = None) -> torch.Tensor:
+    """Each row's log-sum-exp under the mask ``mode`` (with the trace's padding), as the
+    layer's forward would give it (:func:`attnpanel.tiles.attention`): ``(B, H, L)``
+    float64, or ``(1, H, L)`` for one sample. The trace's own mode is its ``lse``."""
+    lse = ds[LSE].transpose(*LSE_DIMS)
+    if mode == ds.attrs.get("mask", "none"):
+        found = _tensor(lse if batch is None else lse.isel(batch=[batch]))
+        return found.double()
+    q, k = _qk(ds, batch)
+    found = masking(ds, mode, batch)
+    _, lse = tiles.attention(q, k, q, found, float(ds.attrs["scale"]))  # q stands in for v
+    return lse.double()
+
+
+def _qk(ds: xr.Dataset, batch: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``(B, H, L, E)`` and ``k`` ``(B, H, S, E)`` (one sample: ``B = 1``)."""
+    q = ds["q"].transpose("batch", "head", "position", "head_dim")
+    k = _keys(ds, "k").transpose("batch", "head", "key", "head_dim")
+    if batch is not None:
+        q, k = q.isel(batch=[batch]), k.isel(batch=[batch])
+    return _tensor(q), _tensor(k)
+
+
+def stage(
+    ds: xr.Dataset, stage: str, mode=None, batch: int | None = None, head: int | None = None
+) -> xr.DataArray:
+    """One stage of the score-to-weight pipeline of a virtual trace, lazily: the
+    ``(batch, head, query, key)`` DataArray (less the selected dims) of a dask array of
+    exact tiles, for any mask mode (the trace's padding kept).
+
+    ``raw`` is ``q . k``, ``scaled`` times ``scale``, ``masked`` with blocked cells filled
+    by ``-1e4``, ``softmax`` the weights (for another mode than the trace's own, each
+    row's ``lse`` is first computed in one pass of the fused kernel, ``O(L x head_dim)``
+    memory).
+
+    Raises
+    ------
+    ValueError
+        For a mask that is not a mode (a custom ``(L, S)`` mask is dense by nature).
+    """
+    mode = ds.attrs.get("mask", "none") if mode is None else mode
+    if not isinstance(mode, str) or mode not in MASK_MODES:
+        raise ValueError(
+            f"a virtual trace recomputes the mask modes {', '.join(MASK_MODES)}, not a "
+            "custom mask: trace the model in the dense form (dense=True) for that"
+        )
+    q, k = _qk(ds, batch)
+    scale = float(ds.attrs["scale"])
+    found = masking(ds, mode, batch)
+    if stage == "raw":
+        data = tiles.lazy_scores(q, k)
+    elif stage == "scaled":
+        data = tiles.lazy_logits(q, k, tiles.Masking(), scale)
+    elif stage == "masked":
+        data = tiles.lazy_logits(q, k, found, scale)
+    elif stage == "softmax":
+        data = tiles.lazy_weights(q, k, row_lse(ds, mode, batch), found, scale)
+    else:
+        raise ValueError(f"unknown stage {stage!r}")
+    coords = {d: ds[d] for d in ATTENTION_DIMS if d in ds.coords}
+    if batch is not None and "batch" in coords:
+        coords["batch"] = ds["batch"][[batch]]
+    found = xr.DataArray(data, dims=ATTENTION_DIMS, coords=coords, name=stage)
+    found = found.isel(batch=0) if batch is not None else found
+    return found.isel(head=head) if head is not None else found
 
 
 def detach(ds: xr.Dataset) -> xr.Dataset:

@@ -304,3 +304,24 @@ def test_benchmark_command_prints_its_table(capsys, monkeypatch):
         assert case in text
     assert "torch_einsum_weights*" in text
     assert "B=2, L=16, H=8" in text
+
+
+def test_a_padded_key_stays_blocked_under_every_mask_mode():
+    """Switching a diagonal-mask trace with padded keys to another mode keeps every padded
+    key blocked for every query, the padded position's own (diagonal) cell included."""
+    from attnpanel.attention import attend, build_mask
+    from attnpanel.trace import blocked_cells, recompute_weights
+
+    length = 12
+    padding = torch.zeros(2, length, dtype=torch.bool)
+    padding[1, -3:] = True
+    blocked = build_mask("diagonal", length)[None, None] | padding[:, None, None, :]
+    q, k = (
+        torch.randn(2, 2, length, 4, generator=torch.Generator().manual_seed(s)) for s in (0, 1)
+    )
+    _, weights = attend(q, k, blocked, 0.5)
+    ds = build_trace(weights=weights, q=q, k=k, blocked=blocked, scale=0.5)
+    for mode in ("none", "causal"):
+        cells = blocked_cells(ds, mode, batch=1).values
+        assert cells[..., -3:].all(), mode
+        assert (recompute_weights(ds, mode, batch=1).values[..., -3:] == 0).all(), mode
