@@ -75,6 +75,38 @@ def cmd_info(args: argparse.Namespace) -> None:
         _say(describe(one, batch=args.sample, positions=args.positions))
 
 
+def cmd_overviews(args: argparse.Namespace) -> None:
+    """Build the overview levels of every map of a saved trace and store them beside it."""
+    import time
+
+    from attnpanel.layers import groups
+    from attnpanel.overviews import Overviews, folder_for
+
+    capture = _load_trace(args.trace)
+    folder = folder_for(args.trace)
+    start = time.perf_counter()
+    built = total = 0
+    for group, ds in groups(capture).items():
+        if "q" not in ds or "k" not in ds:
+            raise CommandError(
+                f"the trace{f' (group {group})' if group else ''} holds no q and k, from "
+                "which overviews are computed"
+            )
+        masks = args.masks or [ds.attrs.get("mask", "none")]
+        if ds.attrs.get("attention") == "cross" and set(masks) - {"none"}:
+            raise CommandError("a cross-attention trace has overviews only under --masks none")
+        store = Overviews(ds, folder / group.strip("/") if group.strip("/") else folder)
+        entries = store.entries(masks=masks, pixels=tuple(args.pixels))
+        total += len(entries)
+        built += len(
+            store.build(entries, scheduler=args.scheduler, workers=args.workers, progress=True)
+        )
+    _say(
+        f"{built} overview{'s' if built != 1 else ''} built, {total - built} already stored, "
+        f"in {time.perf_counter() - start:.1f} s: {folder}"
+    )
+
+
 def _read_array(path: Path):
     import numpy as np
     import torch
@@ -329,6 +361,17 @@ def _procs(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    """A count of at least 1 (workers, pixels)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
 def _pick_layer(capture, layer: str | None):
     """One layer of a capture by index or module name, with the valid choices on a miss."""
     from attnpanel.layers import layers
@@ -475,6 +518,38 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--heads", type=int, help="number of heads, if the checkpoint lacks it")
     trace.add_argument("--mask", choices=["none", "diagonal", "causal"], help="override the mask")
     trace.set_defaults(func=cmd_trace)
+
+    overviews = sub.add_parser(
+        "overviews",
+        help="build the overview levels of every map of a trace (for long sequences)",
+        description="Reduce every (sample, layer, head, mask) map of a trace to display "
+        "resolution (per-pixel max, mean and blocked share) on dask.distributed and store "
+        "them in zarr beside the trace (TRACE.overviews), so that the explorer paints a long "
+        "trace at once. Maps already stored are skipped; an interrupted build keeps what "
+        "it finished.",
+    )
+    overviews.add_argument("trace", help="a saved trace (.nc or .zarr)")
+    overviews.add_argument(
+        "--masks",
+        nargs="+",
+        choices=["none", "diagonal", "causal"],
+        help="the mask modes to build (default: the trace's own)",
+    )
+    overviews.add_argument(
+        "--pixels",
+        type=_positive,
+        nargs=2,
+        default=[480, 480],
+        metavar=("ROWS", "COLS"),
+        help="the overview's size (default 480 480)",
+    )
+    overviews.add_argument(
+        "--scheduler", help="the address of a running dask scheduler (default: a LocalCluster)"
+    )
+    overviews.add_argument(
+        "--workers", type=_positive, default=2, help="LocalCluster worker processes (default 2)"
+    )
+    overviews.set_defaults(func=cmd_overviews)
 
     train = sub.add_parser(
         "train", help="train the demo model (see attnpanel train --help)", add_help=False

@@ -1,0 +1,150 @@
+"""Overview levels (attnpanel.overviews): computed once, stored in zarr, read back at once,
+built on a dask.distributed LocalCluster; never read half-written or from other numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from attnpanel import overviews, tiles
+from attnpanel.attention import MultiHeadSelfAttention
+from attnpanel.overviews import Entry, Overviews
+from attnpanel.trace import trace
+
+
+def _virtual(seed: int = 0) -> xr.Dataset:
+    torch.manual_seed(seed)
+    layer = MultiHeadSelfAttention(32, 4, "diagonal").eval()
+    x = torch.randn(2, 600, 32, generator=torch.Generator().manual_seed(1)) * 2
+    return trace(layer, x, dense=False)
+
+
+@pytest.fixture(scope="module")
+def lazy():
+    return _virtual()
+
+
+def _expected(ds: xr.Dataset, entry: Entry) -> tiles.Overview:
+    """The overview straight from the dense float64 weights of the trace's q and k."""
+    from attnpanel.trace import attention_stage
+
+    one = {"batch": entry.sample, "head": entry.head}
+    weights = attention_stage(ds, "softmax", entry.mask, **one).values.astype(np.float64)
+    rows, cols = entry.pixels
+    row_bin = np.arange(weights.shape[0]) * rows // weights.shape[0]
+    col_bin = np.arange(weights.shape[1]) * cols // weights.shape[1]
+    peak, mean = np.zeros((rows, cols)), np.zeros((rows, cols))
+    for r in range(rows):
+        for c in range(cols):
+            cells = weights[row_bin == r][:, col_bin == c]
+            peak[r, c], mean[r, c] = cells.max(), cells.mean()
+    return peak, mean
+
+
+@pytest.mark.parametrize("mask", ["diagonal", "causal", "none"])
+def test_an_overview_is_the_maps_pixel_max_and_mean(lazy, mask):
+    entry = Entry(sample=1, head=2, mask=mask, pixels=(40, 30))
+    found = Overviews(lazy).get(entry)
+    peak, mean = _expected(lazy, entry)
+    np.testing.assert_allclose(found.max, peak, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(found.mean, mean, rtol=0, atol=1e-6)
+
+
+def test_a_stored_overview_is_read_back_without_computing(lazy, tmp_path, monkeypatch):
+    folder = overviews.folder_for(tmp_path / "t.zarr")
+    entry = Entry(sample=0, head=1, mask="diagonal", pixels=(40, 30))
+    first = Overviews(lazy, folder).get(entry)
+    assert (folder / entry.name).is_dir()
+    assert [p.name for p in folder.iterdir()] == [entry.name]  # no partial store left
+
+    def refuse(task):
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(overviews, "compute", refuse)
+    again = Overviews(lazy, folder)
+    assert again.stored(entry)
+    for part in overviews.PARTS:
+        np.testing.assert_array_equal(getattr(again.get(entry), part), getattr(first, part))
+
+
+def test_a_store_of_other_numbers_is_not_used(lazy, tmp_path):
+    folder = tmp_path / "o"
+    entry = Entry(sample=0, head=0, mask="diagonal", pixels=(20, 20))
+    Overviews(lazy, folder).get(entry)
+    other = _virtual(seed=5)  # another layer on the same input
+    assert not Overviews(other, folder).stored(entry)
+    found = Overviews(other, folder).get(entry)  # computed for its own numbers, replacing
+    peak, _ = _expected(other, entry)
+    np.testing.assert_allclose(found.max, peak, rtol=0, atol=1e-6)
+    assert Overviews(other, folder).stored(entry) and not Overviews(lazy, folder).stored(entry)
+
+
+def test_an_interrupted_write_leaves_nothing_that_reads_as_complete(lazy, tmp_path, monkeypatch):
+    folder = tmp_path / "o"
+    entry = Entry(sample=0, head=0, mask="causal", pixels=(20, 20))
+    real = xr.Dataset.to_zarr
+
+    def interrupted(self, store, **kwargs):
+        real(self[["max"]], store, **kwargs)  # one array written, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(xr.Dataset, "to_zarr", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Overviews(lazy, folder).get(entry)
+    monkeypatch.undo()
+    assert not Overviews(lazy, folder).stored(entry)
+    assert not (folder / entry.name).exists()
+    assert not any(p.name.startswith(overviews.PARTIAL) for p in folder.iterdir())
+
+
+def test_a_two_worker_local_cluster_builds_every_overview(lazy, tmp_path):
+    folder = tmp_path / "o"
+    store = Overviews(lazy, folder)
+    entries = store.entries(heads=[0, 3], masks=["diagonal", "causal"], pixels=(30, 30))
+    assert len(entries) == 2 * 2 * 2
+    built = store.build(entries, workers=2, progress=False)
+    assert built == entries
+    reopened = Overviews(lazy, folder)
+    assert all(reopened.stored(entry) for entry in entries)
+    assert reopened.build(entries, progress=False) == []  # nothing left to do
+    for entry in entries[:3]:
+        peak, mean = _expected(lazy, entry)
+        np.testing.assert_allclose(reopened.get(entry).max, peak, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(reopened.get(entry).mean, mean, rtol=0, atol=1e-6)
+
+
+def test_a_dense_trace_has_overviews_too():
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(16, 2, "causal").eval()
+    dense = trace(layer, torch.randn(1, 90, 16), dense=True)
+    entry = Entry(sample=0, head=1, mask="causal", pixels=(9, 9))
+    found = Overviews(dense).get(entry)
+    peak, mean = _expected(dense, entry)
+    np.testing.assert_allclose(found.max, peak, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(found.mean, mean, rtol=0, atol=1e-6)
+
+
+def test_bad_entries_are_refused_by_name(lazy):
+    with pytest.raises(ValueError, match="mask mode"):
+        Entry(sample=0, head=0, mask="custom")
+    with pytest.raises(ValueError, match="head 9 is out of range"):
+        Overviews(lazy).get(Entry(sample=0, head=9, mask="diagonal"))
+
+
+def test_the_command_line_builds_and_then_skips_the_stored_overviews(lazy, tmp_path, capsys):
+    from attnpanel import io
+    from attnpanel.cli import main
+
+    path = io.save(lazy.isel(batch=[0]), tmp_path / "t.zarr")
+    argv = ["overviews", str(path), "--masks", "diagonal", "none", "--pixels", "24", "24"]
+    assert main(argv) == 0
+    assert "8 overviews built, 0 already stored" in capsys.readouterr().out
+    folder = overviews.folder_for(path)
+    assert len(list(folder.iterdir())) == 8
+    assert main(argv) == 0
+    assert "0 overviews built, 8 already stored" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:  # argparse: a usage error
+        main(["overviews", str(path), "--workers", "0"])
+    assert exit_.value.code == 2 and "give 1 or more" in capsys.readouterr().err
