@@ -7,9 +7,9 @@ the mean weight and the share of cells blocked) takes one streaming pass and 2.7
 layer, head, mask, pixels): in memory, and in a folder beside the trace file as one small
 zarr store per entry, so that a reopened trace paints at once.
 
-Stores are written under a temporary name and renamed into place once complete (one
-``rename``, atomic on a POSIX file system): an interrupted build leaves at most a
-``.partial-*`` folder, which is never read. Each store records the trace's
+Stores are written under a temporary name and renamed into place once complete
+(:func:`attnpanel.files.write_safely`): an interrupted build leaves at most a hidden
+``.*.tmp`` folder, which is never read. Each store records the trace's
 :func:`fingerprint`; one made from other numbers is not used.
 
 :meth:`Overviews.build` computes many entries at once on ``dask.distributed`` (a
@@ -21,9 +21,6 @@ overview; the caller writes the stores.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +28,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import xarray as xr
+import zarr
 
-from attnpanel import tiles, virtual
+from attnpanel import files, tiles, virtual
 from attnpanel.attention import MASK_MODES
 
 PIXELS = (480, 480)
 PARTS = ("max", "mean", "blocked")  # the arrays of one overview (tiles.Overview's fields)
 SUFFIX = ".overviews"  # the folder beside a trace file: trace.zarr -> trace.zarr.overviews
-PARTIAL = ".partial-"  # prefix of a store being written
 
 
 @dataclass(frozen=True)
@@ -232,17 +229,14 @@ class Overviews:
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=PARTIAL, dir=self.folder))
-        try:
-            data = {part: (("row", "col"), getattr(found, part)) for part in PARTS}
-            attrs = {"fingerprint": self.fingerprint, "entry": entry.name}
-            xr.Dataset(data, attrs=attrs).to_zarr(partial / "store", mode="w", consolidated=False)
-            final = self.folder / entry.name
-            if final.exists():
-                shutil.rmtree(final)  # a stale store (another trace's numbers)
-            os.replace(partial / "store", final)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+        data = {part: (("row", "col"), getattr(found, part)) for part in PARTS}
+        store = xr.Dataset(data, attrs={"fingerprint": self.fingerprint, "entry": entry.name})
+        files.write_safely(
+            self.folder / entry.name,
+            "zarr",
+            lambda path: store.to_zarr(path, mode="w-", consolidated=False),
+            overwrite=True,  # a stale store (another trace's numbers) is replaced
+        )
 
     def _read(self, entry: Entry) -> tiles.Overview | None:
         if self.folder is None:
@@ -250,17 +244,17 @@ class Overviews:
         path = self.folder / entry.name
         if not path.is_dir():
             return None
+        shape = (
+            min(entry.pixels[0], self.ds.sizes["query"]),
+            min(entry.pixels[1], self.ds.sizes["key"]),
+        )
         try:
-            with xr.open_zarr(path, consolidated=False) as stored:
-                if stored.attrs.get("fingerprint") != self.fingerprint:
-                    return None
-                shape = (
-                    min(entry.pixels[0], self.ds.sizes["query"]),
-                    min(entry.pixels[1], self.ds.sizes["key"]),
-                )
-                arrays = [stored[part] for part in PARTS]
-                if any(a.shape != shape or a.dtype != np.float32 for a in arrays):
-                    return None
-                return tiles.Overview(*(np.asarray(a.values) for a in arrays))
-        except (OSError, ValueError, KeyError):
+            stored = zarr.open_group(path, mode="r")
+            if stored.attrs.get("fingerprint") != self.fingerprint:
+                return None
+            arrays = [stored[part] for part in PARTS]
+            if any(a.shape != shape or a.dtype != np.float32 for a in arrays):
+                return None
+            return tiles.Overview(*(a[...] for a in arrays))
+        except (OSError, ValueError, KeyError, TypeError):
             return None  # unreadable: computed again

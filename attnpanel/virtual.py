@@ -199,6 +199,37 @@ def stage(
     return found.isel(head=head) if head is not None else found
 
 
+def window(
+    ds: xr.Dataset,
+    batch: int,
+    head: int,
+    rows: slice,
+    cols: slice,
+    mode: str | None = None,
+    lse: torch.Tensor | None = None,
+) -> np.ndarray:
+    """The exact weights of one window ``(rows, cols)`` of one sample and head, float32,
+    computing only its cells (a dask slice of the lazy ``weights`` computes every chunk it
+    touches: one query row over 65,536 keys is 64 chunks of 1024 x 1024).
+
+    ``mode`` defaults to the trace's own; for another, pass its ``lse`` (:func:`row_lse`
+    of the sample, ``(1, H, L)``) to save recomputing it.
+    """
+    own = ds.attrs.get("mask", "none")
+    mode = own if mode is None else mode
+    if lse is None:
+        lse = row_lse(ds, mode, batch)
+    q, k = _qk(ds, batch)
+    rows = slice(*rows.indices(q.shape[2])[:2])
+    cols = slice(*cols.indices(k.shape[2])[:2])
+    found = tiles.sample_masking(masking(ds, mode, batch), 0, 0)
+    one = slice(head, head + 1)
+    tile = tiles.weights_tile(
+        q[:, one], k[:, one], lse[:, one], found, float(ds.attrs["scale"]), rows, cols
+    )
+    return tile[0, 0].numpy()
+
+
 def detach(ds: xr.Dataset) -> xr.Dataset:
     """What a file stores of a trace: a virtual trace without its lazy maps."""
     if not is_virtual(ds):

@@ -1,15 +1,21 @@
-"""Exact attention tiles at long lengths (attnpanel.tiles) beside the dense path.
+"""Attention at long lengths: virtual traces, exact tiles and overviews beside the dense path.
 
-Run: ``python benchmarks/tiles.py [--lengths 4096 16384] [--windows 9]``.
+Run: ``python benchmarks/tiles.py [--lengths 4096 16384 65536] [--repeats 9]``.
 
-One sample, one head, head dim 12, diagonal mask, random q, k, v. Per length it prints:
-the streaming pass that computes every row's log-sum-exp (``row_statistics``), the
-bounded-memory forward (``blocked_attention``), the 480 x 480 overview of the whole map
-(per-pixel max, mean and blocked share, ``overview``), and the median and p95 time to compute a
-random 480 x 480 window of the lazy weights (what a zoomed view asks for); beside them,
-in the same run, the dense path (``attention.attention_weights``, the whole ``L x L``
-map) where it fits in 2 GiB, and each side's peak memory (measured in a fresh process
-per case, ``ru_maxrss``, torch's import included).
+The demo's layer shape (d_model 96, 8 heads, head dim 12), diagonal mask, one sample of
+random input. Per length, each case in a fresh process (peak memory is that process's
+``ru_maxrss``, the imports of torch, dask and attnpanel included, about 0.5 GB):
+
+- **virtual trace**: ``trace(layer, x, dense=False)``: the layer's forward through the
+  fused kernel, ``lse`` kept instead of the maps (time, peak memory);
+- **dense trace**, the baseline, where its two maps fit in 2 GiB: ``trace(layer, x,
+  dense=True)``;
+- **overview**: one head's 480 x 480 overview (``tiles.overview``), and the time to read it
+  back from its zarr store (``overviews.Overviews``, a reopened trace);
+- **window**: a random 480 x 480 window of the virtual trace's lazy ``weights`` (a dask
+  slice: every 1024 x 1024 chunk it touches is computed), exactly (median and p95 over
+  ``--repeats``); **row**: one query's weights over every key (what a query click draws as
+  bars), through ``virtual.window``, which computes only the row.
 """
 
 from __future__ import annotations
@@ -19,55 +25,61 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 CASE = r"""
-import json, resource, sys, time
+import json, resource, sys, tempfile, time
+import numpy as np
 import torch
-from attnpanel.attention import attention_weights, build_mask
-from attnpanel.tiles import Masking, blocked_attention, lazy_weights, overview, row_statistics
-kind, length, windows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from attnpanel.attention import MultiHeadSelfAttention
+from attnpanel.overviews import Entry, Overviews
+from attnpanel.trace import trace
+from attnpanel import virtual
+kind, length, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
-q, k, v = (torch.randn(1, 1, length, 12) for _ in range(3))
+layer = MultiHeadSelfAttention(96, 8, "diagonal").eval()
+x = torch.randn(1, length, 96)
 out = {}
-if kind == "dense":
-    start = time.perf_counter()
-    weights = attention_weights(q, k, build_mask("diagonal", length), 12 ** -0.5)
-    out["dense"] = time.perf_counter() - start
-else:
-    masking = Masking("diagonal")
-    start = time.perf_counter()
-    _, lse = row_statistics(q, k, masking)
-    out["statistics"] = time.perf_counter() - start
-    start = time.perf_counter()
-    blocked_attention(q, k, v, masking)
-    out["forward"] = time.perf_counter() - start
-    start = time.perf_counter()
-    overview(q, k, lse, masking, pixels=(480, 480))
-    out["overview"] = time.perf_counter() - start
-    lazy = lazy_weights(q, k, lse, masking)
-    generator = torch.Generator().manual_seed(1)
-    times = []
-    for _ in range(windows):
-        r, c = (int(x) for x in torch.randint(0, max(1, length - 480), (2,), generator=generator))
+start = time.perf_counter()
+ds = trace(layer, x, dense=kind == "dense")
+out["trace"] = time.perf_counter() - start
+if kind == "virtual":
+    with tempfile.TemporaryDirectory() as folder:
+        entry = Entry(sample=0, head=0, mask="diagonal")
         start = time.perf_counter()
-        lazy[0, 0, r : r + 480, c : c + 480].compute()
-        times.append(time.perf_counter() - start)
-    out["windows"] = times
+        Overviews(ds, folder).get(entry)
+        out["overview"] = time.perf_counter() - start
+        start = time.perf_counter()
+        Overviews(ds, folder).get(entry)
+        out["overview_read"] = time.perf_counter() - start
+    weights = ds["weights"]
+    lse = virtual.row_lse(ds, "diagonal", 0)
+    generator = np.random.default_rng(1)
+    windows, rows = [], []
+    for _ in range(repeats):
+        r, c = generator.integers(0, max(1, length - 480), 2)
+        head = int(generator.integers(0, 8))
+        start = time.perf_counter()
+        weights.isel(batch=0, head=head, query=slice(r, r + 480), key=slice(c, c + 480)).values
+        windows.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        virtual.window(ds, 0, head, slice(r, r + 1), slice(None), lse=lse)
+        rows.append(time.perf_counter() - start)
+    out["windows"], out["rows"] = windows, rows
 out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))
 """
 
-DENSE_LIMIT = 2 * 2**30  # the dense baseline runs where its weights (and scores) fit
+DENSE_LIMIT = 2 * 2**30  # the dense baseline runs where its two maps fit
 
 
-def run(kind: str, length: int, windows: int) -> dict:
+def run(kind: str, length: int, repeats: int) -> dict:
     found = subprocess.run(
-        [sys.executable, "-c", CASE, kind, str(length), str(windows)],
+        [sys.executable, "-c", CASE, kind, str(length), str(repeats)],
         capture_output=True,
         text=True,
-        check=True,
     )
+    if found.returncode != 0:
+        raise SystemExit(f"{kind} at L={length} failed:\n{found.stderr[-2000:]}")
     return json.loads(found.stdout.strip().splitlines()[-1])
 
 
@@ -75,32 +87,35 @@ def p95(values: list[float]) -> float:
     return sorted(values)[max(0, round(0.95 * len(values)) - 1)]
 
 
+def ms(values: list[float]) -> str:
+    values = [1000 * v for v in values]
+    return f"{statistics.median(values):.0f} / {p95(values):.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
-    parser.add_argument("--windows", type=int, default=9)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    print("one sample, one head, E = 12, diagonal mask; seconds, window in ms")
+    print("one sample, 8 heads, head dim 12, diagonal mask; each case in a fresh process")
     print(
-        "| L | row statistics (s) | bounded forward (s) | overview 480x480 (s)"
-        " | 480x480 window median / p95 (ms) | tiles peak (MB) | dense map (s) | dense peak (MB) |"
+        "| L | virtual trace (s) | peak (MB) | dense trace (s) | dense peak (MB) "
+        "| overview, one head (s) | overview read back (ms) "
+        "| 480x480 window median / p95 (ms) | one row median / p95 (ms) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for length in args.lengths:
-        tiles = run("tiles", length, args.windows)
-        ms = [1000 * t for t in tiles["windows"]]
-        dense = "does not fit"
-        dense_peak = "-"
-        if 2 * 4 * length * length <= DENSE_LIMIT:
+        virtual = run("virtual", length, args.repeats)
+        dense, dense_peak = "does not fit", "-"
+        if 2 * 4 * 8 * length * length <= DENSE_LIMIT:
             baseline = run("dense", length, 0)
-            dense, dense_peak = f"{baseline['dense']:.2f}", f"{baseline['peak_mb']:.0f}"
+            dense, dense_peak = f"{baseline['trace']:.2f}", f"{baseline['peak_mb']:.0f}"
         print(
-            f"| {length} | {tiles['statistics']:.2f} | {tiles['forward']:.2f} | "
-            f"{tiles['overview']:.2f} | "
-            f"{statistics.median(ms):.0f} / {p95(ms):.0f} | {tiles['peak_mb']:.0f} | "
-            f"{dense} | {dense_peak} |"
+            f"| {length} | {virtual['trace']:.2f} | {virtual['peak_mb']:.0f} | {dense} "
+            f"| {dense_peak} | {virtual['overview']:.2f} | {1000 * virtual['overview_read']:.0f} "
+            f"| {ms(virtual['windows'])} | {ms(virtual['rows'])} |",
+            flush=True,
         )
-        time.sleep(0.5)
 
 
 if __name__ == "__main__":

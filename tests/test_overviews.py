@@ -96,7 +96,7 @@ def test_an_interrupted_write_leaves_nothing_that_reads_as_complete(lazy, tmp_pa
     monkeypatch.undo()
     assert not Overviews(lazy, folder).stored(entry)
     assert not (folder / entry.name).exists()
-    assert not any(p.name.startswith(overviews.PARTIAL) for p in folder.iterdir())
+    assert list(folder.iterdir()) == []  # the partial store removed
 
 
 def test_a_two_worker_local_cluster_builds_every_overview(lazy, tmp_path):
@@ -148,3 +148,14 @@ def test_the_command_line_builds_and_then_skips_the_stored_overviews(lazy, tmp_p
     with pytest.raises(SystemExit) as exit_:  # argparse: a usage error
         main(["overviews", str(path), "--workers", "0"])
     assert exit_.value.code == 2 and "give 1 or more" in capsys.readouterr().err
+
+
+def test_a_damaged_store_is_computed_again(lazy, tmp_path):
+    folder = tmp_path / "o"
+    entry = Entry(sample=1, head=0, mask="diagonal", pixels=(20, 20))
+    first = Overviews(lazy, folder).get(entry)
+    (folder / entry.name / "zarr.json").write_text("{not json")
+    assert not Overviews(lazy, folder).stored(entry)
+    again = Overviews(lazy, folder).get(entry)  # recomputed and written whole again
+    np.testing.assert_array_equal(again.max, first.max)
+    assert Overviews(lazy, folder).stored(entry)

@@ -189,3 +189,19 @@ def test_a_virtual_trace_refuses_a_custom_mask_by_name():
     _, lazy = _padded_pair(50)
     with pytest.raises(ValueError, match="custom mask"):
         recompute_weights(lazy, np.ones((50, 50), dtype=bool))
+
+
+@pytest.mark.parametrize("mode", [None, "none", "causal"])
+def test_a_window_or_one_row_is_computed_alone_and_exact(mode):
+    from attnpanel.trace import attention_stage
+
+    dense, lazy = _padded_pair()
+    expected = attention_stage(dense, "softmax", mode, batch=1, head=2).values
+    # the trace's lse is the fused kernel's float32 one: weights near 1 agree with the
+    # dense float32 softmax to a few float32 ulps
+    row = virtual.window(lazy, 1, 2, slice(17, 18), slice(None), mode)
+    np.testing.assert_allclose(row, expected[17:18], rtol=0, atol=1e-5)
+    found = virtual.window(lazy, 1, 2, slice(250, 300), slice(100, 290), mode)
+    np.testing.assert_allclose(found, expected[250:300, 100:290], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(found == 0, expected[250:300, 100:290] == 0)
+    assert (found[:, -30:] == 0).all()  # padded keys 260-299 of sample 1
