@@ -350,26 +350,25 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
-def _procs(text: str) -> int:
-    """A ``--num-procs`` value: 0 (one per core) or more."""
+def _whole(text: str, minimum: int, what: str, hint: str) -> int:
+    """An integer option of at least ``minimum``, or a usage error naming it."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} processes: give 0 (one per core) or more")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value}: give {hint}")
     return value
+
+
+def _procs(text: str) -> int:
+    """A ``--num-procs`` value: 0 (one per core) or more."""
+    return _whole(text, 0, "number of processes", "0 (one per core) or more")
 
 
 def _positive(text: str) -> int:
     """A count of at least 1 (workers, pixels)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
-    return value
+    return _whole(text, 1, "whole number", "1 or more")
 
 
 def _pick_layer(capture, layer: str | None):
