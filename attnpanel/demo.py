@@ -21,6 +21,7 @@ from attnpanel.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, 
 from attnpanel.trace import trace
 
 DEMO_LAYER = 2  # the default layer; docs/demo.md shows why
+LONG_DAYS = 45  # demo_long: 45 days at one minute, L = 64,800
 EVENT_APPLIANCES = ("kettle", "microwave", "washing_machine", "dishwasher")
 LOCAL_RADIUS = 15  # minutes; attention within this distance of the query counts as local
 EVENT_THRESHOLD = {"fridge": 50.0}  # W above which an appliance counts as running ...
@@ -96,6 +97,33 @@ def demo(
     FileNotFoundError
         When the shipped weights are missing.
     """
+    return _traced(demo_windows(n_windows, seed), layer, weights, f"{n_windows} held-out windows")
+
+
+def demo_long(
+    days: int = LONG_DAYS,
+    layer: int = DEMO_LAYER,
+    seed: int = HELDOUT_SEED,
+    weights: str | Path | None = None,
+    dense: bool | None = None,
+) -> xr.Dataset:
+    """The demo model on one long sequence: ``days`` held-out days at one minute.
+
+    At the default 45 days, L = 64,800: the model runs its attention in bounded memory
+    (:func:`attnpanel.tiles.attention`) and the trace is virtual (each row's ``lse``
+    instead of the maps, :mod:`attnpanel.virtual`) unless ``dense`` says otherwise. One
+    sample; otherwise as :func:`demo` (the aggregate, the appliance truth and the
+    model's prediction, clock times).
+    """
+    if int(days) != days or days < 1:
+        raise ValueError(f"days must be a positive integer, got {days!r}")
+    series = generate(int(days), seed=seed, config=PowerConfig(start=HELDOUT_START))
+    held = windows(series, length=int(days) * 24 * 60)
+    return _traced(held, layer, weights, f"{days} held-out days at one minute", dense)
+
+
+def _traced(held: xr.Dataset, layer: int, weights, what: str, dense: bool | None = None):
+    """The trace of one encoder layer of the demo model on the windows ``held``."""
     from attnpanel.nilmformer import default_path, time_features
 
     path = default_path() if weights is None else Path(weights)
@@ -104,7 +132,6 @@ def demo(
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must be in 0..{n_layers - 1} (or negative), got {layer}")
     layer = layer % n_layers
-    held = demo_windows(n_windows, seed)
     time = held["time"].values  # (batch, position)
     aggregate = torch.from_numpy(held["aggregate"].values)  # (B, L)
     features = time_features(time)  # (B, C, L)
@@ -116,11 +143,8 @@ def demo(
         predicted = model.predict(aggregate, features)  # (B, A, L) W
     finally:
         hook.remove()
-    source = (
-        f"NILMFormer demo ({path.name}), encoder layer {layer} of {n_layers}, "
-        f"{n_windows} held-out windows"
-    )
-    ds = trace(attention, seen[0], time=time, source=source)
+    source = f"NILMFormer demo ({path.name}), encoder layer {layer} of {n_layers}, {what}"
+    ds = trace(attention, seen[0], time=time, source=source, dense=dense)
     dims = ("batch", "appliance", "position")
     ds = ds.assign(
         aggregate=(("batch", "position"), held["aggregate"].values),

@@ -114,3 +114,40 @@ def test_heads_select_keys_by_what_is_running(stats, random_stats):
 
     assert selectivity(stats) > 2 * selectivity(random_stats)
     assert float(stats["event_lift"].min()) < 0.5 * float(random_stats["event_lift"].min())
+
+
+def test_the_long_demo_is_a_virtual_trace_of_what_the_model_computed():
+    """demo_long: one sample over whole days at one minute, a virtual trace whose output
+    and weights are the numbers the model's own attention layer computes on that input."""
+    from attnpanel import virtual
+    from attnpanel.attention import build_mask
+    from attnpanel.demo import DEMO_LAYER, demo_long
+
+    ds = demo_long(days=2, dense=False)
+    assert virtual.is_virtual(ds) and ds.sizes["query"] == ds.sizes["key"] == 2 * 1440
+    assert ds.sizes["batch"] == 1 and ds["time"].dtype.kind == "M"
+    assert {"aggregate", "appliance_power", "predicted_power"} <= set(ds.data_vars)
+    model = load_model()  # a model of its own, run on the trace's input
+    attention = model.encoder[DEMO_LAYER].attention
+    seen = {}
+    hook = attention.register_forward_hook(lambda m, args, out: seen.update(x=args[0], out=out))
+    try:
+        aggregate = torch.from_numpy(ds["aggregate"].values)
+        predicted = model.predict(aggregate, time_features(ds["time"].values))
+    finally:
+        hook.remove()
+    np.testing.assert_allclose(ds["predicted_power"].values, predicted.numpy(), atol=1e-3)
+    out = seen["out"][0] if isinstance(seen["out"], tuple) else seen["out"]
+    np.testing.assert_allclose(ds["output"].values, out.numpy(), rtol=0, atol=1e-5)
+    with torch.no_grad():
+        q = attention.split_heads(attention.wq(seen["x"]))
+        k = attention.split_heads(attention.wk(seen["x"]))
+        logits = (q @ k.transpose(-2, -1)) * attention.scale
+        blocked = build_mask(attention.mask, logits.shape[-1])
+        logits = logits if blocked is None else logits.masked_fill(blocked, float("-inf"))
+        own = torch.softmax(logits, -1)[0].numpy()
+    # what the page draws: one query's row and a window
+    row = virtual.window(ds, 0, 3, slice(1500, 1501), slice(None))
+    np.testing.assert_allclose(row, own[3, 1500:1501], rtol=0, atol=1e-5)
+    window = ds["weights"].isel(batch=0, head=5, query=slice(0, 480), key=slice(2000, 2480))
+    np.testing.assert_allclose(window.values, own[5, :480, 2000:2480], rtol=0, atol=1e-5)
