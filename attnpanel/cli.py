@@ -95,7 +95,8 @@ def cmd_overviews(args: argparse.Namespace) -> None:
         masks = args.masks or [ds.attrs.get("mask", "none")]
         if ds.attrs.get("attention") == "cross" and set(masks) - {"none"}:
             raise CommandError("a cross-attention trace has overviews only under --masks none")
-        store = Overviews(ds, folder / group.strip("/") if group.strip("/") else folder)
+        name = group.strip("/")
+        store = Overviews(ds, folder / name if name else folder)
         entries = store.entries(masks=masks, pixels=tuple(args.pixels))
         total += len(entries)
         built += len(

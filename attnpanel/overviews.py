@@ -98,7 +98,7 @@ def compute(task: Task) -> tiles.Overview:
     padding = None if task.padding is None else torch.from_numpy(task.padding)
     masking = tiles.Masking(task.mask, key_padding=padding)
     if task.lse is None:
-        _, lse = tiles.attention(q, k, q, masking, task.scale)  # q stands in for v
+        lse = tiles.log_sum_exp(q, k, masking, task.scale)
     else:
         lse = torch.from_numpy(task.lse)
     result = tiles.overview(q, k, lse.double(), masking, task.scale, pixels=task.pixels)
@@ -164,26 +164,32 @@ class Overviews:
         return found
 
     def stored(self, entry: Entry) -> bool:
-        """Whether a complete store of this trace holds the entry."""
-        return self._read(entry) is not None
+        """Whether a complete store of this trace holds the entry (its data is not read)."""
+        return self._open(entry) is not None
 
     def task(self, entry: Entry) -> Task:
-        """What computing ``entry`` needs, cut from the trace."""
+        """What computing ``entry`` needs, cut from the trace.
+
+        Raises
+        ------
+        ValueError
+            For a sample or head out of range, or a mask an overview cannot hold (an
+            additive bias, a per-sample mask beyond padded keys: see
+            :func:`attnpanel.virtual.masking`).
+        """
         ds = self.ds if entry.layer is None else self.ds.isel(layer=entry.layer)
         for dim, index in (("batch", entry.sample), ("head", entry.head)):
             if not 0 <= index < ds.sizes[dim]:
                 raise ValueError(f"{dim} {index} is out of range: this trace has {ds.sizes[dim]}")
-        one = {"batch": [entry.sample], "head": [entry.head]}
-        q = ds["q"].isel(one).transpose("batch", "head", "position", "head_dim")
-        k = ds["k"].isel(one)
-        k = k.rename(position="key") if "position" in k.dims else k
-        own = entry.mask == ds.attrs.get("mask", "none") and virtual.LSE in ds
-        padding = ds["padding"].isel(batch=[entry.sample]) if "padding" in ds else None
+        padding = virtual.masking(ds, entry.mask, entry.sample).key_padding
+        q, k = virtual.qk(ds, entry.sample)
+        one = slice(entry.head, entry.head + 1)
+        own = entry.mask == ds.attrs.get("mask", "none") and virtual.is_virtual(ds)
         return Task(
-            q=np.ascontiguousarray(q.values, dtype=np.float32),
-            k=np.ascontiguousarray(k.transpose("batch", "head", "key", "head_dim").values),
-            lse=np.asarray(ds[virtual.LSE].isel(one).values, dtype=np.float64) if own else None,
-            padding=None if padding is None else np.array(padding.values, dtype=bool),
+            q=q[:, one].contiguous().numpy(),
+            k=k[:, one].contiguous().numpy(),
+            lse=virtual.row_lse(ds, entry.mask, entry.sample)[:, one].numpy() if own else None,
+            padding=None if padding is None else padding.numpy(),
             mask=entry.mask,
             scale=float(ds.attrs["scale"]),
             pixels=entry.pixels,
@@ -238,7 +244,9 @@ class Overviews:
             overwrite=True,  # a stale store (another trace's numbers) is replaced
         )
 
-    def _read(self, entry: Entry) -> tiles.Overview | None:
+    def _open(self, entry: Entry) -> list | None:
+        """The stored arrays of ``entry`` (not read yet), if a complete store of this
+        trace's numbers holds them."""
         if self.folder is None:
             return None
         path = self.folder / entry.name
@@ -253,8 +261,17 @@ class Overviews:
             if stored.attrs.get("fingerprint") != self.fingerprint:
                 return None
             arrays = [stored[part] for part in PARTS]
-            if any(a.shape != shape or a.dtype != np.float32 for a in arrays):
-                return None
-            return tiles.Overview(*(a[...] for a in arrays))
         except (OSError, ValueError, KeyError, TypeError):
             return None  # unreadable: computed again
+        if any(a.shape != shape or a.dtype != np.float32 for a in arrays):
+            return None
+        return arrays
+
+    def _read(self, entry: Entry) -> tiles.Overview | None:
+        arrays = self._open(entry)
+        if arrays is None:
+            return None
+        try:
+            return tiles.Overview(*(a[...] for a in arrays))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # a damaged chunk: computed again

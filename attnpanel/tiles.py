@@ -63,15 +63,19 @@ class Masking:
 
     def blocked(self, rows: slice, cols: slice, device=None) -> torch.Tensor | None:
         """The tile's blocked cells, broadcastable to ``(B, H, rows, cols)``, or None."""
-        i = torch.arange(rows.start, rows.stop, device=device)[:, None]
-        j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+        return self.blocked_at(_positions(rows, device), _positions(cols, device))
+
+    def blocked_at(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """The blocked cells ``(query[r], key[c])``, broadcastable to ``(B, H, r, c)``, or
+        None; ``query`` and ``key`` are 1-d position tensors."""
+        i, j = query[:, None], key[None, :]
         found = None
         if self.mode == "diagonal":
             found = i == j
         elif self.mode == "causal":
             found = j > i
         if self.key_padding is not None:
-            padded = self.key_padding[:, None, None, cols].to(device)  # (B, 1, 1, c)
+            padded = self.key_padding.to(key.device)[:, key][:, None, None, :]  # (B, 1, 1, c)
             found = padded if found is None else padded | found
         return found
 
@@ -83,6 +87,19 @@ class Masking:
         row_index = rows if bias.shape[-2] > 1 else slice(None)
         col_index = cols if bias.shape[-1] > 1 else slice(None)
         return bias[..., row_index, col_index]
+
+    def bias_at(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """The bias at the cells ``(query[r], key[c])``, ``(..., r, c)``, or None."""
+        if self.bias is None:
+            return None
+        bias = self.bias
+        rows = query[:, None] if bias.shape[-2] > 1 else torch.zeros_like(query)[:, None]
+        cols = key[None, :] if bias.shape[-1] > 1 else torch.zeros_like(key)[None, :]
+        return bias[..., rows.to(bias.device), cols.to(bias.device)]
+
+
+def _positions(span: slice, device=None) -> torch.Tensor:
+    return torch.arange(span.start, span.stop, device=device)
 
 
 def logits_tile(q, k, masking: Masking, scale: float, rows: slice, cols: slice):
@@ -308,6 +325,12 @@ def attention(
     return context, lse
 
 
+def log_sum_exp(q, k, masking: Masking = Masking(), scale: float | None = None) -> torch.Tensor:
+    """Each row's ``lse`` ``(B, H, L)`` alone: :func:`attention` with ``q`` standing in
+    for ``v`` (the fused kernel needs a value of the head size; its context is dropped)."""
+    return attention(q, k, q, masking, scale)[1]
+
+
 def _lazy(tile, shape, chunks, name: str):
     """A dask array of ``shape`` whose every chunk is ``tile(b, h, rows, cols)``."""
     import dask.array as da
@@ -506,19 +529,14 @@ def _exact_column_max(q, k, lse, masking: Masking, scale: float, rows: slice, ke
     ``rows`` of one sample and head (``q`` and ``lse`` those rows', ``k`` ``(S, E)``)."""
     keys = torch.as_tensor(keys, device=q.device)
     logits = (q @ k[keys].transpose(0, 1)) * scale - lse[:, None]
-    if masking.bias is not None:
-        bias = masking.bias.reshape(masking.bias.shape[-2:])
-        bias = bias[rows] if bias.shape[0] > 1 else bias
-        logits = logits + (bias[:, keys] if bias.shape[1] > 1 else bias).to(logits)
-    query = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
-    blocked = torch.zeros(logits.shape, dtype=torch.bool, device=q.device)
-    if masking.mode == "diagonal":
-        blocked |= query == keys[None, :]
-    elif masking.mode == "causal":
-        blocked |= keys[None, :] > query
-    if masking.key_padding is not None:
-        blocked |= masking.key_padding[0, keys].to(q.device)[None, :]
-    return logits.masked_fill(blocked, -math.inf).amax(0).cpu().numpy()
+    query = _positions(rows, q.device)
+    bias = masking.bias_at(query, keys)
+    if bias is not None:
+        logits = logits + bias.to(logits).reshape(logits.shape)
+    blocked = masking.blocked_at(query, keys)
+    if blocked is not None:
+        logits = logits.masked_fill(blocked.reshape(blocked.shape[-2:]), -math.inf)
+    return logits.amax(0).cpu().numpy()
 
 
 def _overview_row(q, kt, lse, masking: Masking, scale: float, rows: slice, block_k: int):

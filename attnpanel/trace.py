@@ -29,7 +29,6 @@ from attnpanel.attention import (
     cached_mask,
     check_attention_size,
 )
-from attnpanel.virtual import LSE, LSE_DIMS
 
 ATTENTION_DIMS = ("batch", "head", "query", "key")
 EXPECTED_DIMS = {  # in pipeline order
@@ -332,11 +331,11 @@ def trace_parts(
             raise ValueError("a virtual trace (lse instead of weights) needs q and k")
         lse = _float32(_numpy(lse))
         if lse.ndim != 3:
-            raise ValueError(f"lse must have dims {LSE_DIMS}, got shape {lse.shape}")
+            raise ValueError(f"lse must have dims {virtual.LSE_DIMS}, got shape {lse.shape}")
         batch, n_heads, length = lse.shape
         n_keys = arrays["k"].shape[2]
         weights_shape = (batch, n_heads, length, n_keys)
-        data_vars = {LSE: (LSE_DIMS, lse)}
+        data_vars = {virtual.LSE: (virtual.LSE_DIMS, lse)}
     else:
         if weights is None:
             raise ValueError("a trace needs weights (or lse, with q and k)")

@@ -140,13 +140,11 @@ def row_lse(ds: xr.Dataset, mode: str, batch: int | None = None) -> torch.Tensor
     if mode == ds.attrs.get("mask", "none"):
         found = _tensor(lse if batch is None else lse.isel(batch=[batch]))
         return found.double()
-    q, k = _qk(ds, batch)
-    found = masking(ds, mode, batch)
-    _, lse = tiles.attention(q, k, q, found, float(ds.attrs["scale"]))  # q stands in for v
-    return lse.double()
+    q, k = qk(ds, batch)
+    return tiles.log_sum_exp(q, k, masking(ds, mode, batch), float(ds.attrs["scale"])).double()
 
 
-def _qk(ds: xr.Dataset, batch: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def qk(ds: xr.Dataset, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` ``(B, H, L, E)`` and ``k`` ``(B, H, S, E)`` (one sample: ``B = 1``)."""
     q = ds["q"].transpose("batch", "head", "position", "head_dim")
     k = _keys(ds, "k").transpose("batch", "head", "key", "head_dim")
@@ -178,7 +176,7 @@ def stage(
             f"a virtual trace recomputes the mask modes {', '.join(MASK_MODES)}, not a "
             "custom mask: trace the model in the dense form (dense=True) for that"
         )
-    q, k = _qk(ds, batch)
+    q, k = qk(ds, batch)
     scale = float(ds.attrs["scale"])
     found = masking(ds, mode, batch)
     if stage == "raw":
@@ -215,11 +213,10 @@ def window(
     ``mode`` defaults to the trace's own; for another, pass its ``lse`` (:func:`row_lse`
     of the sample, ``(1, H, L)``) to save recomputing it.
     """
-    own = ds.attrs.get("mask", "none")
-    mode = own if mode is None else mode
+    mode = ds.attrs.get("mask", "none") if mode is None else mode
     if lse is None:
         lse = row_lse(ds, mode, batch)
-    q, k = _qk(ds, batch)
+    q, k = qk(ds, batch)
     rows = slice(*rows.indices(q.shape[2])[:2])
     cols = slice(*cols.indices(k.shape[2])[:2])
     found = tiles.sample_masking(masking(ds, mode, batch), 0, 0)

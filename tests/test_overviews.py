@@ -159,3 +159,16 @@ def test_a_damaged_store_is_computed_again(lazy, tmp_path):
     again = Overviews(lazy, folder).get(entry)  # recomputed and written whole again
     np.testing.assert_array_equal(again.max, first.max)
     assert Overviews(lazy, folder).stored(entry)
+
+
+def test_a_trace_with_an_additive_bias_is_refused_not_drawn_without_it():
+    from attnpanel.attention import attend
+    from attnpanel.trace import build_trace
+
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 30, 4, generator=generator) for _ in range(2))
+    bias = torch.randn(1, 2, 30, 30, generator=generator)
+    _, weights = attend(q, k, None, 0.5, bias=bias)
+    ds = build_trace(weights=weights, q=q, k=k, bias=bias, scale=0.5)
+    with pytest.raises(ValueError, match="'bias'"):
+        Overviews(ds).get(Entry(sample=0, head=1, mask="none"))
