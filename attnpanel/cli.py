@@ -323,18 +323,32 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from attnpanel import serving
     from attnpanel.explorer import explore, notify_errors
+    from attnpanel.overviews import folder_for
+    from attnpanel.virtual import is_virtual_capture
 
-    if args.trace:
-        capture = _load_trace(args.trace)
+    options = {}
+    if args.trace and args.demo:
+        raise CommandError("give a trace or --demo, not both")
+    if args.demo == "long":
+        from attnpanel.demo import stored_long_demo
+
+        path = stored_long_demo(days=args.days, folder=args.cache, progress=_say)
+        capture = _load_trace(str(path))
+    elif args.trace:
+        path = args.trace
+        capture = _load_trace(path)
     else:
         from attnpanel.demo import demo
 
         capture = demo()
+    if (args.trace or args.demo == "long") and is_virtual_capture(capture):
+        options["folder"] = folder_for(path)  # its overviews are stored beside it
     serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
 
     def session():
         serving.release_on_close()
-        return explore(capture)  # returned, not also .servable(): one explorer per page
+        # returned, not also .servable(): one explorer per page
+        return explore(capture, **options)
 
     pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
     serving.skip_document_validation()  # the page is validated once, by the tests
@@ -457,6 +471,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="worker processes on the one port (0: one per core; default 1); they stop "
         "with the server",
+    )
+    serve.add_argument(
+        "--demo",
+        choices=("short", "long"),
+        help="short: 32 windows of 8 hours (the default without a trace); long: one "
+        "household over --days days at one minute (L = 64,800 at 45), a virtual trace built "
+        "once (about 4 minutes on 2 cores) and stored with its overviews in --cache",
+    )
+    serve.add_argument(
+        "--days", type=_positive, default=45, help="days of the long demo (default 45)"
+    )
+    serve.add_argument(
+        "--cache",
+        default=None,
+        help="folder of the stored long demo (default $ATTNPANEL_CACHE or ~/.cache/attnpanel)",
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -21,7 +21,7 @@ import traceback
 import panel as pn
 import xarray as xr
 
-from attnpanel import untrusted
+from attnpanel import untrusted, virtual
 from attnpanel.engine import LiveEngine
 from attnpanel.linked import LinkedMaps
 from attnpanel.sections import (
@@ -214,14 +214,20 @@ def explore(capture: xr.Dataset | xr.DataTree, **params) -> pn.viewable.Viewer:
     capture : xarray.Dataset or xarray.DataTree
         What :func:`attnpanel.capture` or :func:`attnpanel.load` returned.
     **params
-        Initial explorer parameters (``sample``, ``head``, ``layer`` ...).
+        Initial explorer parameters (``sample``, ``head``, ``layer`` ...); for a virtual
+        trace also ``folder``, where its overviews are stored.
 
     Returns
     -------
-    AttentionExplorer or attnpanel.groups_explorer.GroupsExplorer
+    AttentionExplorer, attnpanel.long_explorer.LongExplorer or
+    attnpanel.groups_explorer.GroupsExplorer
     """
     if isinstance(capture, xr.DataTree):
         from attnpanel.groups_explorer import GroupsExplorer
 
         return GroupsExplorer(capture, **params)
+    if virtual.is_virtual(capture):
+        from attnpanel.long_explorer import LongExplorer
+
+        return LongExplorer(capture, **params)
     return AttentionExplorer(capture, **params)

@@ -79,6 +79,10 @@ GROUP_STYLE = {
     ),
     ("Curve", "Reference"): dict(line_color="black", line_width=1.2),
     ("Curve", "Sequence"): dict(line_width=1),
+    ("Curve", "QueryRow"): dict(line_color="#b2182b", line_width=1),
+    ("Scatter", "TopKeys"): dict(
+        fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"
+    ),
     ("Labels", "Tokens"): dict(text_font_size="11pt", text_color="black"),
     ("Image", "Attention"): dict(cmap="coolwarm", nan_color="black"),
     ("Image", "HeadMap"): dict(nan_color="#222222"),
@@ -321,6 +325,10 @@ def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
             renderer = fig.step(x=x, y=y, mode="center", source=source, **style)
         else:
             renderer = fig.line(x=x, y=y, source=source, **style)
+    elif isinstance(layer, hv.Scatter):
+        x, y = layer.kdims[0].name, layer.vdims[0].name
+        source = ColumnDataSource({x: layer.dimension_values(0), y: layer.dimension_values(1)})
+        renderer = fig.scatter(x=x, y=y, source=source, **style)
     elif isinstance(layer, hv.Labels):
         x, y, text = (d.name for d in layer.dimensions()[:3])
         source = ColumnDataSource({name: layer.dimension_values(name) for name in (x, y, text)})

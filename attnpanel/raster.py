@@ -18,12 +18,13 @@ import xarray as xr
 
 
 def raster_values(
-    values: np.ndarray, bounds, width: int, height: int, x_range=None, y_range=None
+    values: np.ndarray, bounds, width: int, height: int, x_range=None, y_range=None, agg="mean"
 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """Regrid a cell-centred grid to at most ``width x height`` pixels with datashader.
 
-    Every cell of the full array contributes (``mean`` when several cells share a pixel);
-    the grid is never finer than the data over the range, so nothing is invented.
+    Every cell of the full array contributes (``agg``, ``mean`` or ``max``, when several
+    cells share a pixel); the grid is never finer than the data over the range, so
+    nothing is invented.
 
     Parameters
     ----------
@@ -64,7 +65,7 @@ def raster_values(
         # column does not give (a one-position trace); every pixel then shows its cell.
         return nearest_cells(values, bounds, window, rows, cols), window
     canvas = dsh.Canvas(plot_width=cols, plot_height=rows, x_range=x_range, y_range=y_range)
-    raster = canvas.raster(grid, agg="mean")
+    raster = canvas.raster(grid, agg=agg)
     return np.asarray(raster.values, dtype=np.float32), window
 
 
@@ -172,14 +173,17 @@ def snap_window(bounds, shape, width: int, height: int, x_range, y_range):
 
 
 def window_raster(
-    values: np.ndarray, width: int, height: int, window: tuple | None = None
+    values, width: int, height: int, window: tuple | None = None
 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """The pixels a plot of ``width x height`` shows of a map, for its visible window.
 
     Parameters
     ----------
-    values : numpy.ndarray
-        ``(rows, cols)`` map with rows by ascending y, cells centred on whole positions.
+    values : numpy.ndarray or map source
+        ``(rows, cols)`` map with rows by ascending y, cells centred on whole positions;
+        or a map too large to hold, an object with ``shape`` and ``raster(width, height,
+        window)`` answering this function's question itself
+        (:class:`attnpanel.windows.VirtualMap`).
     width, height : int
         Pixel size of the plot frame.
     window : tuple, optional
@@ -193,6 +197,8 @@ def window_raster(
     bounds : tuple of float
         ``(left, bottom, right, top)`` of the raster.
     """
+    if not isinstance(values, np.ndarray):
+        return values.raster(width, height, window)
     rows, cols = values.shape
     bounds = (-0.5, -0.5, cols - 0.5, rows - 0.5)
     snapped = None if window is None else snap_window(bounds, values.shape, width, height, *window)

@@ -115,7 +115,13 @@ def logits_tile(q, k, masking: Masking, scale: float, rows: slice, cols: slice):
 
 
 def _blocks(n: int, size: int):
-    return [slice(start, min(n, start + size)) for start in range(0, n, size)]
+    return _blocks_in(slice(0, n), size)
+
+
+def _blocks_in(span: slice, size: int):
+    return [
+        slice(start, min(span.stop, start + size)) for start in range(span.start, span.stop, size)
+    ]
 
 
 def _online_step(row_max, logits):
@@ -436,7 +442,7 @@ class Overview:
     blocked: np.ndarray  # the share of its cells the mask blocks
 
 
-def _starts(n: int, pixels: int) -> np.ndarray:
+def pixel_starts(n: int, pixels: int) -> np.ndarray:
     """The first cell of each of ``pixels`` pixels over ``n`` cells (cell ``i`` lies in
     pixel ``i * pixels // n``: whole cells, contiguous)."""
     return -(-np.arange(pixels) * n // pixels)
@@ -456,6 +462,7 @@ def overview(
     pixels: tuple[int, int] = (480, 480),
     block_k: int = OVERVIEW_COLUMNS,
     exact_cells: int = OVERVIEW_EXACT_CELLS,
+    window: tuple[slice, slice] | None = None,
 ) -> Overview:
     """The ``(L, S)`` softmax weights reduced to ``pixels`` (rows, cols) in one pass.
 
@@ -473,19 +480,26 @@ def overview(
     ``1 / keys per pixel`` (each row's weights sum to at most 1).
 
     ``q`` ``(B, H, L, E)``, ``k`` ``(B, H, S, E)``, ``lse`` ``(B, H, L)``. A map smaller
-    than ``pixels`` keeps its own size (one cell per pixel).
+    than ``pixels`` keeps its own size (one cell per pixel). ``window`` ``(queries,
+    keys)``, two slices of positions, reduces only that part of the map (a zoomed view:
+    its cost is its cells, whatever ``L``); pixels then tile the window.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    length, keys = q.shape[-2], k.shape[-2]
+    window = window or (slice(None), slice(None))
+    queries = slice(*window[0].indices(q.shape[-2])[:2])
+    key_span = slice(*window[1].indices(k.shape[-2])[:2])
+    length, keys = queries.stop - queries.start, key_span.stop - key_span.start
+    if length <= 0 or keys <= 0:
+        raise ValueError(f"an empty window: queries {queries}, keys {key_span}")
     rows, cols = min(pixels[0], length), min(pixels[1], keys)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], lse.shape[:-1])
     dtype = torch.float64 if length * keys <= exact_cells else torch.float32
-    q64 = q.double().expand(*lead, length, -1)
-    k64 = k.double().expand(*lead, keys, -1)
-    lse64 = lse.to(q.device, torch.float64).expand(*lead, length)
+    q64 = q.double().expand(*lead, q.shape[-2], -1)
+    k64 = k.double().expand(*lead, k.shape[-2], -1)
+    lse64 = lse.to(q.device, torch.float64).expand(*lead, q.shape[-2])
     lse64 = torch.where(torch.isfinite(lse64), lse64, torch.full_like(lse64, math.inf))
-    row_starts, col_starts = _starts(length, rows), _starts(keys, cols)
-    row_edges = [*row_starts.tolist(), length]
+    row_starts, col_starts = pixel_starts(length, rows), pixel_starts(keys, cols)
+    row_edges = [*(queries.start + row_starts).tolist(), queries.stop]
     col_of_key = np.repeat(np.arange(cols), np.diff([*col_starts.tolist(), keys]))
     peak = np.zeros((*lead, rows, cols))
     total = np.zeros((*lead, rows, cols))
@@ -497,12 +511,12 @@ def overview(
         for r in range(rows):
             span = slice(row_edges[r], row_edges[r + 1])
             row_max, row_sum, row_blocked = _overview_row(
-                q_bh[span], kt, lse_bh[span], one, scale, span, block_k
+                q_bh[span], kt, lse_bh[span], one, scale, span, key_span, block_k
             )
             pixel_max = np.maximum.reduceat(row_max, col_starts).astype(np.float64)
             if dtype != torch.float64:  # recompute each maximum in float64 from its key
                 held = np.flatnonzero(np.isfinite(pixel_max))
-                key = _first_key_at(row_max, pixel_max, col_of_key, held)
+                key = key_span.start + _first_key_at(row_max, pixel_max, col_of_key, held)
                 pixel_max[held] = _exact_column_max(
                     q64[b, h, span], k64[b, h], lse64[b, h, span], one, scale, span, key
                 )
@@ -539,18 +553,21 @@ def _exact_column_max(q, k, lse, masking: Masking, scale: float, rows: slice, ke
     return logits.amax(0).cpu().numpy()
 
 
-def _overview_row(q, kt, lse, masking: Masking, scale: float, rows: slice, block_k: int):
-    """Per key, over the queries ``rows`` of one sample and head: the largest
+def _overview_row(
+    q, kt, lse, masking: Masking, scale: float, rows: slice, keys: slice, block_k: int
+):
+    """Per key of ``keys``, over the queries ``rows`` of one sample and head: the largest
     ``logit - lse`` (``-inf`` where every cell is blocked), the sum of the weights and the
-    number of blocked cells; numpy ``(S,)`` each."""
-    keys, count = kt.shape[1], rows.stop - rows.start
-    row_max = torch.full((keys,), -math.inf, dtype=q.dtype, device=q.device)
-    row_sum = torch.zeros(keys, dtype=q.dtype, device=q.device)
-    row_blocked = torch.zeros(keys, dtype=q.dtype, device=q.device)
+    number of blocked cells; numpy ``(len(keys),)`` each."""
+    width, count = keys.stop - keys.start, rows.stop - rows.start
+    row_max = torch.full((width,), -math.inf, dtype=q.dtype, device=q.device)
+    row_sum = torch.zeros(width, dtype=q.dtype, device=q.device)
+    row_blocked = torch.zeros(width, dtype=q.dtype, device=q.device)
     shift = -lse[:, None]
-    for cols in _blocks(keys, block_k):
+    for cols in _blocks_in(keys, block_k):
+        out = slice(cols.start - keys.start, cols.stop - keys.start)
         if masking.mode == "causal" and cols.start >= rows.stop:
-            row_blocked[cols] = count  # every key after the last query: all blocked
+            row_blocked[out] = count  # every key after the last query: all blocked
             continue
         logits = torch.addmm(shift, q, kt[:, cols], alpha=scale)
         bias = masking.bias_tile(rows, cols)
@@ -565,7 +582,7 @@ def _overview_row(q, kt, lse, masking: Masking, scale: float, rows: slice, block
         if blocked is not None:
             blocked = blocked.reshape(blocked.shape[-2:]).expand(count, -1)
             logits = logits.masked_fill(blocked, -math.inf)
-            row_blocked[cols] = blocked.sum(0, dtype=q.dtype)
-        torch.amax(logits, 0, out=row_max[cols])
-        torch.sum(logits.exp_(), 0, out=row_sum[cols])
+            row_blocked[out] = blocked.sum(0, dtype=q.dtype)
+        torch.amax(logits, 0, out=row_max[out])
+        torch.sum(logits.exp_(), 0, out=row_sum[out])
     return (t.cpu().numpy() for t in (row_max, row_sum, row_blocked))

@@ -37,6 +37,11 @@ def is_virtual(ds: xr.Dataset) -> bool:
     return LSE in ds.data_vars
 
 
+def is_virtual_capture(capture) -> bool:
+    """Whether a trace (a Dataset) is virtual; a DataTree of groups is not shown as one."""
+    return isinstance(capture, xr.Dataset) and is_virtual(capture)
+
+
 def dense_bytes(batch: int, heads: int, length: int, keys: int) -> int:
     """Bytes of a dense trace's two float32 maps (``scores`` and ``weights``)."""
     return 2 * 4 * int(batch) * int(heads) * int(length) * int(keys)

@@ -255,3 +255,55 @@ def test_overview_maxima_are_exact_where_float32_logits_are_not():
     assert np.abs(_pixel_reduce(rounded, 64, 48, np.max) - truth).max() > 1e-6  # float32 is off
     found = overview(q, k, lse, masking, scale, pixels=(64, 48), exact_cells=0)
     np.testing.assert_allclose(found.max, truth, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("window", "pixels", "exact_cells"),
+    [
+        ((slice(40, 231), slice(17, 300)), (32, 40), 2**22),
+        ((slice(150, 300), slice(0, 120)), (480, 480), 2**22),  # fewer cells than pixels
+        ((slice(40, 231), slice(17, 300)), (32, 40), 0),  # float32, maxima in float64
+        ((slice(0, 120), slice(150, 300)), (16, 16), 0),  # causal: every key blocked
+    ],
+)
+def test_overview_of_a_window_reduces_only_its_cells(kind, window, pixels, exact_cells):
+    """A zoomed view's overview: the window's cells alone, binned to its pixels exactly as
+    a map of the window's size would be (max, mean and blocked share per pixel)."""
+    batch, heads, length = 2, 2, 300
+    q, k, _, generator = _inputs(batch, heads, length)
+    masking = _masking(kind, batch, heads, length, generator)
+    scale = q.shape[-1] ** -0.5
+    _, lse = row_statistics(q, k, masking, scale)
+    found = overview(
+        q,
+        k,
+        lse,
+        masking,
+        scale,
+        pixels=pixels,
+        block_k=53,
+        exact_cells=exact_cells,
+        window=window,
+    )
+    dense = _dense(q, k, masking, scale).numpy()[..., window[0], window[1]]
+    rows = min(pixels[0], dense.shape[-2])
+    cols = min(pixels[1], dense.shape[-1])
+    assert found.max.shape == (batch, heads, rows, cols)
+    np.testing.assert_allclose(found.max, _pixel_reduce(dense, rows, cols, np.max), atol=1e-6)
+    np.testing.assert_allclose(found.mean, _pixel_reduce(dense, rows, cols, np.mean), atol=1e-6)
+    blocked = np.zeros((batch, heads, length, length), dtype=bool)
+    mask = build_mask(masking.mode, length) if kind != "none" else None
+    if mask is not None:
+        blocked |= mask.numpy()
+    if masking.key_padding is not None:
+        blocked |= masking.key_padding.numpy()[:, None, None, :]
+    expected = _pixel_reduce(blocked[..., window[0], window[1]].astype(float), rows, cols, np.mean)
+    np.testing.assert_allclose(found.blocked, expected, atol=1e-6)
+
+
+def test_an_empty_overview_window_is_refused():
+    q, k, _, _ = _inputs(1, 1, 20)
+    lse = torch.zeros(1, 1, 20)
+    with pytest.raises(ValueError, match="empty window"):
+        overview(q, k, lse, window=(slice(5, 5), slice(0, 20)))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from pairs import padded_pair
 
 import attnpanel.attention as attention
 from attnpanel import io, virtual
@@ -140,24 +141,6 @@ def test_the_layer_runs_in_bounded_memory_at_long_lengths(mode, monkeypatch):
     np.testing.assert_allclose(bounded.numpy(), fused.numpy(), rtol=0, atol=1e-5)
 
 
-def _padded_pair(length: int = 300):
-    """A dense and a virtual trace of the same q, k and mask (diagonal and, per sample,
-    padded keys): the dense one holds the model's weights, the virtual one only lse."""
-    from attnpanel import tiles
-    from attnpanel.trace import build_trace
-
-    generator = torch.Generator().manual_seed(3)
-    q, k = (torch.randn(2, 3, length, 8, generator=generator) * 2 for _ in range(2))
-    padding = torch.zeros(2, length, dtype=torch.bool)
-    padding[1, length - 40 :] = True
-    blocked = attention.build_mask("diagonal", length)[None, None] | padding[:, None, None, :]
-    scale = 8**-0.5
-    _, weights = attention.attend(q, k, blocked, scale)
-    _, lse = tiles.attention(q, k, q, tiles.Masking("diagonal", key_padding=padding), scale)
-    common = dict(q=q, k=k, blocked=blocked, scale=scale)
-    return build_trace(weights=weights, **common), build_trace(lse=lse, **common)
-
-
 @pytest.mark.parametrize("stage", ["raw", "scaled", "masked", "softmax"])
 @pytest.mark.parametrize("mode", [None, *MODES])
 def test_every_stage_and_mask_of_a_virtual_trace_is_the_dense_ones(stage, mode):
@@ -165,7 +148,7 @@ def test_every_stage_and_mask_of_a_virtual_trace_is_the_dense_ones(stage, mode):
     dense recomputation, the per-sample padding kept, blocked weights exactly 0."""
     from attnpanel.trace import attention_stage, recompute_weights
 
-    dense, lazy = _padded_pair()
+    dense, lazy = padded_pair()
     assert virtual.is_virtual(lazy) and "padding" in lazy
     for batch, head in [(None, None), (1, None), (1, 2), (0, 1)]:
         found = attention_stage(lazy, stage, mode, batch=batch, head=head)
@@ -186,7 +169,7 @@ def test_every_stage_and_mask_of_a_virtual_trace_is_the_dense_ones(stage, mode):
 def test_a_virtual_trace_refuses_a_custom_mask_by_name():
     from attnpanel.trace import recompute_weights
 
-    _, lazy = _padded_pair(50)
+    _, lazy = padded_pair(50)
     with pytest.raises(ValueError, match="custom mask"):
         recompute_weights(lazy, np.ones((50, 50), dtype=bool))
 
@@ -195,7 +178,7 @@ def test_a_virtual_trace_refuses_a_custom_mask_by_name():
 def test_a_window_or_one_row_is_computed_alone_and_exact(mode):
     from attnpanel.trace import attention_stage
 
-    dense, lazy = _padded_pair()
+    dense, lazy = padded_pair()
     expected = attention_stage(dense, "softmax", mode, batch=1, head=2).values
     # the trace's lse is the fused kernel's float32 one: weights near 1 agree with the
     # dense float32 softmax to a few float32 ulps

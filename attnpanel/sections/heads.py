@@ -110,7 +110,7 @@ class HeadComparison(Section):
         grid.on_select(self.linked.select)
         shares = self.engine.add(
             "mass share",
-            lambda sel: linked.mass_shares(self.trace, sel, self.cache, self.linked.box),
+            self._mass_shares,
             ["sample", "mask", "enabled_heads"],
             GRID_PANE,
         )
@@ -127,6 +127,9 @@ class HeadComparison(Section):
         if self.grid is not None:
             self.grid.mark_box(self.linked.box)
             self.engine.redraw(lambda view: view.name == "mass share")
+
+    def _mass_shares(self, sel) -> linked.MassShares:
+        return linked.mass_shares(self.trace, sel, self.cache, self.linked.box)
 
     def _head_values(self, head: int, sel):
         return (

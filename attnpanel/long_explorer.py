@@ -1,0 +1,157 @@
+"""The explorer of a virtual trace: attention at any length (L = 65,536 on one machine).
+
+``explore(trace)`` opens this page for a trace that holds each row's ``lse`` instead of
+its maps (:mod:`attnpanel.virtual`). It is the same state (:class:`ExplorerState`), the
+same live-update engine and the same linked zoom as the dense explorer, composed of the
+sections of :mod:`attnpanel.sections.long`: the input sequence over the whole sample, the
+selected query's weights over every key, the large map and every head's map. A map's
+whole view is its stored overview (:mod:`attnpanel.overviews`, each pixel the maximum of
+its cells); zoomed under :data:`attnpanel.windows.EXACT_CELLS` cells, a window's own
+pixels are computed from ``q``, ``k`` and ``lse``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import panel as pn
+import torch
+import xarray as xr
+from bokeh.models import Range1d
+
+from attnpanel import untrusted, virtual, windows
+from attnpanel.engine import LiveEngine
+from attnpanel.linked import LinkedMaps
+from attnpanel.overviews import Overviews
+from attnpanel.sections import LinkedZoom, ShapeTable
+from attnpanel.sections.long import (
+    LongControls,
+    LongHeads,
+    LongSequence,
+    QueryRow,
+    WindowedMatrix,
+)
+from attnpanel.state import ExplorerState
+from attnpanel.styling import WRAP
+
+URL_PARAMS = {name: name for name in ("sample", "head", "query", "mask")}
+
+
+class LongExplorer(ExplorerState, pn.viewable.Viewer):
+    """Explore one attention layer of a virtual trace, at any length.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A virtual trace (``lse`` instead of ``scores``/``weights``; see
+        :func:`attnpanel.virtual.is_virtual`).
+    overviews : attnpanel.overviews.Overviews, optional
+        Where the maps' overviews are read; by default those stored in ``folder``.
+    folder : path, optional
+        The overviews' folder (``attnpanel.overviews.folder_for(trace_file)``); None keeps
+        the overviews computed by this page in memory.
+    **params
+        Initial values of the state's parameters (``sample``, ``head``, ``query``, ``mask``).
+    """
+
+    def __init__(
+        self,
+        trace: xr.Dataset,
+        overviews: Overviews | None = None,
+        folder: str | Path | None = None,
+        **params,
+    ):
+        if not virtual.is_virtual(trace):
+            raise ValueError(
+                "LongExplorer shows a virtual trace (one holding 'lse'); use "
+                "attnpanel.explore for a dense one"
+            )
+        if params.get("head") == "mean":
+            raise ValueError("a virtual trace is shown one head at a time: give a head number")
+        super().__init__(trace, **params)
+        self.param.head.objects = list(range(self.n_heads))
+        self.overviews = overviews or Overviews(
+            trace if self.layers is None else self.layers, folder
+        )
+        self.engine = LiveEngine(self)
+        self.linked = LinkedMaps(self.engine)
+        positions = self.trace.sizes["query"]
+        self.x_range = Range1d(-0.5, positions - 0.5)  # the sequence and the query's row
+        parts = dict(state=self, engine=self.engine)
+        self.sections = {
+            "controls": LongControls(**parts),
+            "sequence": LongSequence(x_range=self.x_range, **parts),
+            "query row": QueryRow(x_range=self.x_range, **parts),
+            "matrix": WindowedMatrix(**parts),
+            "heads": LongHeads(linked=self.linked, **parts),
+            "linked zoom": LinkedZoom(linked=self.linked, **parts),
+            "shapes": ShapeTable(**parts),
+        }
+        self._layout = None
+
+    @property
+    def widgets(self) -> dict:
+        """The page's controls by the parameter they drive."""
+        return self.sections["controls"].widgets
+
+    def row_lse(self, sel) -> torch.Tensor:
+        """Each row's ``lse`` of the selected sample under the selected mask, ``(1, H, L)``."""
+        return windows.row_lse(self.trace, sel.sample, sel.mask, self.cache, sel.layer)
+
+    def virtual_map(self, sel, head: int | None = None) -> windows.VirtualMap:
+        """The map of the selection (or of ``head``), for any window."""
+        return windows.VirtualMap(
+            self.trace,
+            self.overviews,
+            sel.sample,
+            int(sel.head if head is None else head),
+            sel.mask,
+            self.row_lse(sel),
+            None if self.layers is None else sel.layer,
+        )
+
+    def drawn(self, pane: str = "matrix", group: str = "Attention"):
+        """The image a pane's map holds now, as the browser draws it."""
+        return self.engine.drawn(pane, group)
+
+    def _build(self):
+        s = self.sections
+        source = str(self.trace.attrs.get("source", "")).strip() or "trace"
+        n = self.trace.sizes["query"]
+        about = pn.pane.Markdown(
+            f"A **virtual trace**: {n:,} positions, {self.n_heads} heads; no map is held. "
+            "Every map shows each pixel's *maximum* weight (a single sharp key is never "
+            "averaged away): the stored overview over the whole map, and the window's own "
+            f"pixels, computed from q, k and each row's log-sum-exp, once zoomed under "
+            f"{windows.EXACT_CELLS:,} cells. A query's row is computed alone.",
+            sizing_mode="stretch_width",
+            styles={"font-size": "12px"},
+            margin=(0, 10),
+        )
+        return pn.Column(
+            pn.pane.Markdown(
+                f"## attnpanel · {untrusted.markup(source.splitlines()[0][:100])}",
+                margin=(0, 10),
+            ),
+            self.engine.indicator,
+            about,
+            s["controls"],
+            s["sequence"],
+            s["query row"],
+            pn.Row(s["matrix"], s["heads"], sizing_mode="stretch_width", stylesheets=[WRAP]),
+            s["linked zoom"],
+            s["shapes"],
+            sizing_mode="stretch_width",
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
+
+    def __panel__(self):
+        if self._layout is None:
+            location = pn.state.location
+            if location is not None:
+                location.sync(self, URL_PARAMS)
+            self._layout = self._build()
+            self.engine.root = self._layout
+        return self._layout

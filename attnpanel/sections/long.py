@@ -1,0 +1,439 @@
+"""The sections of the explorer of a virtual trace (any length: L = 65,536 and beyond).
+
+A virtual trace holds no map (:mod:`attnpanel.virtual`): every map here is a
+:class:`attnpanel.windows.VirtualMap`, whose pixels for the visible window come from the
+stored overview or are computed from ``q``, ``k`` and each row's ``lse``. The sections
+follow the same state, engine and linked zoom as the dense page; the views that need a
+whole ``(head, query, key)`` array of a sample (value aggregation, merge, per-head
+statistics) are not on this page.
+
+- :class:`LongControls`: sample, head, query (slider and number), mask, colour map;
+- :class:`LongSequence`: the input power over the whole sample (each curve drawn by the
+  minimum and maximum of its points per pixel column, redrawn for the visible part);
+- :class:`QueryRow`: the selected query's weights over every key, computed alone, and
+  its heaviest keys;
+- :class:`WindowedMatrix`: the large map, linked with :class:`LongHeads`, every head's map.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+from bokeh.models import BasicTickFormatter, CustomJSHover, CustomJSTickFormatter, HoverTool
+from holoviews.plotting.util import process_cmap
+
+from attnpanel import linked, readouts, styling, windows
+from attnpanel.engine import PlotKey
+from attnpanel.palette import curve_styles
+from attnpanel.sections.base import Section
+from attnpanel.sections.controls import ImmediateIntSlider, ImmediateSelect
+from attnpanel.sections.heads import HeadComparison
+
+MATRIX_SIZE = 480
+MAP_KEY = PlotKey("Image", "Attention")
+SEQUENCE_HEIGHT = 220
+ROW_HEIGHT = 200
+CURVE_BINS = 1600  # pixel columns a long curve is cut to (min and max of each)
+REDRAW_AFTER_MS = 150  # the curves are redrawn for a new x range once it rests this long
+
+# Clock time of a position in the browser: positions stay the coordinates, the trace's
+# regular step turns them into times (UTC, as the trace stores them).
+CLOCK_CODE = """
+const i = Math.round({value});
+if (i < 0 || i >= n) return '';
+const d = new Date(start + i * step);
+const p = (v) => String(v).padStart(2, '0');
+const day = p(d.getUTCMonth() + 1) + '-' + p(d.getUTCDate());
+const clock = p(d.getUTCHours()) + ':' + p(d.getUTCMinutes());
+return {prefix}day + ' ' + clock;
+"""
+
+
+def clock_args(ds, sample: int) -> dict | None:
+    """``start``, ``step`` (ms) and ``n`` of a sample's regular clock, or None."""
+    step = readouts.time_step(ds, sample)
+    if step is None:
+        return None
+    time_ = ds["time"]
+    if "batch" in time_.dims:
+        time_ = time_.isel(batch=sample)
+    start = np.asarray(time_.values[:1]).astype("datetime64[ms]").astype(np.int64)[0]
+    return dict(start=int(start), step=int(step / np.timedelta64(1, "ms")), n=time_.size)
+
+
+def tick_formatter(args: dict) -> CustomJSTickFormatter:
+    """Axis ticks at positions, labelled with their clock time."""
+    return CustomJSTickFormatter(args=args, code=CLOCK_CODE.format(value="tick", prefix=""))
+
+
+def hover_formatter(args: dict) -> CustomJSHover:
+    """A hover field at a position: the position and its clock time."""
+    code = CLOCK_CODE.format(value="value", prefix="i + ' (' + ").replace(
+        "+ clock;", "+ clock + ')';"
+    )
+    return CustomJSHover(args=args, code=code)
+
+
+def clock_axes(figure, args: dict, x: bool = True, y: bool = False) -> None:
+    """Label a plot's position axes (and hover fields) with clock times."""
+    for on, axis in ((x, figure.xaxis), (y, figure.yaxis)):
+        if on:
+            axis.formatter = tick_formatter(args)
+    for hover in figure.select({"type": HoverTool}):
+        fields = {}
+        if x:
+            fields["$x"] = hover_formatter(args)
+        if y:
+            fields["$y"] = hover_formatter(args)
+        hover.formatters = fields
+        hover.tooltips = [
+            (name, f"{field}{{custom}}")
+            for name, field in (("key", "$x"), ("query", "$y"))
+            if field in fields
+        ] + [(label, field) for label, field in (hover.tooltips or []) if field.startswith("@")]
+
+
+class LongControls(Section):
+    """Sample, head, query (a slider and an exact number), mask and colour map."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        state = self.state
+        widgets = {}
+        if state.layers is not None:
+            names = readouts.layer_names(state.layers)
+            widgets["layer"] = ImmediateSelect.from_param(
+                state.param.layer,
+                name="Layer",
+                width=200,
+                options={f"{i}: {name}": i for i, name in enumerate(names)},
+            )
+        widgets.update(
+            sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
+            head=ImmediateSelect.from_param(
+                state.param.head,
+                name="Head",
+                options={f"head {h}": h for h in range(state.n_heads)},
+                width=110,
+            ),
+            query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=320),
+            query_number=pn.widgets.IntInput.from_param(
+                state.param.query, name="Query (exact)", width=120
+            ),
+            mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=110),
+            colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=110),
+        )
+        self._widgets = widgets
+
+    @property
+    def widgets(self) -> dict:
+        """The widgets by the state parameter they drive."""
+        return dict(self._widgets)
+
+    def build(self):
+        return pn.Row(*self._widgets.values(), sizing_mode="stretch_width", margin=0)
+
+
+class LongSequence(Section):
+    """The input sequence over the whole sample, its curves cut to the plot's columns for
+    the visible part, the selected query marked; a click picks the query."""
+
+    x_range = None  # the Range1d shared with the query's row (set by the explorer)
+
+    def __init__(self, x_range, **params):
+        super().__init__(**params)
+        self.x_range = x_range
+        self.visible: tuple[float, float] | None = None  # x range the curves were cut for
+        self._changed_at = 0.0
+        self._scheduled = False
+
+    def build(self):
+        state = self.state
+        shown = self.engine.add(
+            "sequence view", self.curves, ["sample", "show_appliances"], "sequence"
+        )
+        marker = self.engine.add(
+            "position marker",
+            lambda sel: hv.VLine(sel.query, group="Marker"),
+            ["query"],
+            "sequence",
+            title=False,
+            first=True,
+        )
+        labels = [curve.label for curve in shown]
+        layer_style = {
+            label: dict(line, visible=i == 0 or state.show_appliances)
+            for i, (label, line) in enumerate(zip(labels, curve_styles(labels), strict=True))
+        }
+        style = dict(
+            responsive=True,
+            height=SEQUENCE_HEIGHT,
+            legend=True,
+            legend_cols=2 if len(shown) > 6 else 1,
+            layer_style=layer_style,
+            x_range=self.x_range,
+            toolbar=True,
+            tools=("hover", "xpan", "xwheel_zoom", "reset"),
+        )
+        self.engine.on_render(self._on_render)
+        pane = self.engine.render(
+            hv.Overlay([*shown, marker], label=shown.label),
+            "sequence",
+            style=style,
+            on_tap=self.click,
+            sizing_mode="stretch_width",
+            height=SEQUENCE_HEIGHT,
+            margin=(0, 5),
+        )
+        for attr in ("start", "end"):
+            self.x_range.on_change(attr, self._on_range)
+        return pane
+
+    def curves(self, sel) -> hv.Overlay:
+        """The sample's curves over the visible positions, each cut to
+        :data:`CURVE_BINS` columns by its minimum and maximum (:func:`windows.envelope`)."""
+        found = readouts.sequence_series(self.trace, sel, show_appliances=True)
+        n = len(found.xs)
+        lo, hi = (0, n) if self.visible is None else self.visible
+        start, stop = max(0, int(np.floor(lo))), min(n, int(np.ceil(hi)) + 1)
+        positions = np.arange(start, stop, dtype=np.float64)
+        ydim = hv.Dimension(found.yname, label=found.ylabel, unit=found.unit)
+        curves = []
+        for label, values in found.series:
+            xs, ys = windows.envelope(positions, np.asarray(values)[start:stop], CURVE_BINS)
+            curves.append(hv.Curve((xs, ys), "position", ydim, group="Sequence", label=label))
+        title = found.title.replace("click to pick", "click or use the row below to pick")
+        return hv.Overlay(curves, label=title)
+
+    def _on_render(self, figure, element, handles) -> None:
+        if element.group == "Sequence":
+            args = clock_args(self.trace, self.state.sample)
+            if args is not None:
+                clock_axes(figure, args)
+
+    def _on_range(self, attr, old, new) -> None:
+        doc = pn.state.curdoc
+        self._changed_at = time.monotonic()
+        if doc is None or doc.session_context is None:
+            self._recut()
+            return
+        if not self._scheduled:
+            self._scheduled = True
+            doc.add_timeout_callback(partial(self._rested, doc), REDRAW_AFTER_MS)
+
+    def _rested(self, doc) -> None:
+        wait = REDRAW_AFTER_MS - 1000 * (time.monotonic() - self._changed_at)
+        if wait > 1:
+            doc.add_timeout_callback(partial(self._rested, doc), wait)
+            return
+        self._scheduled = False
+        self._recut()
+
+    def _recut(self) -> None:
+        start, end = self.x_range.start, self.x_range.end
+        if start is None or end is None:
+            return
+        self.visible = (min(start, end), max(start, end))
+        self.engine.redraw(lambda view: view.name == "sequence view")
+
+    def click(self, x=None, y=None) -> None:
+        """A click on the curve picks the nearest position as the query."""
+        if x is None:
+            return
+        query = int(np.clip(round(float(x)), 0, self.trace.sizes["query"] - 1))
+        self.engine.soon(self.state.param.update, query=query)
+
+
+class QueryRow(Section):
+    """The selected query's softmax weights over every key (one row, computed alone in
+    tens of milliseconds), under the input sequence on the same axis, with its heaviest
+    keys marked and listed."""
+
+    title = "The selected query's weights over every key"
+
+    def __init__(self, x_range, **params):
+        super().__init__(**params)
+        self.x_range = x_range
+
+    def row(self, sel) -> np.ndarray:
+        """The selected query's weights over every key, float32 (blocked keys 0)."""
+        lse = self.state.row_lse(sel)
+        return windows.query_row(self.trace, sel.sample, int(sel.head), sel.query, sel.mask, lse)
+
+    def weights(self, sel) -> hv.Overlay:
+        """The row as a curve over key positions, its top keys as points."""
+        row = self.row(sel)
+        keys, top = windows.top_keys(row)
+        positions = np.arange(row.size, dtype=np.float32)
+        curve = hv.Curve((positions, row), "key", "weight", group="QueryRow", label="weight")
+        points = hv.Scatter((keys.astype(np.float32), top), "key", "weight", group="TopKeys")
+        label = (
+            f"query {sel.query}, head {sel.head}: weights over all {row.size:,} keys "
+            f"(mask {sel.mask}); heaviest key {keys[0]} ({top[0]:.4f})"
+        )
+        return hv.Overlay([curve, points], label=label)
+
+    def top_table(self, sel) -> hv.Table:
+        """The heaviest keys of the selected query: rank, key, clock time, weight."""
+        row = self.row(sel)
+        keys, top = windows.top_keys(row)
+        clock = readouts.clock_labels(self.trace, sel.sample)
+        when = [clock[k] if clock else "" for k in keys]
+        data = {
+            "rank": np.arange(1, len(keys) + 1),
+            "key": keys,
+            "time": when,
+            "weight": [f"{w:.5f}" for w in top],
+        }
+        return hv.Table(data, kdims=["rank"], vdims=["key", "time", "weight"])
+
+    def build(self):
+        overlay = self.engine.add(
+            "query row", self.weights, ["sample", "head", "query", "mask"], "query row"
+        )
+        style = dict(
+            responsive=True,
+            height=ROW_HEIGHT,
+            x_range=self.x_range,
+            toolbar=True,
+            tools=("hover", "xpan", "xwheel_zoom", "reset"),
+            title_size="10pt",
+        )
+        self.engine.on_render(self._on_render)
+        plot = self.engine.render(
+            overlay, "query row", style=style, sizing_mode="stretch_width", height=ROW_HEIGHT
+        )
+        table = self.engine.add(
+            "top keys", self.top_table, ["sample", "head", "query", "mask"], "top keys",
+            title=False,
+        )
+        listed = self.engine.render(table, "top keys", style=dict(width=420, height=280))
+        return pn.Row(
+            pn.Column(self.heading(), plot, sizing_mode="stretch_width", margin=0),
+            listed,
+            sizing_mode="stretch_width",
+            margin=0,
+        )
+
+    def _on_render(self, figure, element, handles) -> None:
+        if element.group == "QueryRow":
+            figure.yaxis.formatter = BasicTickFormatter(use_scientific=False)
+            args = clock_args(self.trace, self.state.sample)
+            if args is not None:
+                clock_axes(figure, args)
+
+
+class WindowedMatrix(Section):
+    """The large map of the selected head: the stored overview over the whole map,
+    computed from q and k once zoomed under :data:`attnpanel.windows.EXACT_CELLS` cells."""
+
+    title = "Attention matrix (wheel to zoom every map; click a row to pick its query)"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.state.param.watch(self._on_colormap, "colormap")
+
+    def values(self, sel):
+        """``(map, title, colour-bar label)`` of the selected head for the engine."""
+        found = self.state.virtual_map(sel)
+        resolution = found.describe(MATRIX_SIZE, MATRIX_SIZE, self.engine.window)
+        title = f"sample {sel.sample}, head {sel.head}, mask {sel.mask}: weights, {resolution}"
+        return found, title, "weight (max per pixel)"
+
+    def build(self):
+        raster = self.engine.add(
+            "attention matrix",
+            self.values,
+            ["sample", "head", "mask"],
+            "matrix",
+            raster=(MATRIX_SIZE, MATRIX_SIZE),
+            group="Attention",
+            first=True,
+        )
+        image = raster.element(hv.Dimension("weight"))
+        plot = self.marked(image, "query marker", "matrix", first=True)
+        style = dict(
+            frame_width=MATRIX_SIZE,
+            frame_height=MATRIX_SIZE,
+            cmap=self.state.colormap,
+            colorbar=True,
+            toolbar=True,
+            map_tools=True,
+            title_size="10pt",
+        )
+        self.engine.on_render(self._on_render)
+        return pn.Column(
+            self.heading(),
+            self.engine.render(plot, "matrix", style=style, linked=True, on_tap=self.click),
+            margin=0,
+        )
+
+    def _on_render(self, figure, element, handles) -> None:
+        if element.group in ("Attention", "HeadMap"):
+            args = clock_args(self.trace, self.state.sample)
+            if args is not None:
+                clock_axes(figure, args, x=True, y=True)
+
+    def click(self, x=None, y=None) -> None:
+        """A click on the map picks the query of the clicked row."""
+        if y is None:
+            return
+        query = int(np.clip(round(float(y)), 0, self.trace.sizes["query"] - 1))
+        self.engine.soon(self.state.param.update, query=query)
+
+    def _on_colormap(self, event) -> None:
+        palette = process_cmap(event.new, 256)
+        for handles in self.engine.handles("matrix", MAP_KEY):
+            handles["color_mapper"].palette = palette
+
+
+class LongHeads(HeadComparison):
+    """Every head's map (from its overview, or its window's cells once zoomed), linked
+    with the large map; a box drawn on a tile compares the heads' attention in it."""
+
+    title = "Every head: softmax weights, max per pixel (drag a box to compare the heads)"
+
+    def _head_values(self, head: int, sel):
+        return self.state.virtual_map(sel, head), f"head {head}"
+
+    def _mass_shares(self, sel) -> linked.MassShares:
+        n_heads = self.state.n_heads
+        colors = list(styling.head_colors(np.arange(n_heads)))
+        box = self.linked.box
+        if box is None:
+            return linked.MassShares(np.zeros(0), colors, linked.NO_BOX_LABEL)
+        lse = self.state.row_lse(sel)
+        shares, queries, keys = windows.mass_share(
+            self.trace, sel.sample, range(n_heads), sel.mask, lse, box
+        )
+        if not len(shares):
+            return linked.MassShares(shares, colors, "the box holds no cell: draw a larger one")
+        label = (
+            f"{linked.SHARE_LABEL}: queries {queries.start}-{queries.stop - 1} on keys "
+            f"{keys.start}-{keys.stop - 1}"
+        )
+        return linked.MassShares(shares, colors, label)
+
+    def _toggles(self):
+        return pn.Spacer(height=0, margin=0)  # no merge on this page: nothing to switch off
+
+    def _summary(self):
+        return pn.pane.Markdown(
+            "Per-head summaries (distance, lag, entropy) read every cell of a sample; "
+            "for a virtual trace they are not computed on the page.",
+            styles={"font-size": "12px"},
+            margin=(5, 5),
+        )
+
+
+__all__ = [
+    "LongControls",
+    "LongHeads",
+    "LongSequence",
+    "QueryRow",
+    "WindowedMatrix",
+]

@@ -1,0 +1,305 @@
+"""The pixels of any window of a virtual trace's map, and the one row a query click needs.
+
+A virtual trace (:mod:`attnpanel.virtual`) at L = 65,536 holds 4.3 G cells per head: no
+view can hold its map. A :class:`VirtualMap` is what a view holds instead: it answers
+:meth:`VirtualMap.raster` for the window a plot shows, with the same contract as
+:func:`attnpanel.raster.window_raster` on a dense array (rows by ascending query, the
+raster's bounds), from the cheapest source that is exact at the plot's pixels:
+
+- a window holding at most :data:`EXACT_CELLS` cells is computed from ``q``, ``k`` and
+  each row's ``lse``: its cells themselves where they are no more than the pixels
+  (:func:`attnpanel.virtual.window`), else each pixel's maximum over its cells in one
+  streaming pass (:func:`attnpanel.tiles.overview` of the window);
+- a larger window (the whole map) is cut from the stored overview
+  (:class:`attnpanel.overviews.Overviews`): each of its pixels is the exact maximum of a
+  block of ``L / 480`` cells square, so the window shows those blocks, coarser than the
+  screen, until it is zoomed under :data:`EXACT_CELLS`.
+
+Maps show each pixel's **maximum** weight (a single sharp key is never averaged away);
+cells the mask blocks in a whole pixel are NaN (drawn apart from the colour scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xarray as xr
+
+from attnpanel import tiles, virtual
+from attnpanel.overviews import Entry, Overviews
+from attnpanel.raster import raster_values, snap_window
+
+EXACT_CELLS = 2**24  # windows up to 4,096 x 4,096 cells are computed from q and k on demand
+TOP_KEYS = 10  # the keys a query click lists
+
+
+@dataclass(frozen=True)
+class VirtualMap:
+    """The softmax weights of one sample and head of a virtual trace, by window.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One layer of a virtual trace.
+    overviews : attnpanel.overviews.Overviews
+        Where the whole map's overview is read (or computed once and kept).
+    sample, head : int
+        Which map.
+    mask : str
+        The mask mode (the trace's own or another, recomputed from ``q`` and ``k``).
+    lse : torch.Tensor
+        Each row's log-sum-exp under ``mask``, ``(1, H, L)`` float64
+        (:func:`attnpanel.virtual.row_lse` of the sample).
+    layer : int, optional
+        The layer's index in a stacked trace (the overview's key).
+    """
+
+    ds: xr.Dataset
+    overviews: Overviews
+    sample: int
+    head: int
+    mask: str
+    lse: torch.Tensor
+    layer: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(queries, keys)`` of the whole map."""
+        return self.ds.sizes["query"], self.ds.sizes["key"]
+
+    @property
+    def entry(self) -> Entry:
+        """The whole map's overview entry."""
+        return Entry(self.sample, self.head, self.mask, self.layer)
+
+    def raster(self, width: int, height: int, window: tuple | None = None):
+        """The pixels a plot of ``width x height`` shows of ``window``.
+
+        Parameters
+        ----------
+        width, height : int
+            Pixel size of the plot frame.
+        window : tuple, optional
+            ``((x0, x1), (y0, y1))`` visible, in key and query positions (either order);
+            the whole map when None.
+
+        Returns
+        -------
+        raster : numpy.ndarray
+            float32, rows by ascending query; each pixel the maximum weight of its cells,
+            NaN where the mask blocks all of them.
+        bounds : tuple of float
+            ``(left, bottom, right, top)`` of the raster.
+        """
+        plan = self._plan(width, height, window)
+        if plan[0] == "overview":
+            return self._overview(*plan[1:])
+        _, queries, keys, bounds, pixels = plan
+        if pixels is None:
+            return self.cells(queries, keys), bounds
+        return self._reduce(queries, keys, pixels), bounds
+
+    def describe(self, width: int, height: int, window: tuple | None = None) -> str:
+        """What a pixel of :meth:`raster` holds, in words (for a title)."""
+        plan = self._plan(width, height, window)
+        if plan[0] == "overview":
+            rows, cols = self.shape
+            found = self.overviews.get(self.entry).max.shape
+            per_row, per_col = -(-rows // found[0]), -(-cols // found[1])
+            if per_row == per_col == 1:
+                return "every cell"
+            return f"max of ≤{per_row}x{per_col} cells/pixel (overview)"
+        _, queries, keys, _, pixels = plan
+        if pixels is None:
+            return "every cell"
+        n_rows, n_cols = queries.stop - queries.start, keys.stop - keys.start
+        per_row, per_col = -(-n_rows // pixels[0]), -(-n_cols // pixels[1])
+        return f"max of ≤{per_row}x{per_col} cells/pixel (this window)"
+
+    def _plan(self, width: int, height: int, window):
+        """Where the pixels of a window come from: ``("overview", width, height, bounds)``,
+        or ``("window", queries, keys, bounds, pixels)`` (``pixels`` None: the cells)."""
+        rows, cols = self.shape
+        full = (-0.5, -0.5, cols - 0.5, rows - 0.5)
+        snapped = snap_window(full, (rows, cols), width, height, *window) if window else None
+        if snapped is None:
+            return ("overview", width, height, full)
+        px, py, (x0, x1), (y0, y1) = snapped
+        queries = slice(round(y0 + 0.5), round(y1 + 0.5))
+        keys = slice(round(x0 + 0.5), round(x1 + 0.5))
+        bounds = (x0, y0, x1, y1)
+        if (queries.stop - queries.start) * (keys.stop - keys.start) > EXACT_CELLS:
+            return ("overview", px, py, bounds)
+        if queries.stop - queries.start <= py and keys.stop - keys.start <= px:
+            return ("window", queries, keys, bounds, None)
+        return ("window", queries, keys, bounds, (py, px))
+
+    def cells(self, queries: slice, keys: slice) -> np.ndarray:
+        """The exact weights of a window, float32, blocked cells NaN."""
+        values = virtual.window(
+            self.ds, self.sample, self.head, queries, keys, self.mask, self.lse
+        ).copy()
+        blocked = self._masking().blocked(queries, keys)
+        if blocked is not None:
+            values[blocked.reshape(blocked.shape[-2:]).expand(values.shape).numpy()] = np.nan
+        return values
+
+    def _masking(self) -> tiles.Masking:
+        found = virtual.masking(self.ds, self.mask, self.sample)
+        return tiles.sample_masking(found, 0, 0)
+
+    def _reduce(self, queries: slice, keys: slice, pixels: tuple[int, int]) -> np.ndarray:
+        q, k = virtual.qk(self.ds, self.sample)
+        one = slice(self.head, self.head + 1)
+        found = tiles.overview(
+            q[:, one],
+            k[:, one],
+            self.lse[:, one],
+            self._masking(),
+            float(self.ds.attrs["scale"]),
+            pixels=pixels,
+            window=(queries, keys),
+        )
+        return _shown(found.max[0, 0], found.blocked[0, 0])
+
+    def _overview(self, width: int, height: int, bounds: tuple):
+        """The stored overview's pixels over ``bounds``, regridded by maximum to at most
+        ``width x height`` (never finer than the overview)."""
+        found = self.overviews.get(self.entry)
+        values = _shown(found.max, found.blocked)
+        rows, cols = self.shape
+        n_rows, n_cols = values.shape
+        left, bottom, right, top = bounds
+        # pixel edges in cell coordinates: pixel c covers keys [starts[c], starts[c + 1])
+        col_edges = np.append(tiles.pixel_starts(cols, n_cols), cols) - 0.5
+        row_edges = np.append(tiles.pixel_starts(rows, n_rows), rows) - 0.5
+        c0 = max(0, int(np.searchsorted(col_edges, left, "right")) - 1)
+        c1 = min(n_cols, int(np.searchsorted(col_edges, right, "left")))
+        r0 = max(0, int(np.searchsorted(row_edges, bottom, "right")) - 1)
+        r1 = min(n_rows, int(np.searchsorted(row_edges, top, "left")))
+        block = np.ascontiguousarray(values[r0:r1, c0:c1])
+        edges = (col_edges[c0], row_edges[r0], col_edges[c1], row_edges[r1])
+        if block.shape[0] <= height and block.shape[1] <= width:
+            return block, edges
+        return raster_values(block, edges, width, height, agg="max")
+
+
+def _shown(peak: np.ndarray, blocked: np.ndarray) -> np.ndarray:
+    """Pixel maxima as a map draws them: NaN where every cell is blocked."""
+    values = np.array(peak, dtype=np.float32)
+    values[np.asarray(blocked) >= 1] = np.nan
+    return values
+
+
+def query_row(
+    ds: xr.Dataset, sample: int, head: int, query: int, mask: str, lse: torch.Tensor
+) -> np.ndarray:
+    """The selected query's softmax weights over every key, float32 (blocked keys 0):
+    one row of ``S`` cells, computed alone (52 ms at S = 65,536)."""
+    keys = ds.sizes["key"]
+    return virtual.window(ds, sample, head, slice(query, query + 1), slice(0, keys), mask, lse)[0]
+
+
+def top_keys(row: np.ndarray, count: int = TOP_KEYS) -> tuple[np.ndarray, np.ndarray]:
+    """The ``count`` heaviest keys of a row, heaviest first, and their weights."""
+    count = min(count, row.size)
+    found = np.argpartition(row, row.size - count)[-count:]
+    found = found[np.argsort(-row[found], kind="stable")]
+    return found, row[found]
+
+
+def envelope(xs: np.ndarray, ys: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """A curve of many points cut to ``bins`` bins, each drawn by its minimum and maximum
+    in their order (``2 x bins`` points): at the plot's width it draws the same line as
+    every point, so no peak is lost; a curve of at most ``2 x bins`` points is kept."""
+    n = len(ys)
+    if n <= 2 * bins:
+        return xs, ys
+    starts = tiles.pixel_starts(n, bins)
+    values = np.asarray(ys, dtype=np.float64)
+    filled = np.where(np.isfinite(values), values, -np.inf)
+    high = np.maximum.reduceat(filled, starts)
+    low = np.minimum.reduceat(np.where(np.isfinite(values), values, np.inf), starts)
+    index = np.arange(n)
+    at_high = _first_at(filled, np.repeat(high, np.diff(np.append(starts, n))), index, starts)
+    at_low = _first_at(
+        np.where(np.isfinite(values), values, np.inf),
+        np.repeat(low, np.diff(np.append(starts, n))),
+        index,
+        starts,
+    )
+    first = np.minimum(at_high, at_low)
+    second = np.maximum(at_high, at_low)
+    picks = np.stack([first, second], axis=1).ravel()
+    return xs[picks], np.asarray(ys)[picks]
+
+
+def _first_at(values, target, index, starts) -> np.ndarray:
+    """Per bin, the first index whose value equals the bin's target (or the bin's start)."""
+    hit = np.where(values == target, index, len(values))
+    found = np.minimum.reduceat(hit, starts)
+    return np.where(found < len(values), found, starts)
+
+
+def row_lse(ds: xr.Dataset, sample: int, mask: str, cache=None, layer: int = 0) -> torch.Tensor:
+    """Each row's ``lse`` of one sample under ``mask``, ``(1, H, L)`` float64: the trace's
+    own for its mode, else one pass of the fused kernel (kept in ``cache``, a
+    :class:`attnpanel.readouts.StageCache`, when given)."""
+
+    def compute():
+        return virtual.row_lse(ds, mask, sample)
+
+    if cache is None:
+        return compute()
+    return cache.get(("lse", layer, sample, mask), compute)
+
+
+def live_rows(masking: tiles.Masking, queries: slice, keys: int) -> np.ndarray:
+    """Which of the rows ``queries`` have an unblocked key (their weights sum to 1; a row
+    whose every key is blocked is all zeros), from the mask's structure alone."""
+    rows = np.arange(queries.start, queries.stop)
+    padding = masking.key_padding
+    open_keys = np.ones(keys, dtype=bool) if padding is None else ~padding[0].numpy()
+    if masking.mode == "causal":
+        count = np.cumsum(open_keys)[np.minimum(rows, keys - 1)]
+    else:
+        count = np.full(rows.size, open_keys.sum())
+        if masking.mode == "diagonal":
+            count = count - open_keys[np.minimum(rows, keys - 1)] * (rows < keys)
+    return count > 0
+
+
+def mass_share(
+    ds: xr.Dataset, sample: int, heads, mask: str, lse: torch.Tensor, box
+) -> tuple[np.ndarray, slice, slice]:
+    """Per head, the share of the box's query rows' attention that falls on its keys:
+    the box's weights summed exactly in one streaming pass (its cells only), over the
+    number of its rows with an unblocked key (each such row's weights sum to 1).
+
+    Returns the shares ``(len(heads),)`` and the box's query and key slices.
+    """
+    from attnpanel.linked import box_cells
+
+    queries, keys = box_cells(*box, ds.sizes["query"], ds.sizes["key"])
+    if queries.stop <= queries.start or keys.stop <= keys.start:
+        return np.zeros(0), queries, keys
+    q, k = virtual.qk(ds, sample)
+    masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
+    live = int(live_rows(masking, queries, ds.sizes["key"]).sum())
+    cells = (queries.stop - queries.start) * (keys.stop - keys.start)
+    shares = np.zeros(len(heads))
+    for i, head in enumerate(heads):
+        one = slice(head, head + 1)
+        found = tiles.overview(
+            q[:, one],
+            k[:, one],
+            lse[:, one],
+            masking,
+            float(ds.attrs["scale"]),
+            pixels=(1, 1),
+            window=(queries, keys),
+        )
+        shares[i] = float(found.mean[0, 0, 0, 0]) * cells / live if live else 0.0
+    return shares, queries, keys

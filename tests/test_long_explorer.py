@@ -1,0 +1,248 @@
+"""The explorer of a virtual trace (attnpanel.long_explorer, attnpanel.windows).
+
+What the page draws is checked against the model's own attention: the dense trace of the
+same layer and input holds the weights the model computed; the virtual one holds only
+each row's lse. Maps show each pixel's maximum, blocked cells NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pairs import padded_pair
+
+from attnpanel import linked, tiles, virtual, windows
+from attnpanel.attention import MultiHeadSelfAttention, build_mask
+from attnpanel.explorer import explore
+from attnpanel.long_explorer import LongExplorer
+from attnpanel.raster import raster_values
+from attnpanel.trace import recompute_weights, trace
+
+LENGTH = 700
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The same diagonal layer and input, traced dense (the model's weights) and virtual."""
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(48, 4, "diagonal").eval()
+    x = torch.randn(2, LENGTH, 48, generator=torch.Generator().manual_seed(1)) * 2
+    return trace(layer, x, dense=True), trace(layer, x, dense=False)
+
+
+@pytest.fixture(scope="module")
+def page(pair):
+    explorer = LongExplorer(pair[1])
+    explorer.__panel__()
+    yield explorer
+
+
+@pytest.fixture
+def explorer(page):
+    page.reset()
+    page.linked.clear()
+    page.linked.zoom((-0.5, LENGTH - 0.5), (-0.5, LENGTH - 0.5))
+    page.engine.window = None
+    return page
+
+
+def _pixel_max(dense: np.ndarray, rows: int, cols: int, blocked=None) -> np.ndarray:
+    """The reference: each pixel's cells (the overview's bins) reduced by max; a pixel
+    whose every cell is blocked NaN."""
+    row_of = np.repeat(
+        np.arange(rows), np.diff(np.append(tiles.pixel_starts(len(dense), rows), len(dense)))
+    )
+    n_keys = dense.shape[1]
+    col_of = np.repeat(
+        np.arange(cols), np.diff(np.append(tiles.pixel_starts(n_keys, cols), n_keys))
+    )
+    out = np.full((rows, cols), -np.inf)
+    np.maximum.at(out, (row_of[:, None], col_of[None, :]), dense)
+    if blocked is not None:
+        open_cells = np.zeros((rows, cols))
+        np.add.at(open_cells, (row_of[:, None], col_of[None, :]), ~blocked)
+        out[open_cells == 0] = np.nan
+    return out
+
+
+def _blocked(mode: str, length: int) -> np.ndarray:
+    found = build_mask(mode, length)
+    return np.zeros((length, length), bool) if found is None else found.numpy()
+
+
+def test_a_virtual_trace_opens_the_long_explorer(pair):
+    dense, lazy = pair
+    assert isinstance(explore(lazy), LongExplorer)
+    assert not isinstance(explore(dense), LongExplorer)
+    with pytest.raises(ValueError, match="virtual trace"):
+        LongExplorer(dense)
+    with pytest.raises(ValueError, match="one head at a time"):
+        LongExplorer(lazy, head="mean")
+
+
+def test_the_whole_map_is_each_pixels_maximum_of_the_models_weights(pair, explorer):
+    """At 700 positions on 480 pixels, each pixel is the max of its 1-2 x 1-2 cells of the
+    weights the model computed; the stored overview gives the same numbers."""
+    dense, _ = pair
+    explorer.param.update(sample=1, head=2)
+    drawn = explorer.drawn()
+    weights = dense["weights"].isel(batch=1, head=2).values
+    blocked = _blocked("diagonal", LENGTH)
+    np.testing.assert_allclose(drawn, _pixel_max(weights, 480, 480, blocked), rtol=0, atol=1e-6)
+    assert "overview" in explorer.engine.title("matrix")
+    bounds = (-0.5, -0.5, LENGTH - 0.5, LENGTH - 0.5)
+    for head in range(4):
+        tile = explorer.drawn(f"head {head}", "HeadMap")
+        own = _pixel_max(dense["weights"].isel(batch=1, head=head).values, 480, 480, blocked)
+        # the small tile: datashader's max of the overview's pixels under each of its own
+        expected, _ = raster_values(own, bounds, *tile.shape[::-1], agg="max")
+        np.testing.assert_allclose(tile, expected, rtol=0, atol=1e-6)
+
+
+def test_a_zoomed_window_shows_its_own_cells_and_marks_blocked_ones(pair, explorer):
+    dense, _ = pair
+    explorer.param.update(sample=0, head=1)
+    explorer.linked.zoom((99.5, 399.5), (149.5, 449.5))  # 300 x 300 cells on 480 pixels
+    drawn = explorer.drawn()
+    weights = dense["weights"].isel(batch=0, head=1).values[150:450, 100:400]
+    blocked = _blocked("diagonal", LENGTH)[150:450, 100:400]
+    np.testing.assert_array_equal(np.isnan(drawn), blocked)
+    np.testing.assert_allclose(drawn[~blocked], weights[~blocked], rtol=0, atol=1e-6)
+    assert "every cell" in explorer.engine.title("matrix")
+    # the head maps (140 px) reduce the same window to their pixels, by max
+    tile = explorer.drawn("head 1", "HeadMap")
+    expected = _pixel_max(np.where(blocked, -np.inf, weights), *tile.shape)
+    np.testing.assert_allclose(tile, expected, rtol=0, atol=1e-6)
+
+
+def test_a_window_larger_than_the_exact_limit_is_cut_from_the_overview(pair, explorer, monkeypatch):
+    dense, _ = pair
+    monkeypatch.setattr(windows, "EXACT_CELLS", 100 * 100)
+    explorer.linked.zoom((-0.5, 349.5), (-0.5, 349.5))
+    drawn = explorer.drawn()
+    assert "overview" in explorer.engine.title("matrix")
+    weights = dense["weights"].isel(batch=0, head=0).values
+    whole = _pixel_max(weights, 480, 480, _blocked("diagonal", LENGTH))
+    # the overview's pixels over the window: each still the max of its own cells
+    np.testing.assert_allclose(drawn, whole[: drawn.shape[0], : drawn.shape[1]], atol=1e-6)
+
+
+def test_another_mask_is_recomputed_from_q_and_k(pair, explorer):
+    dense, _ = pair
+    explorer.param.update(mask="causal", head=3)
+    explorer.linked.zoom((199.5, 519.5), (299.5, 619.5))
+    drawn = explorer.drawn()
+    expected = recompute_weights(dense, "causal", batch=0).isel(head=3).values[300:620, 200:520]
+    blocked = _blocked("causal", LENGTH)[300:620, 200:520]
+    np.testing.assert_array_equal(np.isnan(drawn), blocked)
+    np.testing.assert_allclose(drawn[~blocked], expected[~blocked], rtol=0, atol=1e-5)
+    assert "mask causal" in explorer.engine.title("matrix")
+
+
+def test_a_query_click_draws_its_row_and_heaviest_keys(pair, explorer):
+    dense, _ = pair
+    explorer.sections["matrix"].click(x=10.0, y=412.3)
+    assert explorer.query == 412
+    explorer.param.update(head=2)
+    row = dense["weights"].isel(batch=0, head=2, query=412).values
+    curve = explorer.engine.plots("query row")
+    source = next(h[0]["source"] for k, h in curve.items() if k.group == "QueryRow")
+    np.testing.assert_allclose(source.data["weight"], row, rtol=0, atol=1e-6)
+    from drawn import table_rows
+
+    listed = table_rows(explorer, "top keys")
+    expected = np.argsort(-row, kind="stable")[: windows.TOP_KEYS]
+    assert [int(r["key"]) for r in listed] == expected.tolist()
+    assert float(listed[0]["weight"]) == pytest.approx(row[expected[0]], abs=1e-5)
+    assert f"heaviest key {expected[0]}" in explorer.engine.title("query row")
+
+
+def test_a_box_compares_the_heads_attention_mass(pair, explorer):
+    dense, _ = pair
+    box = ((99.5, 299.5), (199.5, 259.5))
+    explorer.linked.select(*box)
+    expected = linked.mass_share(dense["weights"].isel(batch=0).values, *box)
+    grid = explorer.sections["heads"].grid  # the shares are bars under the head tiles
+    np.testing.assert_allclose(grid.drawn_shares(), expected, rtol=0, atol=1e-5)
+    assert "queries 200-259 on keys 100-299" in grid.figure.title.text
+
+
+def test_the_padded_keys_stay_blocked_on_every_view():
+    """Per-sample padding: the model never computed attention on padded keys; the page
+    draws them as blocked (NaN) and the row gives them 0."""
+    dense, lazy = padded_pair()
+    explorer = LongExplorer(lazy, sample=1, head=2)
+    explorer.__panel__()
+    drawn = explorer.drawn()
+    weights = dense["weights"].isel(batch=1, head=2).values
+    blocked = _blocked("diagonal", 300) | np.asarray(lazy["padding"].isel(batch=1))[None, :]
+    np.testing.assert_array_equal(np.isnan(drawn), blocked)
+    np.testing.assert_allclose(drawn[~blocked], weights[~blocked], rtol=0, atol=1e-5)
+    explorer.param.update(query=17)
+    row = explorer.sections["query row"].row(explorer.selection)
+    assert (row[-40:] == 0).all()
+    np.testing.assert_allclose(row, weights[17], rtol=0, atol=1e-5)
+
+
+def test_live_rows_follow_the_mask():
+    padding = torch.zeros(1, 6, dtype=torch.bool)
+    padding[0, 1:] = True  # only key 0 is open
+    for mode, expected in (
+        ("none", [True] * 6),
+        ("diagonal", [False, True, True, True, True, True]),
+        ("causal", [True] * 6),
+    ):
+        masking = tiles.Masking(mode, key_padding=padding)
+        assert windows.live_rows(masking, slice(0, 6), 6).tolist() == expected
+    masking = tiles.Masking("causal", key_padding=torch.tensor([[True, False, False]]))
+    assert windows.live_rows(masking, slice(0, 3), 3).tolist() == [False, True, True]
+
+
+def test_the_envelope_keeps_each_bins_extremes_in_order():
+    rng = np.random.default_rng(0)
+    ys = rng.normal(size=10_000)
+    ys[1234] = 50.0  # a single sharp peak
+    xs = np.arange(ys.size, dtype=float)
+    ex, ey = windows.envelope(xs, ys, 100)
+    assert ex.size == ey.size == 200 and (np.diff(ex) >= 0).all()
+    assert ey.max() == 50.0 and ey.min() == ys.min()
+    starts = tiles.pixel_starts(ys.size, 100)
+    bins = np.split(ys, starts[1:])
+    picks = ex.astype(int)
+    assert (np.searchsorted(starts, picks[0::2], "right") == np.arange(1, 101)).all()
+    np.testing.assert_array_equal(
+        np.sort(ey.reshape(-1, 2), axis=1), np.array([[b.min(), b.max()] for b in bins])
+    )
+    short = np.arange(10.0)
+    assert windows.envelope(short, short, 100)[1] is short
+
+
+def test_top_keys_are_the_heaviest_first():
+    row = np.array([0.1, 0.5, 0.05, 0.3, 0.05], dtype=np.float32)
+    keys, weights = windows.top_keys(row, 3)
+    assert keys.tolist() == [1, 3, 0] and weights.tolist() == pytest.approx([0.5, 0.3, 0.1])
+
+
+def test_a_virtual_map_is_exact_beside_a_dense_recomputation_for_random_windows(pair):
+    """Property: random windows of a random head, any shape, against the model's weights."""
+    dense, lazy = pair
+    rng = np.random.default_rng(7)
+    from attnpanel.overviews import Overviews
+
+    overviews = Overviews(lazy)
+    for _ in range(12):
+        sample, head = int(rng.integers(2)), int(rng.integers(4))
+        lse = virtual.row_lse(lazy, "diagonal", sample)
+        found = windows.VirtualMap(lazy, overviews, sample, head, "diagonal", lse)
+        y0, x0 = rng.integers(0, LENGTH - 20, size=2)
+        y1, x1 = y0 + rng.integers(10, LENGTH - y0), x0 + rng.integers(10, LENGTH - x0)
+        width, height = int(rng.integers(20, 300)), int(rng.integers(20, 300))
+        window = ((x0 - 0.5, x1 - 0.5), (y0 - 0.5, y1 - 0.5))
+        raster, bounds = found.raster(width, height, window)
+        cells = dense["weights"].isel(batch=sample, head=head).values[y0:y1, x0:x1]
+        blocked = _blocked("diagonal", LENGTH)[y0:y1, x0:x1]
+        expected = _pixel_max(np.where(blocked, -np.inf, cells), *raster.shape)
+        expected[np.isneginf(expected)] = np.nan
+        np.testing.assert_allclose(raster, expected, rtol=0, atol=1e-6)
+        assert bounds == (x0 - 0.5, y0 - 0.5, x1 - 0.5, y1 - 0.5)
