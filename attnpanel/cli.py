@@ -323,7 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from attnpanel import serving
     from attnpanel.explorer import explore, notify_errors
-    from attnpanel.overviews import folder_for
+    from attnpanel.overviews import Overviews, folder_for
     from attnpanel.virtual import is_virtual_capture
 
     options = {}
@@ -342,7 +342,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
         capture = demo()
     if (args.trace or args.demo == "long") and is_virtual_capture(capture):
-        options["folder"] = folder_for(path)  # its overviews are stored beside it
+        # its overviews, stored beside it, read once and shared by every session
+        options["overviews"] = Overviews(capture, folder_for(path))
     serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
 
     def session():

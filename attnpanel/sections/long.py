@@ -39,6 +39,7 @@ SEQUENCE_HEIGHT = 220
 ROW_HEIGHT = 200
 CURVE_BINS = 1600  # pixel columns a long curve is cut to (min and max of each)
 REDRAW_AFTER_MS = 150  # the curves are redrawn for a new x range once it rests this long
+RECUT = ("sequence view", "query row")  # the views cut to the shared x range
 
 # Clock time of a position in the browser: positions stay the coordinates, the trace's
 # regular step turns them into times (UTC, as the trace stores them).
@@ -97,6 +98,15 @@ def clock_axes(figure, args: dict, x: bool = True, y: bool = False) -> None:
         ] + [(label, field) for label, field in (hover.tooltips or []) if field.startswith("@")]
 
 
+def visible(x_range, n: int) -> slice:
+    """The positions ``0 .. n-1`` an x range shows (all of them before it is set)."""
+    start, end = x_range.start, x_range.end
+    if start is None or end is None:
+        return slice(0, n)
+    low, high = sorted((start, end))
+    return slice(max(0, int(np.floor(low))), min(n, int(np.ceil(high)) + 1))
+
+
 class LongControls(Section):
     """Sample, head, query (a slider and an exact number), mask and colour map."""
 
@@ -142,12 +152,10 @@ class LongSequence(Section):
     """The input sequence over the whole sample, its curves cut to the plot's columns for
     the visible part, the selected query marked; a click picks the query."""
 
-    x_range = None  # the Range1d shared with the query's row (set by the explorer)
 
     def __init__(self, x_range, **params):
         super().__init__(**params)
         self.x_range = x_range
-        self.visible: tuple[float, float] | None = None  # x range the curves were cut for
         self._changed_at = 0.0
         self._scheduled = False
 
@@ -197,14 +205,13 @@ class LongSequence(Section):
         """The sample's curves over the visible positions, each cut to
         :data:`CURVE_BINS` columns by its minimum and maximum (:func:`windows.envelope`)."""
         found = readouts.sequence_series(self.trace, sel, show_appliances=True)
-        n = len(found.xs)
-        lo, hi = (0, n) if self.visible is None else self.visible
-        start, stop = max(0, int(np.floor(lo))), min(n, int(np.ceil(hi)) + 1)
-        positions = np.arange(start, stop, dtype=np.float64)
+        shown = visible(self.x_range, len(found.xs))
+        positions = np.arange(shown.start, shown.stop, dtype=np.float32)
         ydim = hv.Dimension(found.yname, label=found.ylabel, unit=found.unit)
         curves = []
         for label, values in found.series:
-            xs, ys = windows.envelope(positions, np.asarray(values)[start:stop], CURVE_BINS)
+            cut = np.asarray(values, dtype=np.float32)[shown]
+            xs, ys = windows.envelope(positions, cut, CURVE_BINS)
             curves.append(hv.Curve((xs, ys), "position", ydim, group="Sequence", label=label))
         title = found.title.replace("click to pick", "click or use the row below to pick")
         return hv.Overlay(curves, label=title)
@@ -234,11 +241,7 @@ class LongSequence(Section):
         self._recut()
 
     def _recut(self) -> None:
-        start, end = self.x_range.start, self.x_range.end
-        if start is None or end is None:
-            return
-        self.visible = (min(start, end), max(start, end))
-        self.engine.redraw(lambda view: view.name == "sequence view")
+        self.engine.redraw(lambda view: view.name in RECUT)
 
     def click(self, x=None, y=None) -> None:
         """A click on the curve picks the nearest position as the query."""
@@ -268,8 +271,10 @@ class QueryRow(Section):
         """The row as a curve over key positions, its top keys as points."""
         row = self.row(sel)
         keys, top = windows.top_keys(row)
-        positions = np.arange(row.size, dtype=np.float32)
-        curve = hv.Curve((positions, row), "key", "weight", group="QueryRow", label="weight")
+        shown = visible(self.x_range, row.size)
+        positions = np.arange(shown.start, shown.stop, dtype=np.float32)
+        xs, ys = windows.envelope(positions, row[shown], CURVE_BINS)
+        curve = hv.Curve((xs, ys), "key", "weight", group="QueryRow", label="weight")
         points = hv.Scatter((keys.astype(np.float32), top), "key", "weight", group="TopKeys")
         label = (
             f"query {sel.query}, head {sel.head}: weights over all {row.size:,} keys "

@@ -1,0 +1,130 @@
+"""The explorer of the long demo (a virtual trace, L = 64,800 at 45 days): first paint,
+zoom and query click, beside the 480 demo's page measured in the same run.
+
+Run: ``python benchmarks/long_explorer.py [--days 45] [--pages 5] [--repeats 7]``.
+
+1. ``stored_long_demo``: the trace and its 8 overviews, built once into ``--cache`` (the
+   time is printed when this run built them; a stored demo opens in well under a second).
+2. Request to complete first paint in headless Chromium (Bokeh's document idle) of
+   ``attnpanel serve --demo long``, ``--pages`` pages in a row, beside ``attnpanel serve``
+   on the 480 demo (the baseline); the first page of each server is printed apart.
+3. In one process, on the server's side: a linked zoom (the large map and the 8 head
+   maps re-rasterized) to windows of several sizes, and a query click (the row over every
+   key and its top keys), medians and p95 over ``--repeats`` rounds at random places.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from served_app import free_port, launch_chromium, serving  # noqa: E402
+
+IDLE_JS = "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].is_idle"
+
+
+def p95(values: list[float]) -> float:
+    return sorted(values)[max(0, round(0.95 * len(values)) - 1)]
+
+
+def first_paints(browser, cmd: list[str], port: int, pages: int) -> list[float]:
+    """Seconds from the request to an idle document, for ``pages`` pages in a row."""
+    times = []
+    with serving(cmd, port, f"http://localhost:{port}/attnpanel", timeout=900) as (url, _):
+        for _ in range(pages):
+            page = browser.new_page(viewport={"width": 1600, "height": 1300})
+            start = time.perf_counter()
+            page.goto(url, timeout=300_000)
+            page.wait_for_function(IDLE_JS, timeout=300_000, polling=20)
+            times.append(time.perf_counter() - start)
+            page.close()
+    return times
+
+
+def server_side(path: Path, repeats: int) -> dict[str, list[float]]:
+    """Linked zoom and query click on a LongExplorer of the stored trace (seconds)."""
+    import numpy as np
+
+    from attnpanel import io
+    from attnpanel.long_explorer import LongExplorer
+    from attnpanel.overviews import folder_for
+
+    ds = io.load(path)
+    explorer = LongExplorer(ds, folder=folder_for(path))
+    explorer.__panel__()
+    n = ds.sizes["query"]
+    rng = np.random.default_rng(0)
+    found: dict[str, list[float]] = {}
+    for side in (480, 2048, 4096, 16384):
+        for _ in range(repeats):
+            x0, y0 = (int(v) for v in rng.integers(0, n - side, size=2))
+            start = time.perf_counter()
+            explorer.linked.zoom((x0 - 0.5, x0 + side - 0.5), (y0 - 0.5, y0 + side - 0.5))
+            found.setdefault(f"linked zoom to {side:,}^2 cells (9 maps)", []).append(
+                time.perf_counter() - start
+            )
+    explorer.linked.zoom((-0.5, n - 0.5), (-0.5, n - 0.5))
+    for _ in range(repeats):
+        query = int(rng.integers(0, n))
+        start = time.perf_counter()
+        explorer.param.update(query=query)
+        found.setdefault("query click: row over every key + top keys", []).append(
+            time.perf_counter() - start
+        )
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=45)
+    parser.add_argument("--pages", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--cache", default=None, help="where the long demo is stored")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    from attnpanel.demo import cache_folder, stored_long_demo
+
+    path = cache_folder(args.cache) / f"demo-long-{args.days}d.zarr"
+    built = not path.exists()
+    start = time.perf_counter()
+    path = stored_long_demo(days=args.days, folder=args.cache)
+    took = time.perf_counter() - start
+    print(f"long demo ({args.days} days): {'built' if built else 'opened'} in {took:.1f} s")
+
+    long_cmd = [sys.executable, "-m", "attnpanel", "serve", "--demo", "long"]
+    long_cmd += ["--days", str(args.days)] + (["--cache", args.cache] if args.cache else [])
+    short_cmd = [sys.executable, "-m", "attnpanel", "serve"]
+    rows = {}
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        for name, cmd in (
+            (f"long demo, L = {args.days * 1440:,} (virtual)", long_cmd),
+            ("480 demo, 32 x 8 x 480 x 480 (baseline)", short_cmd),
+        ):
+            port = free_port()
+            rows[name] = first_paints(browser, [*cmd, "--port", str(port)], port, args.pages)
+        browser.close()
+    print("\nrequest -> complete first paint (document idle), 1600 px, Chromium")
+    print("| page | first page (s) | median (s) | p95 (s) |")
+    print("| --- | --- | --- | --- |")
+    for name, times in rows.items():
+        rest = times[1:] or times
+        print(f"| {name} | {times[0]:.2f} | {statistics.median(rest):.2f} | {p95(rest):.2f} |")
+
+    print(f"\nserver side, {args.repeats} rounds at random places (ms)")
+    print("| action | median | p95 |")
+    print("| --- | --- | --- |")
+    for name, times in server_side(path, args.repeats).items():
+        ms = [1000 * t for t in times]
+        print(f"| {name} | {statistics.median(ms):.0f} | {p95(ms):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
