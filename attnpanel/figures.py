@@ -80,9 +80,7 @@ GROUP_STYLE = {
     ("Curve", "Reference"): dict(line_color="black", line_width=1.2),
     ("Curve", "Sequence"): dict(line_width=1),
     ("Curve", "QueryRow"): dict(line_color="#b2182b", line_width=1),
-    ("Scatter", "TopKeys"): dict(
-        fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"
-    ),
+    ("Scatter", "TopKeys"): dict(fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"),
     ("Labels", "Tokens"): dict(text_font_size="11pt", text_color="black"),
     ("Image", "Attention"): dict(cmap="coolwarm", nan_color="black"),
     ("Image", "HeadMap"): dict(nan_color="#222222"),

@@ -12,6 +12,7 @@ pixels are computed from ``q``, ``k`` and ``lse``.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import panel as pn
@@ -106,7 +107,7 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
             sel.sample,
             int(sel.head if head is None else head),
             sel.mask,
-            self.row_lse(sel),
+            partial(self.row_lse, sel),  # only a window computed from q and k needs it
             None if self.layers is None else sel.layer,
         )
 

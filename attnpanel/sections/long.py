@@ -152,7 +152,6 @@ class LongSequence(Section):
     """The input sequence over the whole sample, its curves cut to the plot's columns for
     the visible part, the selected query marked; a click picks the query."""
 
-
     def __init__(self, x_range, **params):
         super().__init__(**params)
         self.x_range = x_range
@@ -264,8 +263,7 @@ class QueryRow(Section):
 
     def row(self, sel) -> np.ndarray:
         """The selected query's weights over every key, float32 (blocked keys 0)."""
-        lse = self.state.row_lse(sel)
-        return windows.query_row(self.trace, sel.sample, int(sel.head), sel.query, sel.mask, lse)
+        return windows.query_row(self.trace, sel.sample, int(sel.head), sel.query, sel.mask)
 
     def weights(self, sel) -> hv.Overlay:
         """The row as a curve over key positions, its top keys as points."""
@@ -313,7 +311,10 @@ class QueryRow(Section):
             overlay, "query row", style=style, sizing_mode="stretch_width", height=ROW_HEIGHT
         )
         table = self.engine.add(
-            "top keys", self.top_table, ["sample", "head", "query", "mask"], "top keys",
+            "top keys",
+            self.top_table,
+            ["sample", "head", "query", "mask"],
+            "top keys",
             title=False,
         )
         listed = self.engine.render(table, "top keys", style=dict(width=420, height=280))
