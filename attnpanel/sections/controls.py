@@ -26,6 +26,20 @@ class ImmediateIntSlider(pn.widgets.IntSlider):
     _debounce = 0
 
 
+def layer_selector(state) -> dict:
+    """``{"layer": select}`` for a trace with several layers, else ``{}``."""
+    if state.layers is None:
+        return {}
+    names = layer_names(state.layers)
+    select = ImmediateSelect.from_param(
+        state.param.layer,
+        name="Layer",
+        width=200,
+        options={f"{i}: {name}": i for i, name in enumerate(names)},
+    )
+    return {"layer": select}
+
+
 class Controls(Section):
     """Layer, sample, head, query, mask, stage (and its player), colormap and toggles."""
 
@@ -34,15 +48,7 @@ class Controls(Section):
         state = self.state
         head_options = {f"head {h}": h for h in range(state.n_heads)}
         head_options["mean of heads"] = "mean"
-        widgets = {}
-        if state.layers is not None:
-            names = layer_names(state.layers)
-            widgets["layer"] = ImmediateSelect.from_param(
-                state.param.layer,
-                name="Layer",
-                width=200,
-                options={f"{i}: {name}": i for i, name in enumerate(names)},
-            )
+        widgets = layer_selector(state)
         widgets.update(
             sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
             head=ImmediateSelect.from_param(

@@ -28,12 +28,12 @@ from holoviews.plotting.util import process_cmap
 
 from attnpanel import linked, readouts, styling, windows
 from attnpanel.engine import PlotKey
-from attnpanel.palette import curve_styles
 from attnpanel.sections.base import Section
-from attnpanel.sections.controls import ImmediateIntSlider, ImmediateSelect
+from attnpanel.sections.controls import ImmediateIntSlider, ImmediateSelect, layer_selector
 from attnpanel.sections.heads import HeadComparison
+from attnpanel.sections.matrix import MATRIX_SIZE, matrix_style
+from attnpanel.sections.sequence import sequence_styles
 
-MATRIX_SIZE = 480
 MAP_KEY = PlotKey("Image", "Attention")
 SEQUENCE_HEIGHT = 220
 ROW_HEIGHT = 200
@@ -113,15 +113,7 @@ class LongControls(Section):
     def __init__(self, **params):
         super().__init__(**params)
         state = self.state
-        widgets = {}
-        if state.layers is not None:
-            names = readouts.layer_names(state.layers)
-            widgets["layer"] = ImmediateSelect.from_param(
-                state.param.layer,
-                name="Layer",
-                width=200,
-                options={f"{i}: {name}": i for i, name in enumerate(names)},
-            )
+        widgets = layer_selector(state)
         widgets.update(
             sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
             head=ImmediateSelect.from_param(
@@ -171,11 +163,7 @@ class LongSequence(Section):
             title=False,
             first=True,
         )
-        labels = [curve.label for curve in shown]
-        layer_style = {
-            label: dict(line, visible=i == 0 or state.show_appliances)
-            for i, (label, line) in enumerate(zip(labels, curve_styles(labels), strict=True))
-        }
+        layer_style = sequence_styles(shown, state.show_appliances)
         style = dict(
             responsive=True,
             height=SEQUENCE_HEIGHT,
@@ -362,15 +350,7 @@ class WindowedMatrix(Section):
         )
         image = raster.element(hv.Dimension("weight"))
         plot = self.marked(image, "query marker", "matrix", first=True)
-        style = dict(
-            frame_width=MATRIX_SIZE,
-            frame_height=MATRIX_SIZE,
-            cmap=self.state.colormap,
-            colorbar=True,
-            toolbar=True,
-            map_tools=True,
-            title_size="10pt",
-        )
+        style = matrix_style(self.state.colormap, title_size="10pt")
         self.engine.on_render(self._on_render)
         return pn.Column(
             self.heading(),

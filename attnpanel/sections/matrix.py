@@ -58,6 +58,21 @@ def set_clock_labels(figure, labels: list[str]) -> None:
                 formatter.args = dict(labels=labels)
 
 
+def matrix_style(cmap: str, title_size: str = "12pt", **more) -> dict:
+    """How the large map looks (``attnpanel.figures.draw``'s keywords): 480 px square,
+    a colour bar, a toolbar with the map tools (wheel zoom)."""
+    return dict(
+        frame_width=MATRIX_SIZE,
+        frame_height=MATRIX_SIZE,
+        cmap=cmap,
+        colorbar=True,
+        toolbar=True,
+        map_tools=True,
+        title_size=title_size,
+        **more,
+    )
+
+
 class AttentionMatrix(Section):
     """The matrix, its colour map, token tick labels, and the side-by-side unmasked copy."""
 
@@ -119,16 +134,7 @@ class AttentionMatrix(Section):
         )
         image = raster.element(views.STAGE_LABELS[self.state.stage])
         plot = self.marked(image, "query marker", pane, active=active, first=True)
-        style = dict(
-            frame_width=MATRIX_SIZE,
-            frame_height=MATRIX_SIZE,
-            cmap=self.state.colormap,
-            colorbar=True,
-            toolbar=True,
-            map_tools=True,
-            title_size="12pt",
-            **self._ticks(),
-        )
+        style = matrix_style(self.state.colormap, **self._ticks())
         # zooms with the head maps
         return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
 

@@ -15,6 +15,16 @@ CURVE_HEIGHT = 230
 TOKEN_STRIP_HEIGHT = 120
 
 
+def sequence_styles(curves, show_appliances: bool) -> dict:
+    """Each curve's line by its label; the appliance curves (all but the first) hidden
+    unless ``show_appliances``."""
+    labels = [curve.label for curve in curves]
+    return {
+        label: dict(line, visible=i == 0 or show_appliances)
+        for i, (label, line) in enumerate(zip(labels, curve_styles(labels), strict=True))
+    }
+
+
 class InputSequence(Section):
     """The sequence the layer reads, with the selected query marked."""
 
@@ -64,11 +74,7 @@ class InputSequence(Section):
             title=False,
             first=True,
         )
-        labels = [curve.label for curve in curves]
-        layer_style = {
-            label: dict(line, visible=i == 0 or state.show_appliances)
-            for i, (label, line) in enumerate(zip(labels, curve_styles(labels), strict=True))
-        }
+        layer_style = sequence_styles(curves, state.show_appliances)
         plot = hv.Overlay([band, *curves, marker], label=curves.label)
         style = dict(
             height=CURVE_HEIGHT,
