@@ -320,11 +320,12 @@ def _port(text: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo."""
     import panel as pn
+    import xarray as xr
 
     from attnpanel import serving
     from attnpanel.explorer import explore, notify_errors
     from attnpanel.overviews import Overviews, folder_for
-    from attnpanel.virtual import is_virtual_capture
+    from attnpanel.virtual import is_virtual
 
     options = {}
     if args.trace and args.demo:
@@ -340,8 +341,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     else:
         from attnpanel.demo import demo
 
-        capture = demo()
-    if (args.trace or args.demo == "long") and is_virtual_capture(capture):
+        path, capture = None, demo()
+    if path is not None and isinstance(capture, xr.Dataset) and is_virtual(capture):
         # its overviews, stored beside it, read once and shared by every session
         options["overviews"] = Overviews(capture, folder_for(path))
     serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none

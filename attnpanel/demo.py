@@ -11,6 +11,7 @@ each head attends to.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -219,8 +220,6 @@ CACHE_ENV = "ATTNPANEL_CACHE"  # where the stored long demo lives (default ~/.ca
 def cache_folder(folder: str | Path | None = None) -> Path:
     """The folder of stored demos: ``folder``, else ``$ATTNPANEL_CACHE``, else
     ``~/.cache/attnpanel``."""
-    import os
-
     found = folder or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "attnpanel"
     return Path(found).expanduser()
 

@@ -120,17 +120,25 @@ class MassShares:
         return views.vector_bars(values, self.colors, "head", SHARE_LABEL, heads, self.label)
 
 
-def mass_shares(ds, sel: readouts.Selection, cache, box) -> MassShares:
-    """The per-head mass shares of a box (head colours, grey when off), or none."""
+def mass_shares(ds, sel: readouts.Selection, cache, box, shares=None) -> MassShares:
+    """The per-head mass shares of a box (head colours, grey when off), or none.
+
+    ``shares(rows, cols)``, given, computes them for the box's query and key slices (a
+    virtual trace, :func:`attnpanel.windows.mass_share`); by default they are read from
+    the sample's weights (:func:`mass_share`).
+    """
     n_heads = ds.sizes["head"]
     colors = list(styling.head_colors(np.arange(n_heads), set(sel.enabled_heads) or None))
     if box is None:
         return MassShares(np.zeros(0), colors, NO_BOX_LABEL)
-    weights = readouts.stage_heads(ds, sel.with_(stage="softmax"), cache)
-    shares = np.nan_to_num(mass_share(weights, *box))
-    rows, cols = box_cells(*box, weights.shape[1], weights.shape[2])
+    rows, cols = box_cells(*box, ds.sizes["query"], ds.sizes["key"])
     if cols.stop <= cols.start or rows.stop <= rows.start:
         return MassShares(np.zeros(0), colors, "the box holds no cell: draw a larger one")
+    if shares is None:
+        weights = readouts.stage_heads(ds, sel.with_(stage="softmax"), cache)
+        shares = np.nan_to_num(mass_share(weights, *box))
+    else:
+        shares = shares(rows, cols)
     label = (
         f"{SHARE_LABEL}: queries {rows.start}-{rows.stop - 1} on keys {cols.start}-{cols.stop - 1}"
     )

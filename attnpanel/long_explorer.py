@@ -99,6 +99,10 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
         """Each row's ``lse`` of the selected sample under the selected mask, ``(1, H, L)``."""
         return windows.row_lse(self.trace, sel.sample, sel.mask, self.cache, sel.layer)
 
+    def qk(self, sel) -> windows.SampleQK:
+        """The selected sample's ``q`` and ``k``, cut from the trace once."""
+        return windows.sample_qk(self.trace, sel.sample, self.cache, sel.layer)
+
     def virtual_map(self, sel, head: int | None = None) -> windows.VirtualMap:
         """The map of the selection (or of ``head``), for any window."""
         return windows.VirtualMap(
@@ -109,6 +113,7 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
             sel.mask,
             partial(self.row_lse, sel),  # only a window computed from q and k needs it
             None if self.layers is None else sel.layer,
+            self.qk(sel),
         )
 
     def drawn(self, pane: str = "matrix", group: str = "Attention"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -57,6 +58,8 @@ class VirtualMap:
         so another mask's whole map shows without its pass of the fused kernel).
     layer : int, optional
         The layer's index in a stacked trace (the overview's key).
+    qk : SampleQK, optional
+        The sample's ``q`` and ``k`` (:func:`sample_qk`); cut from the trace when None.
     """
 
     ds: xr.Dataset
@@ -66,10 +69,15 @@ class VirtualMap:
     mask: str
     lse: torch.Tensor | Callable[[], torch.Tensor]
     layer: int | None = None
+    qk: SampleQK | None = None
 
     def row_lse(self) -> torch.Tensor:
         """Each row's log-sum-exp under the map's mask, ``(1, H, L)``."""
         return self.lse() if callable(self.lse) else self.lse
+
+    def sample_qk(self) -> SampleQK:
+        """The sample's ``q`` and ``k``."""
+        return self.qk or sample_qk(self.ds, self.sample)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -146,7 +154,14 @@ class VirtualMap:
     def cells(self, queries: slice, keys: slice) -> np.ndarray:
         """The exact weights of a window, float32, blocked cells NaN."""
         values = virtual.window(
-            self.ds, self.sample, self.head, queries, keys, self.mask, self.row_lse()
+            self.ds,
+            self.sample,
+            self.head,
+            queries,
+            keys,
+            self.mask,
+            self.row_lse(),
+            self.sample_qk(),
         ).copy()
         blocked = self._masking().blocked(queries, keys)
         if blocked is not None:
@@ -158,7 +173,7 @@ class VirtualMap:
         return tiles.sample_masking(found, 0, 0)
 
     def _reduce(self, queries: slice, keys: slice, pixels: tuple[int, int]) -> np.ndarray:
-        q, k = virtual.qk(self.ds, self.sample)
+        q, k = self.sample_qk()
         one = slice(self.head, self.head + 1)
         found = tiles.overview(
             q[:, one],
@@ -200,11 +215,14 @@ def _shown(peak: np.ndarray, blocked: np.ndarray) -> np.ndarray:
     return values
 
 
-def query_row(ds: xr.Dataset, sample: int, head: int, query: int, mask: str) -> np.ndarray:
+def query_row(
+    ds: xr.Dataset, sample: int, head: int, query: int, mask: str, qk: SampleQK | None = None
+) -> np.ndarray:
     """The selected query's softmax weights over every key, float32: its one row of
     logits from ``q`` and ``k`` (blocked keys filled as the model fills them), softmaxed
-    in float64. ``S`` cells and no row statistics: 50-90 ms at S = 64,800 under any mask."""
-    q, k = virtual.qk(ds, sample)
+    in float64. ``S`` cells and no row statistics: 50-90 ms at S = 64,800 under any mask.
+    ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None."""
+    q, k = qk or sample_qk(ds, sample)
     one = slice(head, head + 1)
     masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
     logits, _ = tiles.logits_tile(
@@ -235,17 +253,15 @@ def envelope(xs: np.ndarray, ys: np.ndarray, bins: int) -> tuple[np.ndarray, np.
         return xs, ys
     starts = tiles.pixel_starts(n, bins)
     values = np.asarray(ys, dtype=np.float64)
-    filled = np.where(np.isfinite(values), values, -np.inf)
-    high = np.maximum.reduceat(filled, starts)
-    low = np.minimum.reduceat(np.where(np.isfinite(values), values, np.inf), starts)
+    finite = np.isfinite(values)
     index = np.arange(n)
-    at_high = _first_at(filled, np.repeat(high, np.diff(np.append(starts, n))), index, starts)
-    at_low = _first_at(
-        np.where(np.isfinite(values), values, np.inf),
-        np.repeat(low, np.diff(np.append(starts, n))),
-        index,
-        starts,
-    )
+    widths = np.diff(np.append(starts, n))
+    at = []
+    for reduce, missing in ((np.maximum, -np.inf), (np.minimum, np.inf)):
+        filled = np.where(finite, values, missing)
+        extreme = np.repeat(reduce.reduceat(filled, starts), widths)
+        at.append(_first_at(filled, extreme, index, starts))
+    at_high, at_low = at
     first = np.minimum(at_high, at_low)
     second = np.maximum(at_high, at_low)
     picks = np.stack([first, second], axis=1).ravel()
@@ -257,6 +273,31 @@ def _first_at(values, target, index, starts) -> np.ndarray:
     hit = np.where(values == target, index, len(values))
     found = np.minimum.reduceat(hit, starts)
     return np.where(found < len(values), found, starts)
+
+
+class SampleQK(NamedTuple):
+    """One sample's ``q`` ``(1, H, L, E)`` and ``k`` ``(1, H, S, E)`` (:func:`virtual.qk`)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (what a :class:`attnpanel.readouts.StageCache` counts)."""
+        return sum(t.element_size() * t.nelement() for t in self)
+
+
+def sample_qk(ds: xr.Dataset, sample: int, cache=None, layer: int = 0) -> SampleQK:
+    """The ``q`` and ``k`` of one sample, cut from the trace once (kept in ``cache``, a
+    :class:`attnpanel.readouts.StageCache`, when given): cutting them takes 10-90 ms at
+    L = 64,800, and a linked zoom reads them for nine maps."""
+
+    def compute():
+        return SampleQK(*virtual.qk(ds, sample))
+
+    if cache is None:
+        return compute()
+    return cache.get(("qk", layer, sample), compute)
 
 
 def row_lse(ds: xr.Dataset, sample: int, mask: str, cache=None, layer: int = 0) -> torch.Tensor:
@@ -288,20 +329,20 @@ def live_rows(masking: tiles.Masking, queries: slice, keys: int) -> np.ndarray:
 
 
 def mass_share(
-    ds: xr.Dataset, sample: int, heads, mask: str, lse: torch.Tensor, box
-) -> tuple[np.ndarray, slice, slice]:
-    """Per head, the share of the box's query rows' attention that falls on its keys:
-    the box's weights summed exactly in one streaming pass (its cells only), over the
-    number of its rows with an unblocked key (each such row's weights sum to 1).
-
-    Returns the shares ``(len(heads),)`` and the box's query and key slices.
-    """
-    from attnpanel.linked import box_cells
-
-    queries, keys = box_cells(*box, ds.sizes["query"], ds.sizes["key"])
-    if queries.stop <= queries.start or keys.stop <= keys.start:
-        return np.zeros(0), queries, keys
-    q, k = virtual.qk(ds, sample)
+    ds: xr.Dataset,
+    sample: int,
+    heads,
+    mask: str,
+    lse: torch.Tensor,
+    queries: slice,
+    keys: slice,
+    qk: SampleQK | None = None,
+) -> np.ndarray:
+    """Per head, the share of the attention of the rows ``queries`` that falls on the
+    ``keys``: the box's weights summed exactly in one streaming pass (its cells only), over
+    the number of its rows with an unblocked key (each such row's weights sum to 1).
+    ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None."""
+    q, k = qk or sample_qk(ds, sample)
     masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
     live = int(live_rows(masking, queries, ds.sizes["key"]).sum())
     cells = (queries.stop - queries.start) * (keys.stop - keys.start)
@@ -318,4 +359,4 @@ def mass_share(
             window=(queries, keys),
         )
         shares[i] = float(found.mean[0, 0, 0, 0]) * cells / live if live else 0.0
-    return shares, queries, keys
+    return shares

@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from bokeh.models import HoverTool
 from pairs import padded_pair
 
 from attnpanel import linked, tiles, virtual, windows
 from attnpanel.attention import MultiHeadSelfAttention, build_mask
+from attnpanel.engine import PlotKey
 from attnpanel.explorer import explore
 from attnpanel.long_explorer import LongExplorer
 from attnpanel.raster import raster_values
@@ -267,3 +269,36 @@ def test_another_masks_whole_map_and_rows_need_no_pass_for_its_lse(pair, monkeyp
     explorer.linked.zoom((9.5, 109.5), (9.5, 109.5))
     assert asked == ["none"]  # once, for every head's window
     np.testing.assert_allclose(explorer.drawn(), expected[10:110, 10:110], atol=1e-6)
+
+
+def test_clock_axes_follow_the_sample(pair):
+    """With a clock per sample, the map's, the curve's and the row's axes and hover read
+    times from that sample's start (computed in the browser from start + step)."""
+    _, lazy = pair
+    start = np.array(["2026-01-01T06:00", "2026-03-02T14:00"], dtype="datetime64[m]")
+    steps = np.arange(LENGTH).astype("timedelta64[m]")
+    timed = lazy.assign_coords(time=(("batch", "position"), start[:, None] + steps[None, :]))
+    explorer = LongExplorer(timed)
+    explorer.__panel__()
+    figures = {
+        name: explorer.engine.handles(pane, key)[0]["plot"]
+        for name, pane, key in (
+            ("matrix", "matrix", PlotKey("Image", "Attention")),
+            ("row", "query row", PlotKey("Curve", "QueryRow")),
+        )
+    }
+    figures["sequence"] = next(iter(explorer.engine.plots("sequence").values()))[0]["plot"]
+
+    def starts():
+        found = set()
+        for figure in figures.values():
+            found.add(figure.xaxis[0].formatter.args["start"])
+            hover = figure.select({"type": HoverTool})[0]
+            found |= {f.args["start"] for f in hover.formatters.values()}
+        return found
+
+    ms = start.astype("datetime64[ms]").astype(np.int64)
+    assert starts() == {int(ms[0])}
+    assert figures["matrix"].yaxis[0].formatter.args["step"] == 60_000
+    explorer.param.update(sample=1)
+    assert starts() == {int(ms[1])}

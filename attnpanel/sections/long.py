@@ -26,7 +26,7 @@ import panel as pn
 from bokeh.models import BasicTickFormatter, CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
-from attnpanel import linked, readouts, styling, windows
+from attnpanel import linked, readouts, windows
 from attnpanel.engine import PlotKey
 from attnpanel.sections.base import Section
 from attnpanel.sections.controls import ImmediateIntSlider, ImmediateSelect, layer_selector
@@ -66,36 +66,42 @@ def clock_args(ds, sample: int) -> dict | None:
     return dict(start=int(start), step=int(step / np.timedelta64(1, "ms")), n=time_.size)
 
 
-def tick_formatter(args: dict) -> CustomJSTickFormatter:
-    """Axis ticks at positions, labelled with their clock time."""
-    return CustomJSTickFormatter(args=args, code=CLOCK_CODE.format(value="tick", prefix=""))
+class Clock:
+    """The clock-time labels of a section's position axes and hover fields, following
+    the selected sample (another sample has other hours)."""
 
+    def __init__(self, state):
+        self.state = state
+        self._formatters: list = []
+        state.param.watch(self._follow, ["sample", "layer"])
 
-def hover_formatter(args: dict) -> CustomJSHover:
-    """A hover field at a position: the position and its clock time."""
-    code = CLOCK_CODE.format(value="value", prefix="i + ' (' + ").replace(
-        "+ clock;", "+ clock + ')';"
-    )
-    return CustomJSHover(args=args, code=code)
+    def _args(self) -> dict | None:
+        return clock_args(self.state.trace, self.state.sample)
 
+    def label(self, figure, x: str = "key", y: str | None = None) -> None:
+        """Label ``figure``'s x axis (and its y axis, given ``y``) with clock times; the
+        hover names them ``x`` and ``y``. Nothing for a trace without a regular clock."""
+        args = self._args()
+        if args is None:
+            return
+        tick = CustomJSTickFormatter(args=args, code=CLOCK_CODE.format(value="tick", prefix=""))
+        code = CLOCK_CODE.format(value="value", prefix="i + ' (' + ")
+        hover = CustomJSHover(args=args, code=code.replace("+ clock;", "+ clock + ')';"))
+        self._formatters += [tick, hover]
+        fields = {"$x": x} if y is None else {"$x": x, "$y": y}
+        figure.xaxis.formatter = tick
+        if y is not None:
+            figure.yaxis.formatter = tick
+        for tool in figure.select({"type": HoverTool}):
+            values = [(n, f) for n, f in (tool.tooltips or []) if f.startswith("@")]
+            tool.formatters = dict.fromkeys(fields, hover)
+            tool.tooltips = [(n, f"{f}{{custom}}") for f, n in fields.items()] + values
 
-def clock_axes(figure, args: dict, x: bool = True, y: bool = False) -> None:
-    """Label a plot's position axes (and hover fields) with clock times."""
-    for on, axis in ((x, figure.xaxis), (y, figure.yaxis)):
-        if on:
-            axis.formatter = tick_formatter(args)
-    for hover in figure.select({"type": HoverTool}):
-        fields = {}
-        if x:
-            fields["$x"] = hover_formatter(args)
-        if y:
-            fields["$y"] = hover_formatter(args)
-        hover.formatters = fields
-        hover.tooltips = [
-            (name, f"{field}{{custom}}")
-            for name, field in (("key", "$x"), ("query", "$y"))
-            if field in fields
-        ] + [(label, field) for label, field in (hover.tooltips or []) if field.startswith("@")]
+    def _follow(self, *_events) -> None:
+        args = self._args()
+        if args is not None:
+            for formatter in self._formatters:
+                formatter.args = args
 
 
 def visible(x_range, n: int) -> slice:
@@ -147,6 +153,7 @@ class LongSequence(Section):
     def __init__(self, x_range, **params):
         super().__init__(**params)
         self.x_range = x_range
+        self.clock = Clock(self.state)
         self._changed_at = 0.0
         self._scheduled = False
 
@@ -174,7 +181,6 @@ class LongSequence(Section):
             toolbar=True,
             tools=("hover", "xpan", "xwheel_zoom", "reset"),
         )
-        self.engine.on_render(self._on_render)
         pane = self.engine.render(
             hv.Overlay([*shown, marker], label=shown.label),
             "sequence",
@@ -184,6 +190,7 @@ class LongSequence(Section):
             height=SEQUENCE_HEIGHT,
             margin=(0, 5),
         )
+        self.clock.label(pane.object, x="position")
         for attr in ("start", "end"):
             self.x_range.on_change(attr, self._on_range)
         return pane
@@ -202,12 +209,6 @@ class LongSequence(Section):
             curves.append(hv.Curve((xs, ys), "position", ydim, group="Sequence", label=label))
         title = found.title.replace("click to pick", "click or use the row below to pick")
         return hv.Overlay(curves, label=title)
-
-    def _on_render(self, figure, element, handles) -> None:
-        if element.group == "Sequence":
-            args = clock_args(self.trace, self.state.sample)
-            if args is not None:
-                clock_axes(figure, args)
 
     def _on_range(self, attr, old, new) -> None:
         doc = pn.state.curdoc
@@ -248,10 +249,13 @@ class QueryRow(Section):
     def __init__(self, x_range, **params):
         super().__init__(**params)
         self.x_range = x_range
+        self.clock = Clock(self.state)
 
     def row(self, sel) -> np.ndarray:
         """The selected query's weights over every key, float32 (blocked keys 0)."""
-        return windows.query_row(self.trace, sel.sample, int(sel.head), sel.query, sel.mask)
+        return windows.query_row(
+            self.trace, sel.sample, int(sel.head), sel.query, sel.mask, self.state.qk(sel)
+        )
 
     def weights(self, sel) -> hv.Overlay:
         """The row as a curve over key positions, its top keys as points."""
@@ -294,10 +298,11 @@ class QueryRow(Section):
             tools=("hover", "xpan", "xwheel_zoom", "reset"),
             title_size="10pt",
         )
-        self.engine.on_render(self._on_render)
         plot = self.engine.render(
             overlay, "query row", style=style, sizing_mode="stretch_width", height=ROW_HEIGHT
         )
+        plot.object.yaxis.formatter = BasicTickFormatter(use_scientific=False)
+        self.clock.label(plot.object)
         table = self.engine.add(
             "top keys",
             self.top_table,
@@ -313,13 +318,6 @@ class QueryRow(Section):
             margin=0,
         )
 
-    def _on_render(self, figure, element, handles) -> None:
-        if element.group == "QueryRow":
-            figure.yaxis.formatter = BasicTickFormatter(use_scientific=False)
-            args = clock_args(self.trace, self.state.sample)
-            if args is not None:
-                clock_axes(figure, args)
-
 
 class WindowedMatrix(Section):
     """The large map of the selected head: the stored overview over the whole map,
@@ -329,6 +327,7 @@ class WindowedMatrix(Section):
 
     def __init__(self, **params):
         super().__init__(**params)
+        self.clock = Clock(self.state)
         self.state.param.watch(self._on_colormap, "colormap")
 
     def values(self, sel):
@@ -351,18 +350,9 @@ class WindowedMatrix(Section):
         image = raster.element(hv.Dimension("weight"))
         plot = self.marked(image, "query marker", "matrix", first=True)
         style = matrix_style(self.state.colormap, title_size="10pt")
-        self.engine.on_render(self._on_render)
-        return pn.Column(
-            self.heading(),
-            self.engine.render(plot, "matrix", style=style, linked=True, on_tap=self.click),
-            margin=0,
-        )
-
-    def _on_render(self, figure, element, handles) -> None:
-        if element.group in ("Attention", "HeadMap"):
-            args = clock_args(self.trace, self.state.sample)
-            if args is not None:
-                clock_axes(figure, args, x=True, y=True)
+        pane = self.engine.render(plot, "matrix", style=style, linked=True, on_tap=self.click)
+        self.clock.label(pane.object, x="key", y="query")
+        return pn.Column(self.heading(), pane, margin=0)
 
     def click(self, x=None, y=None) -> None:
         """A click on the map picks the query of the clicked row."""
@@ -387,22 +377,19 @@ class LongHeads(HeadComparison):
         return self.state.virtual_map(sel, head), f"head {head}"
 
     def _mass_shares(self, sel) -> linked.MassShares:
-        n_heads = self.state.n_heads
-        colors = list(styling.head_colors(np.arange(n_heads)))
-        box = self.linked.box
-        if box is None:
-            return linked.MassShares(np.zeros(0), colors, linked.NO_BOX_LABEL)
-        lse = self.state.row_lse(sel)
-        shares, queries, keys = windows.mass_share(
-            self.trace, sel.sample, range(n_heads), sel.mask, lse, box
-        )
-        if not len(shares):
-            return linked.MassShares(shares, colors, "the box holds no cell: draw a larger one")
-        label = (
-            f"{linked.SHARE_LABEL}: queries {queries.start}-{queries.stop - 1} on keys "
-            f"{keys.start}-{keys.stop - 1}"
-        )
-        return linked.MassShares(shares, colors, label)
+        def shares(queries, keys):
+            return windows.mass_share(
+                self.trace,
+                sel.sample,
+                range(self.state.n_heads),
+                sel.mask,
+                self.state.row_lse(sel),
+                queries,
+                keys,
+                self.state.qk(sel),
+            )
+
+        return linked.mass_shares(self.trace, sel, self.cache, self.linked.box, shares)
 
     def _toggles(self):
         return pn.Spacer(height=0, margin=0)  # no merge on this page: nothing to switch off
