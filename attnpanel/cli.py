@@ -75,15 +75,36 @@ def cmd_info(args: argparse.Namespace) -> None:
         _say(describe(one, batch=args.sample, positions=args.positions))
 
 
+def _overviews_folder(path: str | Path, group: str = "") -> Path:
+    """Where the overviews of one group of the trace file ``path`` are stored (a Dataset
+    is the one group ``""``): ``TRACE.overviews``, one subfolder per named group."""
+    from attnpanel.overviews import folder_for
+
+    name = group.strip("/")
+    return folder_for(path) / name if name else folder_for(path)
+
+
+def _stored_overviews(capture, path: str | Path, group: str = ""):
+    """The overviews of one group of a virtual trace file: those stored beside it, read
+    once (and new ones stored there); None for a dense trace. The Overviews holds the
+    whole group, stacked layers included (an entry names its layer)."""
+    from attnpanel.layers import groups
+    from attnpanel.overviews import Overviews
+    from attnpanel.virtual import is_virtual
+
+    ds = groups(capture)[group]
+    return Overviews(ds, _overviews_folder(path, group)) if is_virtual(ds) else None
+
+
 def cmd_overviews(args: argparse.Namespace) -> None:
     """Build the overview levels of every map of a saved trace and store them beside it."""
     import time
 
     from attnpanel.layers import groups
-    from attnpanel.overviews import Overviews, folder_for
+    from attnpanel.overviews import Overviews
 
     capture = _load_trace(args.trace)
-    folder = folder_for(args.trace)
+    folder = _overviews_folder(args.trace)
     start = time.perf_counter()
     built = total = 0
     for group, ds in groups(capture).items():
@@ -95,8 +116,7 @@ def cmd_overviews(args: argparse.Namespace) -> None:
         masks = args.masks or [ds.attrs.get("mask", "none")]
         if ds.attrs.get("attention") == "cross" and set(masks) - {"none"}:
             raise CommandError("a cross-attention trace has overviews only under --masks none")
-        name = group.strip("/")
-        store = Overviews(ds, folder / name if name else folder)
+        store = Overviews(ds, _overviews_folder(args.trace, group))
         entries = store.entries(masks=masks, pixels=tuple(args.pixels))
         total += len(entries)
         built += len(
@@ -324,8 +344,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from attnpanel import serving
     from attnpanel.explorer import explore, notify_errors
-    from attnpanel.overviews import Overviews, folder_for
-    from attnpanel.virtual import is_virtual
 
     options = {}
     if args.trace and args.demo:
@@ -342,9 +360,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from attnpanel.demo import demo
 
         path, capture = None, demo()
-    if path is not None and isinstance(capture, xr.Dataset) and is_virtual(capture):
-        # its overviews, stored beside it, read once and shared by every session
-        options["overviews"] = Overviews(capture, folder_for(path))
+    if path is not None and isinstance(capture, xr.Dataset):
+        # a virtual trace's overviews, stored beside it, read once and shared by every session
+        overviews = _stored_overviews(capture, path)
+        if overviews is not None:
+            options["overviews"] = overviews
     serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
 
     def session():
@@ -417,7 +437,7 @@ def _pick_layer(capture, layer: str | None):
 def cmd_export(args: argparse.Namespace) -> None:
     """Write a standalone, offline HTML file of one layer and one sample of a trace."""
     from attnpanel.export import export_html
-    from attnpanel.layers import layers, select
+    from attnpanel.layers import groups, layers, select
 
     capture = _load_trace(args.trace)
     entry = _pick_layer(capture, args.layer)
@@ -434,6 +454,9 @@ def cmd_export(args: argparse.Namespace) -> None:
     shown = f"layer {entry.name}" if entry.name else f"layer {index}"
     if entry.group:
         shown += f" (group {entry.group})"
+    # a virtual trace is drawn from its overviews, read from (and stored in) TRACE.overviews
+    overviews = _stored_overviews(capture, args.trace, entry.group)
+    stacked = "layer" in groups(capture)[entry.group].dims
     try:
         path = export_html(
             ds,
@@ -443,6 +466,9 @@ def cmd_export(args: argparse.Namespace) -> None:
             subtitle=shown,
             overwrite=args.force,
             query=args.query,
+            masks=args.masks,
+            overviews=overviews,
+            layer=entry.index if overviews is not None and stacked else None,
         )
     except (ValueError, OSError) as error:
         raise CommandError(_first_line(error)) from error
@@ -507,6 +533,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--sample", type=int, default=0, help="which sample to show (default 0)")
     export.add_argument(
         "--query", type=int, default=0, help="the query selected when the page opens (default 0)"
+    )
+    export.add_argument(
+        "--masks",
+        nargs="+",
+        metavar="MASK",
+        help="the mask modes to show (default: every mode for a dense trace; the trace's own "
+        "for a virtual one, drawn from its overviews in TRACE.overviews: another mode "
+        "computes and stores its overviews, about 10 s a head at L = 65,536)",
     )
     export.set_defaults(func=cmd_export)
 

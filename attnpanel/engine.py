@@ -36,6 +36,7 @@ from panel.io.notebook import push_notebook
 from panel.io.state import set_curdoc
 
 from attnpanel import styling, untrusted
+from attnpanel.background import Background
 from attnpanel.figures import axis_number, box_handles, draw, table_html
 from attnpanel.raster import image_limits, scale_title, window_raster
 from attnpanel.readouts import stages_cached
@@ -129,6 +130,12 @@ class LiveView:
     active: Callable | None = None  # () -> bool; skipped while False (a hidden plot)
     group: str = ""  # group of a regridded map (Attention, HeadMap)
     first: bool = False  # drawn in the same message as the change, before the others
+    slow: bool = False  # may take long: a background engine computes it off the event loop
+
+    @property
+    def offloadable(self) -> bool:
+        """Whether a background engine computes it on its workers (maps and slow views)."""
+        return self.raster is not None or self.slow
 
 
 class LiveEngine:
@@ -138,9 +145,13 @@ class LiveEngine:
     ----------
     state : attnpanel.state.ExplorerState
         The state the views read; the engine watches its selection parameters.
+    background : bool
+        Compute the maps and the views registered ``slow`` on worker threads
+        (:class:`attnpanel.background.Background`): a served session's event loop never
+        waits for them (the explorer of a virtual trace, whose maps may take minutes).
     """
 
-    def __init__(self, state: ExplorerState):
+    def __init__(self, state: ExplorerState, background: bool = False):
         self.state = state
         self.window: tuple | None = None  # ((x0, x1), (y0, y1)) shown by the linked maps
         self.root = None  # the layout pushed to a notebook after an update
@@ -160,6 +171,7 @@ class LiveEngine:
             styles=INDICATOR_STYLE,
             margin=0,
         )
+        self.background = Background(self.indicator) if background else None
         state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_appliances"])
 
     def on_render(self, callback: Callable) -> None:
@@ -179,6 +191,7 @@ class LiveEngine:
         group: str = "",
         first: bool = False,
         follows_layer: bool = True,
+        slow: bool = False,
     ):
         """Register a view and return its first element (a :class:`Raster` for a map).
 
@@ -206,10 +219,13 @@ class LiveEngine:
         follows_layer : bool
             Whether it reads the shown layer (most views do: they read ``state.trace``);
             such a view depends on ``layer`` without naming it.
+        slow : bool
+            Its build may take long (seconds): a background engine computes it off the
+            event loop, as it does every map.
         """
         parameters = set(parameters) | ({"layer"} if follows_layer else set())
         view = LiveView(
-            name, build, frozenset(parameters), pane, raster, title, active, group, first
+            name, build, frozenset(parameters), pane, raster, title, active, group, first, slow
         )
         element = self._element(view, self.state.selection)
         self._views.append(view)
@@ -382,10 +398,7 @@ class LiveEngine:
 
     def redraw(self, where: Callable[[LiveView], bool]) -> None:
         """Redraw the views for which ``where(view)`` is true, now."""
-        sel = self.state.selection
-        for view in self._views:
-            if where(view):
-                self._refresh(view, sel)
+        self._refresh_all([view for view in self._views if where(view)], self.state.selection)
         self._push_notebook()
 
     def _element(self, view: LiveView, sel):
@@ -404,8 +417,7 @@ class LiveEngine:
             sel = self.state.selection
             if changed & IMAGE_PARAMS and not self._cached(sel):
                 self._timing = 0.0
-            for view in due:
-                self._refresh(view, sel)
+            self._refresh_all(due, sel)
             self._learn()
             self._push_notebook()
             return
@@ -416,17 +428,17 @@ class LiveEngine:
         # wait that long (a moved marker is cheap: 30 ms). Pending views coalesce across
         # fast events (a dragged slider). A change whose maps must be recomputed and whose
         # redraw is expected to be slow shows the busy indicator first (``_slow``).
+        # (A background engine's workers show the indicator themselves, when slow.)
         sel = self.state.selection
-        if changed & IMAGE_PARAMS and not self._cached(sel):
+        if self.background is None and changed & IMAGE_PARAMS and not self._cached(sel):
             self._timing = 0.0
             if self.expected_seconds() > BUSY_AFTER_S:
                 self._slow(doc, due)
                 return
         with pn.io.hold(doc):  # one message for all of them, not one per property
+            self._refresh_all([view for view in due if view.first], sel)
             for view in due:
-                if view.first:
-                    self._refresh(view, sel)
-                else:
+                if not view.first:
                     self._pending[id(view)] = view
         if self._pending and not self._scheduled:
             self._scheduled = True
@@ -489,9 +501,30 @@ class LiveEngine:
         pending, self._pending = list(self._pending.values()), {}
         sel = self.state.selection
         with set_curdoc(doc), pn.io.hold(doc):
-            for view in pending:
-                self._refresh(view, sel)
+            self._refresh_all(pending, sel)
         self._learn()
+
+    def _refresh_all(self, views: list[LiveView], sel) -> None:
+        """Redraw ``views`` for ``sel``: a background engine's maps and slow views on its
+        workers (drawn as each is ready), the others now, in order."""
+        if self.background is None:
+            for view in views:
+                self._refresh(view, sel)
+            return
+        shown = [view for view in views if view.active is None or view.active()]
+        jobs = [
+            (id(view), partial(self._element, view, sel), partial(self._draw, view))
+            for view in shown
+            if view.offloadable
+        ]
+        self.background.run(jobs, self._failed)
+        for view in shown:
+            if not view.offloadable:
+                self._refresh(view, sel)
+
+    def _failed(self, key: int, err: BaseException) -> None:
+        view = next(view for view in self._views if id(view) == key)
+        self.report(err, f"updating the {view.name}")
 
     def _refresh(self, view: LiveView, sel) -> None:
         if view.active is not None and not view.active():

@@ -1,11 +1,17 @@
 """Standalone, offline HTML export of a trace's attention maps.
 
 The file is one self-contained page built with Bokeh's inline resources: no script, style
-sheet or image is fetched from anywhere. Every head of one sample under every mask mode is
-stored at display resolution (datashader reduces longer sequences to ``size`` x ``size``),
-quantised to 8 bits and zlib-compressed; the page inflates a map with the browser's own
-``DecompressionStream`` when a widget asks for it. So the file's size depends on the display
-resolution, not on the square of the sequence length.
+sheet or image is fetched from anywhere. Every head of one sample is stored at display
+resolution, quantised to 8 bits and zlib-compressed; the page inflates a map with the
+browser's own ``DecompressionStream`` when a widget asks for it. So the file's size depends
+on the display resolution, not on the square of the sequence length.
+
+A dense trace's maps are reduced by datashader (each pixel the mean of its cells) under
+every mask mode. A virtual trace (:mod:`attnpanel.virtual`, L up to 65,536 and more) has
+no map to reduce: each head's map is its overview (:class:`attnpanel.overviews.Overviews`:
+each pixel the *maximum* weight of its cells, as the long explorer draws it, so a single
+sharp key is never averaged away), read from the stores beside the trace file where they
+exist, under the trace's own mask unless others are asked for.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import base64
 import math
 import zlib
+from functools import partial
 from html import escape
 from pathlib import Path
 
@@ -26,6 +33,7 @@ from bokeh.models import (
     ColorBar,
     ColumnDataSource,
     CustomJS,
+    CustomJSHover,
     CustomJSTickFormatter,
     Div,
     HoverTool,
@@ -39,11 +47,14 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from bokeh.resources import Resources
 
+from attnpanel import tiles, virtual
 from attnpanel.files import check_target, write_safely
+from attnpanel.overviews import PIXELS, Entry, Overviews
 from attnpanel.palette import HIGHLIGHT, curve_styles, head_color  # the explorer's
 from attnpanel.raster import image_limits, scale_title
 from attnpanel.readouts import Selection, sequence_series
 from attnpanel.trace import attention_stage, mask_options, masked_cells
+from attnpanel.windows import envelope
 
 
 class _SelfContained(Resources):
@@ -73,6 +84,10 @@ MAX_BYTES = 5_000_000  # the file's default size limit (5 MB)
 # largest models have 128 heads per layer.
 MAX_HEADS = 256
 DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
+# a virtual trace's maps: its overviews' side (what the explorer and `attnpanel overviews`
+# store), so that a stored trace exports without computing a map
+OVERVIEW_DISPLAY = PIXELS[0]
+CURVE_BINS = 1600  # a longer curve is stored by each bin's min and max (the long explorer's)
 
 
 def _palette(n: int = LEVELS + 1) -> list[str]:
@@ -118,8 +133,45 @@ def _encode(values: np.ndarray) -> tuple[str, tuple[float, float]]:
     return base64.b64encode(zlib.compress(raw, 9)).decode("ascii"), (low, top)
 
 
-def export_maps(ds: xr.Dataset, sample: int = 0, size: int = DISPLAY) -> dict:
-    """Encoded softmax maps of one sample for every head and every computable mask mode.
+def shown_masks(ds: xr.Dataset, masks: list[str] | None = None) -> list[str]:
+    """The mask modes an export shows: ``masks`` (checked), else every mode the trace can
+    be shown under for a dense trace, and only its own for a virtual one (another mode
+    costs a pass over every cell of each head's map).
+
+    Raises
+    ------
+    ValueError
+        Naming a mask the trace cannot be shown under, and those it can.
+    """
+    options = mask_options(ds)
+    if masks is None:
+        return [ds.attrs.get("mask", "none")] if virtual.is_virtual(ds) else options
+    masks = list(dict.fromkeys(masks))
+    if not masks:
+        raise ValueError(f"no mask to export: give one or more of {', '.join(options)}")
+    for mask in masks:
+        if mask not in options:
+            raise ValueError(
+                f"mask {mask!r} is not one this trace can be shown under: {', '.join(options)}"
+            )
+    return masks
+
+
+def export_maps(
+    ds: xr.Dataset,
+    sample: int = 0,
+    size: int | None = None,
+    masks: list[str] | None = None,
+    overviews: Overviews | None = None,
+    layer: int | None = None,
+) -> dict:
+    """Encoded softmax maps of one sample for every head under each mask shown.
+
+    A dense trace's maps are reduced to ``size`` (default :data:`DISPLAY`) by the mean
+    (:func:`display_resolution`); a virtual trace's are its overviews at ``size`` (default
+    :data:`OVERVIEW_DISPLAY`), each pixel the maximum weight of its cells
+    (:class:`OverviewMaps`). ``masks``, ``overviews`` and ``layer``: see
+    :func:`export_html`.
 
     Returns
     -------
@@ -127,7 +179,11 @@ def export_maps(ds: xr.Dataset, sample: int = 0, size: int = DISPLAY) -> dict:
         ``{"n": cells per side, "length": L, "masks": [...], "maps": {mask: [b64, ...]},
         "scales": {mask: [(low, top), ...]}}``: each map's colour scale.
     """
-    masks = mask_options(ds)
+    masks = shown_masks(ds, masks)
+    if virtual.is_virtual(ds):
+        size = OVERVIEW_DISPLAY if size is None else size
+        return OverviewMaps(ds, sample, size, masks, overviews, layer).payload(size)
+    size = DISPLAY if size is None else size
     maps, scales, n = {}, {}, None
     for mask in masks:
         maps[mask], scales[mask] = [], []
@@ -142,6 +198,120 @@ def export_maps(ds: xr.Dataset, sample: int = 0, size: int = DISPLAY) -> dict:
             maps[mask].append(encoded)
             scales[mask].append(scale)
     return {"n": n, "length": ds.sizes["query"], "masks": masks, "maps": maps, "scales": scales}
+
+
+class OverviewMaps:
+    """Each head's overview of one sample of a virtual trace under each mask shown, and
+    the maps the export stores from them.
+
+    A stored map holds each pixel's maximum weight, masked where at least
+    :data:`MASKED_SHARE` of its cells are blocked. Query ``i`` lies in pixel row
+    ``i * n // L`` (:func:`attnpanel.tiles.pixel_starts`). A smaller map is cut from the
+    same overviews by whole blocks of ``m x m`` pixels: the maximum of their maxima, exact,
+    and for a side ``n = side / m`` exactly the overview computed at ``n`` (its pixel
+    ``r`` starts at ``ceil(r * L / n)``, as pixel ``m * r`` of the overview). Only when no
+    divisor of the overview's side comes within half of the side asked for (a prime
+    side) are overviews computed again, at that side.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One layer of a virtual trace.
+    sample : int
+        Which batch item.
+    size : int
+        The overviews' side, in pixels (a shorter map keeps one cell per pixel).
+    masks : list of str
+        The mask modes.
+    overviews : attnpanel.overviews.Overviews, optional
+        Where the overviews are read (and new ones stored); None computes them in memory.
+    layer : int, optional
+        The layer's index in the stacked trace that ``overviews`` holds.
+    """
+
+    def __init__(
+        self,
+        ds: xr.Dataset,
+        sample: int,
+        size: int,
+        masks: list[str],
+        overviews: Overviews | None = None,
+        layer: int | None = None,
+    ):
+        if ds.sizes["query"] != ds.sizes["key"]:
+            raise ValueError(
+                f"the export draws square maps; this virtual trace has {ds.sizes['query']} "
+                f"queries and {ds.sizes['key']} keys"
+            )
+        self.overviews = Overviews(ds) if overviews is None else overviews
+        held = self.overviews.ds
+        if ("layer" in held.dims) != (layer is not None):
+            raise ValueError(
+                "give the layer's index for overviews of a stacked trace, and only then: "
+                f"these overviews hold {held.sizes.get('layer', 'no')} layers, layer={layer}"
+            )
+        for dim in ("batch", "head", "query", "key"):
+            if held.sizes[dim] != ds.sizes[dim]:
+                raise ValueError(
+                    f"these overviews are of another trace: {held.sizes[dim]} {dim} "
+                    f"positions, the trace {ds.sizes[dim]}"
+                )
+        self.sample, self.masks, self.layer = sample, masks, layer
+        self.heads, self.length = ds.sizes["head"], ds.sizes["query"]
+        self.found = self._read(size)
+
+    def _read(self, size: int) -> dict[str, list[tiles.Overview]]:
+        """Every head's overview at ``size`` under each mask (read, or computed and kept)."""
+        return {
+            mask: [
+                self.overviews.get(Entry(self.sample, head, mask, self.layer, (size, size)))
+                for head in range(self.heads)
+            ]
+            for mask in self.masks
+        }
+
+    @property
+    def side(self) -> int:
+        """The overviews' side in pixels."""
+        return next(iter(self.found.values()))[0].max.shape[0]
+
+    def payload(self, size: int) -> dict:
+        """The encoded maps at the largest side up to ``size`` that whole blocks of the
+        overviews give (see :func:`export_maps` for the fields)."""
+        n = _largest_divisor(self.side, size)
+        if 2 * n < min(size, self.length):
+            self.found = self._read(size)
+            n = self.side
+        factor = self.side // n
+        maps, scales = {}, {}
+        for mask, heads in self.found.items():
+            encoded = [_encode(_coarsened(found, self.length, factor)) for found in heads]
+            maps[mask] = [text for text, _ in encoded]
+            scales[mask] = [scale for _, scale in encoded]
+        return {"n": n, "length": self.length, "masks": self.masks, "maps": maps, "scales": scales}
+
+
+def _largest_divisor(side: int, most: int) -> int:
+    """The largest divisor of ``side`` that is at most ``most`` (1 at least)."""
+    return max((d for d in range(1, min(side, most) + 1) if side % d == 0), default=1)
+
+
+def _coarsened(found: tiles.Overview, length: int, factor: int) -> np.ndarray:
+    """One overview's maxima over whole blocks of ``factor x factor`` pixels, float32, NaN
+    (drawn masked) where at least :data:`MASKED_SHARE` of the block's cells are blocked."""
+    side = found.max.shape[0]
+    n = side // factor
+    per_side = np.diff(np.append(tiles.pixel_starts(length, side), length))
+    cells = np.outer(per_side, per_side).astype(np.float64)  # each pixel's cells
+    # whole numbers of blocked cells: the float32 share times the cells, rounded
+    blocked = np.rint(found.blocked.astype(np.float64) * cells)
+
+    def blocks(values, reduce):  # (side, side) -> (n, n)
+        return reduce(values.reshape(n, factor, n, factor), axis=(1, 3))
+
+    values = blocks(found.max, np.max).astype(np.float32)
+    values[blocks(blocked, np.sum) / blocks(cells, np.sum) >= MASKED_SHARE] = np.nan
+    return values
 
 
 DECODE_JS = """
@@ -164,7 +334,7 @@ async function show() {
   const [low, top] = payload.scales[mask][head];
   shown.data = {flat: [flats[head]], low: [low], top: [top]};
   mark();
-  main_title.text = `Head ${head} · mask ${mask} · softmax weights`;
+  main_title.text = `Head ${head} · mask ${mask} · softmax weights${drawn}`;
   colorbar.change.emit();
   document.body.dataset.attnpanelView = `${mask}/${head}`;
 }
@@ -173,14 +343,18 @@ show();
 
 # The selected query: its row marked on every map, its stored weights painted behind the
 # curve (one band per stored column, darker for more weight) and the curve's marker moved.
+# Maps of pixel maxima (a virtual trace's) mark the whole pixel row that holds the query:
+# queries ceil(row * L / n) to ceil((row + 1) * L / n) - 1, as the overview bins them.
 QUERY_JS = """
 function mark() {
   const query = query_widget.value;
-  for (const box of row_boxes) { box.bottom = query - 0.5; box.top = query + 0.5; }
+  const row = Math.min(n - 1, Math.floor(query * n / length));
+  const first = pixel_rows ? Math.ceil(row * length / n) : query;
+  const last = pixel_rows ? Math.ceil((row + 1) * length / n) - 1 : query;
+  for (const box of row_boxes) { box.bottom = first - 0.5; box.top = last + 0.5; }
   if (query_span !== null) query_span.location = positions.data.x[query];
   const flat = shown.data.flat[0], low = shown.data.low[0], top = shown.data.top[0];
   if (flat.length === 0 || band === null) return;
-  const row = Math.min(n - 1, Math.floor(query * n / length));
   const weights = new Array(n);
   let most = 0;
   for (let j = 0; j < n; j++) {
@@ -190,9 +364,27 @@ function mark() {
   }
   band.data = Object.assign({}, band.data, {
     weight: weights, alpha: weights.map((w) => most > 0 ? 0.6 * w / most : 0)});
-  band_title.text = `weights of query ${query} (head ${head_widget.value}), ` +
-    `stored at ${n} columns, behind the curve`;
+  band_title.text = first === last
+    ? `weights of query ${query} (head ${head_widget.value}), ` +
+      `stored at ${n} columns, behind the curve`
+    : `max weight of queries ${first}-${last} (the pixel row of query ${query}, ` +
+      `head ${head_widget.value}) per stored column, behind the curve`;
 }
+"""
+
+# A virtual trace's hover: the queries or keys of the pixel under the pointer (as the
+# overview bins them) and its maximum weight.
+CELLS_JS = """
+const i = Math.max(0, Math.min(length - 1, Math.round(value)));
+const p = Math.min(n - 1, Math.floor(i * n / length));
+const first = Math.ceil(p * length / n), last = Math.ceil((p + 1) * length / n) - 1;
+return first === last ? `${first}` : `${first}-${last}`;
+"""
+LEVEL_JS = """
+if (value === masked) return "masked";
+const [low, top] = [shown.data.low[0], shown.data.top[0]];
+const weight = (low + value / levels * (top - low)).toPrecision(3);
+return value === levels ? `>= ${weight}` : weight;
 """
 
 
@@ -200,12 +392,15 @@ def export_html(
     ds: xr.Dataset,
     path: str | Path,
     sample: int = 0,
-    size: int = DISPLAY,
+    size: int | None = None,
     title: str = "attnpanel",
     max_bytes: int | None = MAX_BYTES,
     subtitle: str | None = None,
     overwrite: bool = False,
     query: int = 0,
+    masks: list[str] | None = None,
+    overviews: Overviews | None = None,
+    layer: int | None = None,
 ) -> Path:
     """Write one sample's attention maps as a standalone HTML file that works offline.
 
@@ -213,6 +408,11 @@ def export_html(
     truth and prediction for a NILM trace) with the selected query's weights behind it; a
     query slider (or a click on the large map) moves the query, whose row is marked on
     every map.
+
+    A virtual trace (:func:`attnpanel.virtual.is_virtual`) is drawn from its overviews:
+    each pixel the maximum weight of its cells (a single sharp key is never averaged
+    away), masked where at least :data:`MASKED_SHARE` of them are blocked; the titles say
+    so, and the query's marks cover the pixel row that holds it.
 
     Parameters
     ----------
@@ -222,13 +422,17 @@ def export_html(
         The HTML file to write.
     sample : int
         Which batch item (by position).
-    size : int
-        Display resolution: maps longer than this are reduced to ``size`` x ``size``.
+    size : int, optional
+        Display resolution: maps longer than this are reduced to ``size`` x ``size``;
+        default :data:`DISPLAY` (400) for a dense trace and, for a virtual one, the side
+        of the overviews the explorer stores (:data:`OVERVIEW_DISPLAY`, 480), so that
+        stored overviews are read rather than computed.
     title : str
         The page title.
     max_bytes : int or None
         The file's size limit. Maps that compress badly (noise-like attention) are stored
-        at a lower resolution until the file fits; ``None`` keeps ``size``.
+        at a lower resolution until the file fits (a virtual trace's by whole blocks of
+        its overviews' pixels); ``None`` keeps ``size``.
     subtitle : str, optional
         What the page shows, in its header before the sample (such as the layer's module
         name and group).
@@ -236,10 +440,27 @@ def export_html(
         Replace an existing HTML page at ``path`` (anything else there is never replaced).
     query : int
         The query selected when the page opens.
+    masks : list of str, optional
+        The mask modes shown (see :func:`attnpanel.trace.mask_options`). Default: every
+        mode for a dense trace; only the trace's own (``ds.attrs["mask"]``) for a virtual
+        one, since each other mode costs a pass over every cell of each head's map (about
+        10 s a head at L = 65,536 on 2 cores) unless its overviews are stored.
+    overviews : attnpanel.overviews.Overviews, optional
+        A virtual trace's overviews (:func:`attnpanel.overviews.folder_for` the trace
+        file's, to read those stored and store new ones); None computes them in memory.
+        Unused for a dense trace.
+    layer : int, optional
+        The layer's index when ``overviews`` holds a stacked trace (``layer`` dim).
 
     Returns
     -------
     Path
+
+    Raises
+    ------
+    ValueError
+        For a sample, query or mask the trace does not have, too many heads, or maps that
+        do not fit ``max_bytes``.
     """
     if not 0 <= sample < ds.sizes["batch"]:
         raise ValueError(
@@ -255,9 +476,16 @@ def export_html(
         raise ValueError(
             f"query {query} is out of range: the trace has {ds.sizes['query']} query positions"
         )
+    masks = shown_masks(ds, masks)
     check_target(path, "html", overwrite)  # before the work
+    if virtual.is_virtual(ds):
+        size = OVERVIEW_DISPLAY if size is None else size
+        encode = OverviewMaps(ds, sample, size, masks, overviews, layer).payload
+    else:
+        size = DISPLAY if size is None else size
+        encode = partial(export_maps, ds, sample, masks=masks)
     frame = size  # the large map's frame in pixels stays, whatever resolution is stored
-    payload = export_maps(ds, sample, size)
+    payload = encode(size)
     html = _page(ds, payload, title, sample, frame, subtitle, query)
     for _ in range(4):
         if max_bytes is None or len(html.encode("utf-8")) <= max_bytes:
@@ -271,7 +499,7 @@ def export_html(
                 f"stored, over max_bytes={max_bytes} (max_bytes=None lifts the limit)"
             )
         size = int(payload["n"] * math.sqrt(0.95 * (max_bytes - page) / maps))
-        payload = export_maps(ds, sample, size)
+        payload = encode(size)
         html = _page(ds, payload, title, sample, frame, subtitle, query)
     if max_bytes is not None and len(html.encode("utf-8")) > max_bytes:
         raise ValueError(f"could not fit the maps in max_bytes={max_bytes}")
@@ -281,12 +509,41 @@ def export_html(
 ROW_STYLE = dict(fill_color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5)
 
 
-def _sequence_figure(ds: xr.Dataset, payload: dict, sample: int, query: int, width: int):
+def _pixel_row(query: int, length: int, n: int, pixel_rows: bool) -> tuple[int, int]:
+    """The first and last query of the stored row that holds ``query``: for maps of pixel
+    maxima, the pixel row (query ``i`` in row ``i * n // L``, as the overview bins it);
+    else the query alone."""
+    if not pixel_rows:
+        return query, query
+    row = min(n - 1, query * n // length)
+    return -(-row * length // n), -(-(row + 1) * length // n) - 1
+
+
+def _band_title(query: int, head: int, n: int, rows: tuple[int, int]) -> str:
+    """What the bands behind the curve show (the page's script writes the same)."""
+    first, last = rows
+    if first == last:
+        return f"weights of query {query} (head {head}), stored at {n} columns, behind the curve"
+    return (
+        f"max weight of queries {first}-{last} (the pixel row of query {query}, head {head}) "
+        "per stored column, behind the curve"
+    )
+
+
+def _sequence_figure(
+    ds: xr.Dataset, payload: dict, sample: int, query: int, width: int, pixel_rows: bool
+):
     """The sample's input sequence with the query's weights behind it, or ``(None, {...})``
-    for a trace whose keys are not the sequence's positions (cross-attention)."""
-    found = sequence_series(ds, Selection(sample=sample))
+    for a trace whose keys are not the sequence's positions (cross-attention). (A virtual
+    trace with neither power nor an input ``x`` shows its query norm:
+    :func:`attnpanel.readouts.sequence_series`.)
+
+    A curve of more than ``2 x CURVE_BINS`` points is stored by each bin's minimum and
+    maximum (:func:`attnpanel.windows.envelope`): at the plot's width the same line, no
+    peak lost; zoomed in, the page shows those bins, not every point."""
     length, n = payload["length"], payload["n"]
     none = dict(positions=None, query_span=None, band=None, band_title=None)
+    found = sequence_series(ds, Selection(sample=sample))
     if len(found.xs) != length or length == 0:
         return None, none
     timed = np.issubdtype(np.asarray(found.xs).dtype, np.datetime64)
@@ -301,7 +558,7 @@ def _sequence_figure(ds: xr.Dataset, payload: dict, sample: int, query: int, wid
         x_axis_type="datetime" if timed else "linear",
         tools="xpan,xwheel_zoom,reset",
         output_backend="webgl" if length > 5_000 else "canvas",
-        title=f"weights of query {query} (head 0) behind the curve",
+        title=_band_title(query, 0, n, _pixel_row(query, length, n, pixel_rows)),
         name="sequence",
     )
     fig.xaxis.axis_label = found.xname
@@ -309,9 +566,15 @@ def _sequence_figure(ds: xr.Dataset, payload: dict, sample: int, query: int, wid
     values = [np.asarray(v, dtype=np.float64) for _, v in found.series]
     low = float(min(np.nanmin(v) for v in values))
     high = float(max(np.nanmax(v) for v in values))
-    # one band per stored column: positions j * L / n - 0.5 to (j + 1) * L / n - 0.5
+    # one band per stored column: positions j * L / n - 0.5 to (j + 1) * L / n - 0.5, or
+    # for pixel maxima the column's whole keys (key j in column j * n // L)
+    columns = (
+        np.append(tiles.pixel_starts(length, n), length) - 0.5
+        if pixel_rows
+        else np.arange(n + 1) * length / n - 0.5
+    )
     edges = np.interp(
-        np.arange(n + 1) * length / n - 0.5,
+        columns,
         np.arange(-0.5, length + 0.5),
         np.concatenate(
             [[1.5 * xs[0] - 0.5 * xs[1]], (xs[:-1] + xs[1:]) / 2, [1.5 * xs[-1] - 0.5 * xs[-2]]]
@@ -338,11 +601,14 @@ def _sequence_figure(ds: xr.Dataset, payload: dict, sample: int, query: int, wid
         fill_color="#b2182b",
         fill_alpha="alpha",
         line_color=None,
-        legend_label="weights of the selected query",
+        legend_label="max weight of the query's pixel row"
+        if pixel_rows
+        else "weights of the selected query",
     )
     labels = [label for label, _ in found.series]
     for label, series, line in zip(labels, values, curve_styles(labels), strict=True):
-        fig.line(xs, series, legend_label=label, **line)  # canvas text, never HTML
+        cut_xs, cut_ys = envelope(xs, series, CURVE_BINS)
+        fig.line(cut_xs, cut_ys, legend_label=label, **line)  # canvas text, never HTML
     span = Span(location=xs[query], dimension="height", line_color=HIGHLIGHT, line_width=3)
     fig.add_layout(span)
     fig.legend.click_policy = "hide"
@@ -364,6 +630,11 @@ def _page(
 ) -> str:
     """The standalone page (HTML text) showing encoded maps of :func:`export_maps`."""
     length, n, heads = payload["length"], payload["n"], ds.sizes["head"]
+    # a virtual trace's maps hold pixel maxima: titles, hover and query marks say so
+    pixel_rows = virtual.is_virtual(ds)
+    per_pixel = -(-length // n)
+    reduced = pixel_rows and per_pixel > 1
+    drawn = f" · max of ≤{per_pixel} x {per_pixel} cells per pixel" if reduced else ""
     x_range = Range1d(-0.5, length - 0.5)
     y_range = Range1d(length - 0.5, -0.5)  # query 0 at the top, as a matrix reads
     mapper = LinearColorMapper(palette=_palette(), low=0, high=LEVELS, high_color="black")
@@ -398,13 +669,24 @@ def _page(
     main.name = "attention map"
     main.title.text = "softmax"
     main.xaxis.axis_label, main.yaxis.axis_label = "key", "query"
-    main.add_tools(HoverTool(tooltips=[("query", "$y{0}"), ("key", "$x{0}")]))
+    if pixel_rows:
+        cells = CustomJSHover(args=dict(n=n, length=length), code=CELLS_JS)
+        weight = CustomJSHover(args=dict(shown=shown, levels=LEVELS, masked=MASKED), code=LEVEL_JS)
+        tooltips = [("queries", "$y{cells}"), ("keys", "$x{cells}"), ("max weight", "@image{w}")]
+        formatters = {"$y": cells, "$x": cells, "@image": weight}
+        main.add_tools(HoverTool(tooltips=tooltips, formatters=formatters))
+    else:
+        main.add_tools(HoverTool(tooltips=[("query", "$y{0}"), ("key", "$x{0}")]))
     formatter = CustomJSTickFormatter(
         args={"shown": shown, "levels": LEVELS},
         code="const [low, top] = [shown.data.low[0], shown.data.top[0]];"
         "return (low + tick / levels * (top - low)).toPrecision(2);",
     )
-    colorbar = ColorBar(color_mapper=mapper, formatter=formatter, title=scale_title("weight", 0.0))
+    colorbar = ColorBar(
+        color_mapper=mapper,
+        formatter=formatter,
+        title=scale_title("max weight" if reduced else "weight", 0.0),
+    )
     main.add_layout(colorbar, "right")
 
     smalls, small_sources = [], []
@@ -417,26 +699,30 @@ def _page(
         smalls.append(fig)
         small_sources.append(source)
 
+    first, last = _pixel_row(query, length, n, pixel_rows)
     row_boxes = [
         BoxAnnotation(
-            bottom=query - 0.5, top=query + 0.5, level="overlay", name="query row", **ROW_STYLE
+            bottom=first - 0.5, top=last + 0.5, level="overlay", name="query row", **ROW_STYLE
         )
         for _ in range(1 + heads)
     ]
     for fig, box in zip([main, *smalls], row_boxes, strict=True):
         fig.add_layout(box)
     query_widget = Slider(title="Query", start=0, end=length - 1, value=query, step=1, width=300)
-    sequence, parts = _sequence_figure(ds, payload, sample, query, frame)
+    sequence, parts = _sequence_figure(ds, payload, sample, query, frame, pixel_rows)
     head_widget = Select(title="Head", value="0", options=[str(h) for h in range(heads)])
     masks = payload["masks"]
     own = ds.attrs.get("mask", "none")
     mask_widget = RadioButtonGroup(labels=masks, active=masks.index(own) if own in masks else 0)
     stage = Div(text="<b>Stage</b>: softmax (the attention weights)")
     shows = f"{escape(subtitle)} · " if subtitle else ""
+    stored = f"stored at {n} x {n}"
+    if reduced:
+        stored += f", each pixel the max of ≤{per_pixel} x {per_pixel} cells (the overview)"
     header = Div(
         text=f"<h2>{escape(title)}</h2><p>{shows}sample {sample} · {heads} heads"
         f" · {length} positions"
-        f" · stored at {n} x {n} · zoom or pan any map: all heads follow</p>"
+        f" · {stored} · zoom or pan any map: all heads follow</p>"
     )
     marks = dict(
         n=payload["n"],
@@ -447,6 +733,7 @@ def _page(
         shown=shown,
         masked=MASKED,
         levels=LEVELS,
+        pixel_rows=pixel_rows,
         **parts,
     )
     callback = CustomJS(
@@ -457,6 +744,7 @@ def _page(
             main_source=main_source,
             small_sources=small_sources,
             main_title=main.title,
+            drawn=drawn,
             colorbar=colorbar,
             **marks,
         ),

@@ -21,6 +21,7 @@ import xarray as xr
 from bokeh.models import Range1d
 
 from attnpanel import untrusted, virtual, windows
+from attnpanel.background import served
 from attnpanel.engine import LiveEngine
 from attnpanel.linked import LinkedMaps
 from attnpanel.overviews import Overviews
@@ -74,7 +75,7 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
         self.overviews = overviews or Overviews(
             trace if self.layers is None else self.layers, folder
         )
-        self.engine = LiveEngine(self)
+        self.engine = LiveEngine(self, background=True)  # maps never block the server
         self.linked = LinkedMaps(self.engine)
         positions = self.trace.sizes["query"]
         self.x_range = Range1d(-0.5, positions - 0.5)  # the sequence and the query's row
@@ -116,6 +117,39 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
             self.qk(sel),
         )
 
+    def save(self, path, sample: int | None = None, overwrite: bool = False):
+        """Write a standalone HTML file that works offline: every head's map (its overview,
+        each pixel the maximum weight of its cells) under the mask shown, the input
+        sequence and the selected query.
+
+        Parameters
+        ----------
+        path : str or Path
+            The HTML file to write.
+        sample : int, optional
+            The sample to export; defaults to the one shown.
+        overwrite : bool
+            Replace an existing HTML page at ``path`` (nothing else is ever replaced).
+
+        Returns
+        -------
+        Path
+        """
+        from attnpanel.export import export_html
+
+        source = str(self.trace.attrs.get("source", "")).strip()
+        return export_html(
+            self.trace,
+            path,
+            sample=self.sample if sample is None else sample,
+            title="attnpanel" + (f" · {source.splitlines()[0][:80]}" if source else ""),
+            overwrite=overwrite,
+            query=self.query,
+            masks=[self.mask],
+            overviews=self.overviews,
+            layer=None if self.layers is None else self.layer,
+        )
+
     def drawn(self, pane: str = "matrix", group: str = "Attention"):
         """The image a pane's map holds now, as the browser draws it."""
         return self.engine.drawn(pane, group)
@@ -150,6 +184,9 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
             sizing_mode="stretch_width",
         )
 
+    def _closed(self, _session_context) -> None:
+        self.engine.background.close()
+
     def _repr_mimebundle_(self, include=None, exclude=None):
         return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
 
@@ -160,4 +197,6 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
                 location.sync(self, URL_PARAMS)
             self._layout = self._build()
             self.engine.root = self._layout
+            if served(pn.state.curdoc):
+                pn.state.on_session_destroyed(self._closed)
         return self._layout

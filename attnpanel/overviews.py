@@ -32,6 +32,7 @@ import zarr
 
 from attnpanel import files, tiles, virtual
 from attnpanel.attention import MASK_MODES
+from attnpanel.locks import KeyLocks
 
 PIXELS = (480, 480)
 PARTS = ("max", "mean", "blocked")  # the arrays of one overview (tiles.Overview's fields)
@@ -126,6 +127,7 @@ class Overviews:
         self.folder = None if folder is None else Path(folder)
         self.fingerprint = fingerprint(ds)
         self._memory: dict[Entry, tiles.Overview] = {}
+        self._computing = KeyLocks()
 
     def entries(
         self,
@@ -155,12 +157,16 @@ class Overviews:
         """The overview of one map: from memory, else its store, else computed (and
         stored)."""
         found = self._memory.get(entry)
-        if found is None:
-            found = self._read(entry)
+        if found is not None:
+            return found
+        with self._computing.hold(entry):  # sessions asking for one map compute it once
+            found = self._memory.get(entry)
             if found is None:
-                found = compute(self.task(entry))
-                self._write(entry, found)
-            self._memory[entry] = found
+                found = self._read(entry)
+                if found is None:
+                    found = compute(self.task(entry))
+                    self._write(entry, found)
+                self._memory[entry] = found
         return found
 
     def stored(self, entry: Entry) -> bool:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import xarray as xr
 
+from attnpanel import virtual
+from attnpanel.locks import KeyLocks
 from attnpanel.palette import PREDICTED
 from attnpanel.trace import STAGES, attention_stage, masked_cells
 
@@ -107,22 +109,32 @@ class StageCache:
         self._items: OrderedDict = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._computing = KeyLocks()
 
     def get(self, key, compute):
         """Return the cached value of ``key``, computing it with ``compute()`` on a miss."""
+        found = self._hit(key)
+        if found is not None:
+            return found[0]
+        with self._computing.hold(key):  # threads asking for one key compute it once
+            found = self._hit(key)
+            if found is not None:
+                return found[0]
+            value = compute()
+            with self._lock:
+                self._items[key] = value
+                self._bytes += getattr(value, "nbytes", 0)
+                while self._bytes > self.max_bytes and len(self._items) > 1:
+                    _, old = self._items.popitem(last=False)
+                    self._bytes -= getattr(old, "nbytes", 0)
+        return value
+
+    def _hit(self, key) -> tuple | None:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
-        value = compute()
-        with self._lock:
-            if key not in self._items:
-                self._items[key] = value
-                self._bytes += getattr(value, "nbytes", 0)
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= getattr(old, "nbytes", 0)
-        return value
+                return (self._items[key],)
+        return None
 
     def __contains__(self, key) -> bool:
         return key in self._items
@@ -297,7 +309,8 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True
     The household aggregate power (with each appliance's ground truth and the model's
     prediction, ``predicted_power``, when asked and present) for a NILM trace; otherwise
     the norm of the input vector ``x`` per position; for a trace with only weights, the
-    attention each position receives (mean over heads and queries).
+    attention each position receives (mean over heads and queries), or for a virtual
+    trace (whose weights are computed, not held) the norm of its query vectors.
     """
     xs, xname = position_axis(ds, sel)
     if "aggregate" in ds:
@@ -314,6 +327,12 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True
         norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
         title = f"sample {sel.sample}: input vector norm per position"
         return SequenceSeries(xs, xname, "norm", "‖x‖", None, [("input norm", norm)], title)
+    if virtual.is_virtual(ds) and "q" in ds:
+        # what each position receives would take a pass over every cell of every head
+        q = ds["q"].isel(batch=sel.sample).transpose("head", "position", "head_dim")
+        norm = np.linalg.norm(q.values, axis=-1).mean(0)
+        title = f"sample {sel.sample}: query vector norm per position (mean over heads)"
+        return SequenceSeries(xs, xname, "norm", "‖q‖", None, [("query norm", norm)], title)
     received = ds["weights"].isel(batch=sel.sample).mean(("head", "query")).values
     title = f"sample {sel.sample}: attention each position receives"
     return SequenceSeries(

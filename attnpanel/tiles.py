@@ -79,6 +79,29 @@ class Masking:
             found = padded if found is None else padded | found
         return found
 
+    def blocked_where(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """The blocked cells at the position pairs ``(query, key)`` (broadcastable
+        tensors) of one sample (a :func:`sample_masking`), or None."""
+        found = None
+        if self.mode == "diagonal":
+            found = query == key
+        elif self.mode == "causal":
+            found = key > query
+        if self.key_padding is not None:
+            padded = self.key_padding[0].to(key.device)[key]
+            found = padded if found is None else padded | found
+        return found
+
+    def bias_where(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """The bias at the position pairs ``(query, key)`` (broadcastable tensors) of one
+        sample and head (a :func:`sample_masking`), or None."""
+        if self.bias is None:
+            return None
+        bias = self.bias.reshape(self.bias.shape[-2:])
+        rows = query if bias.shape[0] > 1 else torch.zeros_like(query)
+        cols = key if bias.shape[1] > 1 else torch.zeros_like(key)
+        return bias[rows.to(bias.device), cols.to(bias.device)]
+
     def bias_tile(self, rows: slice, cols: slice) -> torch.Tensor | None:
         """The bias's slice for a tile, or None."""
         if self.bias is None:
@@ -450,6 +473,7 @@ def pixel_starts(n: int, pixels: int) -> np.ndarray:
 
 OVERVIEW_COLUMNS = 4096  # keys per step of the overview pass (a cache-sized slab)
 OVERVIEW_EXACT_CELLS = 2**22  # maps up to this many cells are reduced in float64
+GROUP_CELLS = 2**18  # cells of one step of the overview pass (pixel rows taken together)
 
 
 @torch.no_grad()
@@ -493,10 +517,12 @@ def overview(
         raise ValueError(f"an empty window: queries {queries}, keys {key_span}")
     rows, cols = min(pixels[0], length), min(pixels[1], keys)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], lse.shape[:-1])
+    # only the window's rows and keys are read (positions stay absolute for the mask)
+    q, lse, k = q[..., queries, :], lse[..., queries], k[..., key_span, :]
     dtype = torch.float64 if length * keys <= exact_cells else torch.float32
-    q64 = q.double().expand(*lead, q.shape[-2], -1)
-    k64 = k.double().expand(*lead, k.shape[-2], -1)
-    lse64 = lse.to(q.device, torch.float64).expand(*lead, q.shape[-2])
+    q64 = q.double().expand(*lead, length, -1)
+    k64 = k.double().expand(*lead, keys, -1)
+    lse64 = lse.to(q.device, torch.float64).expand(*lead, length)
     lse64 = torch.where(torch.isfinite(lse64), lse64, torch.full_like(lse64, math.inf))
     row_starts, col_starts = pixel_starts(length, rows), pixel_starts(keys, cols)
     row_edges = [*(queries.start + row_starts).tolist(), queries.stop]
@@ -508,21 +534,28 @@ def overview(
         one = sample_masking(masking, b, h)
         q_bh, lse_bh = q64[b, h].to(dtype), lse64[b, h].to(dtype)
         kt = k64[b, h].transpose(0, 1).to(dtype).contiguous()  # (E, S)
-        for r in range(rows):
-            span = slice(row_edges[r], row_edges[r + 1])
-            row_max, row_sum, row_blocked = _overview_row(
-                q_bh[span], kt, lse_bh[span], one, scale, span, key_span, block_k
+        for first, last in _row_groups(row_edges, min(keys, block_k), GROUP_CELLS):
+            span = slice(row_edges[first], row_edges[last])
+            at = slice(span.start - queries.start, span.stop - queries.start)
+            counts = np.diff(row_edges[first : last + 1])
+            pixel_row = torch.as_tensor(np.repeat(np.arange(last - first), counts), device=q.device)
+            row_max, row_sum, row_blocked = _overview_rows(
+                q_bh[at], kt, lse_bh[at], one, scale, span, key_span, block_k, pixel_row
             )
-            pixel_max = np.maximum.reduceat(row_max, col_starts).astype(np.float64)
+            pixel_max = np.maximum.reduceat(row_max, col_starts, axis=1).astype(np.float64)
             if dtype != torch.float64:  # recompute each maximum in float64 from its key
-                held = np.flatnonzero(np.isfinite(pixel_max))
-                key = key_span.start + _first_key_at(row_max, pixel_max, col_of_key, held)
-                pixel_max[held] = _exact_column_max(
-                    q64[b, h, span], k64[b, h], lse64[b, h, span], one, scale, span, key
-                )
-            peak[b, h, r] = np.exp(pixel_max)
-            total[b, h, r] = np.add.reduceat(row_sum, col_starts)
-            blocked_count[b, h, r] = np.add.reduceat(row_blocked, col_starts)
+                # the first key of each pixel holding its maximum, (pixel rows, cols)
+                held = row_max == pixel_max[:, col_of_key].astype(row_max.dtype)
+                key = np.where(held, np.arange(keys), keys - 1)
+                key = np.minimum.reduceat(key, col_starts, axis=1)
+                exact = _exact_pixel_max(
+                    q64[b, h], k64[b, h], lse64[b, h], one, scale, row_edges[first : last + 1],
+                    key, (queries.start, key_span.start),
+                )  # fmt: skip
+                pixel_max = np.where(np.isfinite(pixel_max), exact, pixel_max)
+            peak[b, h, first:last] = np.exp(pixel_max)
+            total[b, h, first:last] = np.add.reduceat(row_sum, col_starts, axis=1)
+            blocked_count[b, h, first:last] = np.add.reduceat(row_blocked, col_starts, axis=1)
     per_pixel = np.outer(np.diff(row_edges), np.diff([*col_starts.tolist(), keys]))
     return Overview(
         max=peak.astype(np.float32),
@@ -531,45 +564,64 @@ def overview(
     )
 
 
-def _first_key_at(row_max, pixel_max, col_of_key, pixels):
-    """For each of ``pixels``, the first key whose ``row_max`` is its pixel's maximum."""
-    hits = np.flatnonzero(row_max == pixel_max[col_of_key])
-    found, first = np.unique(col_of_key[hits], return_index=True)
-    return hits[first[np.searchsorted(found, pixels)]]
+def _exact_pixel_max(q, k, lse, masking: Masking, scale: float, row_edges, keys, origin):
+    """float64 ``max over a pixel's rows of (logit - lse)`` at one key per pixel.
 
-
-def _exact_column_max(q, k, lse, masking: Masking, scale: float, rows: slice, keys):
-    """float64 ``max over rows of (logit - lse)`` at each of ``keys``, for the queries
-    ``rows`` of one sample and head (``q`` and ``lse`` those rows', ``k`` ``(S, E)``)."""
+    For consecutive pixel rows (queries ``row_edges[g]`` to ``row_edges[g + 1]``) of one
+    sample and head, ``keys`` ``(pixel rows, cols)`` the key of each pixel, as indices
+    into ``k``; ``q``, ``lse`` and ``k`` start at the positions ``origin`` (query, key).
+    """
+    counts = np.diff(row_edges)
+    slots = np.arange(counts.max())
+    # (pixel rows, rows of the largest): a shorter pixel row repeats its first query,
+    # which leaves its maximum as it is
+    rows = np.asarray(row_edges[:-1])[:, None] + np.where(slots < counts[:, None], slots, 0)
+    rows = torch.as_tensor(rows, device=q.device)
     keys = torch.as_tensor(keys, device=q.device)
-    logits = (q @ k[keys].transpose(0, 1)) * scale - lse[:, None]
-    query = _positions(rows, q.device)
-    bias = masking.bias_at(query, keys)
+    at_rows = rows - origin[0]
+    logits = torch.bmm(q[at_rows], k[keys].transpose(1, 2)) * scale  # (G, rows, cols)
+    logits = logits - lse[at_rows][..., None]
+    query, key = rows[:, :, None], (keys + origin[1])[:, None, :]
+    bias = masking.bias_where(query, key)
     if bias is not None:
-        logits = logits + bias.to(logits).reshape(logits.shape)
-    blocked = masking.blocked_at(query, keys)
+        logits = logits + bias.to(logits)
+    blocked = masking.blocked_where(query, key)
     if blocked is not None:
-        logits = logits.masked_fill(blocked.reshape(blocked.shape[-2:]), -math.inf)
-    return logits.amax(0).cpu().numpy()
+        logits = logits.masked_fill(blocked, -math.inf)
+    return logits.amax(1).cpu().numpy()
 
 
-def _overview_row(
-    q, kt, lse, masking: Masking, scale: float, rows: slice, keys: slice, block_k: int
+def _row_groups(row_edges: list[int], columns: int, cells: int) -> list[tuple[int, int]]:
+    """Consecutive pixel rows ``[first, last)`` whose queries times ``columns`` keys make
+    about ``cells`` cells (at least one pixel row each): one step of the overview pass."""
+    groups, first = [], 0
+    for last in range(1, len(row_edges)):
+        if last == len(row_edges) - 1 or (row_edges[last + 1] - row_edges[first]) * columns > cells:
+            groups.append((first, last))
+            first = last
+    return groups
+
+
+def _overview_rows(
+    q, kt, lse, masking: Masking, scale: float, rows: slice, keys: slice, block_k: int, pixel_row
 ):
-    """Per key of ``keys``, over the queries ``rows`` of one sample and head: the largest
+    """Per pixel row (the queries ``rows`` of one sample and head, ``pixel_row[i]`` the
+    pixel row of query ``rows.start + i``) and per key of ``keys``: the largest
     ``logit - lse`` (``-inf`` where every cell is blocked), the sum of the weights and the
-    number of blocked cells; numpy ``(len(keys),)`` each."""
+    number of blocked cells; numpy ``(pixel rows, len(keys))`` each."""
     width, count = keys.stop - keys.start, rows.stop - rows.start
-    row_max = torch.full((width,), -math.inf, dtype=q.dtype, device=q.device)
-    row_sum = torch.zeros(width, dtype=q.dtype, device=q.device)
-    row_blocked = torch.zeros(width, dtype=q.dtype, device=q.device)
+    groups = int(pixel_row[-1]) + 1
+    row_max = torch.full((groups, width), -math.inf, dtype=q.dtype, device=q.device)
+    row_sum = torch.zeros(groups, width, dtype=q.dtype, device=q.device)
+    row_blocked = torch.zeros(groups, width, dtype=q.dtype, device=q.device)
     shift = -lse[:, None]
     for cols in _blocks_in(keys, block_k):
         out = slice(cols.start - keys.start, cols.stop - keys.start)
         if masking.mode == "causal" and cols.start >= rows.stop:
-            row_blocked[out] = count  # every key after the last query: all blocked
+            # every key after the last query: all blocked
+            row_blocked[:, out] = torch.bincount(pixel_row, minlength=groups).to(q.dtype)[:, None]
             continue
-        logits = torch.addmm(shift, q, kt[:, cols], alpha=scale)
+        logits = torch.addmm(shift, q, kt[:, out], alpha=scale)  # (rows, cols)
         bias = masking.bias_tile(rows, cols)
         if bias is not None:
             logits = logits + bias.to(logits).reshape(bias.shape[-2:])
@@ -582,7 +634,13 @@ def _overview_row(
         if blocked is not None:
             blocked = blocked.reshape(blocked.shape[-2:]).expand(count, -1)
             logits = logits.masked_fill(blocked, -math.inf)
-            row_blocked[out] = blocked.sum(0, dtype=q.dtype)
-        torch.amax(logits, 0, out=row_max[out])
-        torch.sum(logits.exp_(), 0, out=row_sum[out])
-    return (t.cpu().numpy() for t in (row_max, row_sum, row_blocked))
+            row_blocked[:, out].index_add_(0, pixel_row, blocked.to(q.dtype))
+        # (rows, cols) -> (pixel rows, cols): each pixel row's maximum and sum
+        if groups == 1:
+            torch.amax(logits, 0, out=row_max[0, out])
+            torch.sum(logits.exp_(), 0, out=row_sum[0, out])
+        else:
+            index = pixel_row[:, None].expand_as(logits)
+            row_max[:, out].scatter_reduce_(0, index, logits, "amax")
+            row_sum[:, out].index_add_(0, pixel_row, logits.exp_())
+    return tuple(t.cpu().numpy() for t in (row_max, row_sum, row_blocked))

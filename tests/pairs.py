@@ -23,3 +23,15 @@ def padded_pair(length: int = 300):
     _, lse = tiles.attention(q, k, q, tiles.Masking("diagonal", key_padding=padding), scale)
     common = dict(q=q, k=k, blocked=blocked, scale=scale)
     return build_trace(weights=weights, **common), build_trace(lse=lse, **common)
+
+
+def long_layer_pair(length: int = 600):
+    """A diagonal layer's dense trace (the model's weights) and virtual trace (lse) of the
+    same input: the small stand-in for a long sequence that the served tests explore."""
+    from attnpanel.attention import MultiHeadSelfAttention
+    from attnpanel.trace import trace
+
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(48, 4, "diagonal").eval()
+    x = torch.randn(1, length, 48, generator=torch.Generator().manual_seed(1)) * 2
+    return trace(layer, x, dense=True), trace(layer, x, dense=False)

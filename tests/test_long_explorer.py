@@ -302,3 +302,53 @@ def test_clock_axes_follow_the_sample(pair):
     assert figures["matrix"].yaxis[0].formatter.args["step"] == 60_000
     explorer.param.update(sample=1)
     assert starts() == {int(ms[1])}
+
+
+def test_a_trace_without_its_input_shows_the_query_norm_without_a_pass_over_the_map(
+    monkeypatch,
+):
+    """A virtual trace holding neither the input nor the power: the sequence is each
+    position's query norm (what 'attention received' would need is every cell)."""
+    dense, lazy = padded_pair()
+    assert "x" not in lazy and "aggregate" not in lazy
+
+    def every_cell(*args, **kwargs):
+        raise AssertionError("the sequence computed the lazy weights")
+
+    monkeypatch.setattr(tiles, "weights_tile", every_cell)
+    explorer = LongExplorer(lazy, sample=1)
+    explorer.__panel__()
+    assert explorer.engine.title("sequence").startswith("sample 1: query vector norm")
+    expected = np.linalg.norm(dense["q"].isel(batch=1).values, axis=-1).mean(0)
+    (curve,) = [
+        handles
+        for key, found in explorer.engine.plots("sequence").items()
+        if key.kind == "Curve"
+        for handles in found
+    ]
+    ys = np.asarray(curve["source"].data["norm"])
+    np.testing.assert_allclose(np.nanmax(ys), expected.max(), rtol=1e-6)
+    np.testing.assert_allclose(np.nanmin(ys), expected.min(), rtol=1e-6)
+
+
+def test_the_long_page_saves_what_it_shows_from_the_overviews_it_drew(pair, tmp_path, monkeypatch):
+    """``save`` writes the offline page of the sample, mask and query shown, from the
+    overviews the page already holds: no map is computed again."""
+    from test_export_virtual import _payload
+
+    from attnpanel import overviews
+
+    explorer = LongExplorer(pair[1], sample=1, head=2, query=345, mask="causal")
+    explorer.__panel__()
+
+    def computed(task):
+        raise AssertionError("the export computed a map the page holds")
+
+    monkeypatch.setattr(overviews, "compute", computed)
+    path = explorer.save(tmp_path / "long.html")
+    payload = _payload(path)
+    assert payload["masks"] == ["causal"]
+    assert len(payload["maps"]["causal"]) == explorer.n_heads
+    assert path.stat().st_size <= 5_000_000
+    text = path.read_text("utf-8")
+    assert "sample 1" in text and '"value":345' in text.replace(" ", "")

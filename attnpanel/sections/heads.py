@@ -113,6 +113,7 @@ class HeadComparison(Section):
             self._mass_shares,
             ["sample", "mask", "enabled_heads"],
             GRID_PANE,
+            slow=True,  # a box on a long trace reads every cell in it
         )
         strip = {"plot": grid.figure, "source": grid.shares, "push": grid.push_shares}
         grid.push_shares(strip, shares)
