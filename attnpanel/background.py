@@ -54,6 +54,8 @@ class Background:
     def __init__(self, indicator: pn.pane.HTML, threads: int = THREADS):
         self.indicator = indicator
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="attnpanel-views")
+        # refinements (seconds each) wait for one another, never for the views
+        self._refiner = ThreadPoolExecutor(1, thread_name_prefix="attnpanel-refine")
         self._tickets = itertools.count()
         self._latest: dict[Hashable, int] = {}  # key -> ticket of its newest computation
         self._in_flight = 0
@@ -68,6 +70,7 @@ class Background:
         self,
         jobs: Sequence[tuple[Hashable, Callable, Callable]],
         failed: Callable[[Hashable, BaseException], None],
+        refine: bool = False,
     ) -> None:
         """Compute each job's ``compute()`` on the workers and call its ``draw(result)``.
 
@@ -79,23 +82,32 @@ class Background:
             meanwhile.
         failed : callable
             ``failed(key, error)`` for a computation that raised (on the event loop).
+        refine : bool
+            Slow refinements of views already drawn: one at a time on a worker of their
+            own, skipped if their view changed before their turn.
         """
         if not jobs:
             return
         doc = pn.state.curdoc
+        pool = self._refiner if refine else self._pool
         if not served(doc):
-            self._run_here(jobs, failed)
+            self._run_here(pool, jobs, failed)
             return
         for key, compute, draw in jobs:
             ticket = next(self._tickets)
             self._latest[key] = ticket
             self._started(doc)
-            future = self._pool.submit(compute)
+            future = pool.submit(self._unless_superseded, key, ticket, compute)
             future.add_done_callback(partial(self._hand_back, doc, key, ticket, draw, failed))
 
-    def _run_here(self, jobs, failed) -> None:
+    def _unless_superseded(self, key, ticket, compute):
+        if self._latest.get(key) != ticket:
+            return None  # a newer job of the same view came meanwhile: not drawn anyway
+        return compute()
+
+    def _run_here(self, pool, jobs, failed) -> None:
         """Outside a server: every job side by side on the workers, drawn in order."""
-        futures = [(key, self._pool.submit(compute), draw) for key, compute, draw in jobs]
+        futures = [(key, pool.submit(compute), draw) for key, compute, draw in jobs]
         for key, future, draw in futures:
             try:
                 result = future.result()
@@ -149,4 +161,5 @@ class Background:
 
     def close(self) -> None:
         """Stop the workers once their current jobs end (the session is over)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._refiner):
+            pool.shutdown(wait=False, cancel_futures=True)

@@ -131,6 +131,7 @@ class LiveView:
     group: str = ""  # group of a regridded map (Attention, HeadMap)
     first: bool = False  # drawn in the same message as the change, before the others
     slow: bool = False  # may take long: a background engine computes it off the event loop
+    refine: Callable | None = None  # Selection -> a slower, exact build to draw next, or None
 
     @property
     def offloadable(self) -> bool:
@@ -192,6 +193,7 @@ class LiveEngine:
         first: bool = False,
         follows_layer: bool = True,
         slow: bool = False,
+        refine: Callable | None = None,
     ):
         """Register a view and return its first element (a :class:`Raster` for a map).
 
@@ -222,10 +224,25 @@ class LiveEngine:
         slow : bool
             Its build may take long (seconds): a background engine computes it off the
             event loop, as it does every map.
+        refine : callable, optional
+            ``Selection -> build output or None``, asked once the view is drawn: a slower,
+            exact version of it (a window's own pixels where the first draw cut a stored
+            overview), which a background engine computes on its refinement worker and
+            draws in its place unless the view changed meanwhile.
         """
         parameters = set(parameters) | ({"layer"} if follows_layer else set())
         view = LiveView(
-            name, build, frozenset(parameters), pane, raster, title, active, group, first, slow
+            name,
+            build,
+            frozenset(parameters),
+            pane,
+            raster,
+            title,
+            active,
+            group,
+            first,
+            slow,
+            refine,
         )
         element = self._element(view, self.state.selection)
         self._views.append(view)
@@ -401,10 +418,10 @@ class LiveEngine:
         self._refresh_all([view for view in self._views if where(view)], self.state.selection)
         self._push_notebook()
 
-    def _element(self, view: LiveView, sel):
+    def _element(self, view: LiveView, sel, built=None):
         if view.raster is None:
             return view.build(sel)
-        values, label, *value_label = view.build(sel)
+        values, label, *value_label = view.build(sel) if built is None else built
         window = self.window if view.group in LINKED_GROUPS else None
         raster, bounds = window_raster(values, *view.raster, window)
         return Raster(raster, bounds, view.group, label, "".join(value_label))
@@ -513,7 +530,11 @@ class LiveEngine:
             return
         shown = [view for view in views if view.active is None or view.active()]
         jobs = [
-            (id(view), partial(self._element, view, sel), partial(self._draw, view))
+            (
+                id(view),
+                partial(self._element, view, sel),
+                partial(self._draw_then_refine, view, sel),
+            )
             for view in shown
             if view.offloadable
         ]
@@ -521,6 +542,14 @@ class LiveEngine:
         for view in shown:
             if not view.offloadable:
                 self._refresh(view, sel)
+
+    def _draw_then_refine(self, view: LiveView, sel, element) -> None:
+        """Draw a background view, then ask for its refinement (if it has one now)."""
+        self._draw(view, element)
+        built = None if view.refine is None else view.refine(sel)
+        if built is not None:
+            job = (id(view), partial(self._element, view, sel, built), partial(self._draw, view))
+            self.background.run([job], self._failed, refine=True)
 
     def _failed(self, key: int, err: BaseException) -> None:
         view = next(view for view in self._views if id(view) == key)

@@ -22,7 +22,7 @@ cells the mask blocks in a whole pixel are NaN (drawn apart from the colour scal
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 import xarray as xr
 
 from attnpanel import tiles, virtual
-from attnpanel.overviews import Entry, Overviews
+from attnpanel.overviews import PIXELS, Entry, Overviews
 from attnpanel.raster import raster_values, snap_window
 
 EXACT_CELLS = 2**24  # windows up to 4,096 x 4,096 cells are computed from q and k on demand
@@ -60,6 +60,10 @@ class VirtualMap:
         The layer's index in a stacked trace (the overview's key).
     qk : SampleQK, optional
         The sample's ``q`` and ``k`` (:func:`sample_qk`); cut from the trace when None.
+    exact : bool
+        Compute a window of any size from ``q`` and ``k`` (each pixel the maximum of its
+        own cells), where the stored overview's blocks would be coarser than the pixels:
+        the refinement :meth:`refined` gives, seconds for the largest windows.
     """
 
     ds: xr.Dataset
@@ -70,6 +74,7 @@ class VirtualMap:
     lse: torch.Tensor | Callable[[], torch.Tensor]
     layer: int | None = None
     qk: SampleQK | None = None
+    exact: bool = False  # a window of any size computed from q and k (seconds at 30,000^2)
 
     def row_lse(self) -> torch.Tensor:
         """Each row's log-sum-exp under the map's mask, ``(1, H, L)``."""
@@ -116,6 +121,26 @@ class VirtualMap:
             return self.cells(queries, keys), bounds
         return self._reduce(queries, keys, pixels), bounds
 
+    def refined(self, width: int, height: int, window: tuple | None = None):
+        """This map computed exactly for ``window``, or None where :meth:`raster` already
+        is: a window over :data:`EXACT_CELLS` cells whose stored overview blocks are more
+        than twice as coarse as its pixels (at L = 64,800, windows of 4,097 to ~32,000
+        positions: their exact pixels take 0.1-3 s, so they are drawn after the overview's).
+        """
+        plan = self._plan(width, height, window)
+        if self.exact or plan[0] != "overview" or window is None or plan[-1] == self._full():
+            return None
+        _, px, py, (x0, y0, x1, y1) = plan
+        rows, cols = self.shape
+        block_rows, block_cols = -(-rows // min(rows, PIXELS[0])), -(-cols // min(cols, PIXELS[1]))
+        if block_rows <= 2 * (y1 - y0) / py and block_cols <= 2 * (x1 - x0) / px:
+            return None  # the overview's blocks are about the window's pixels already
+        return replace(self, exact=True)
+
+    def _full(self) -> tuple:
+        rows, cols = self.shape
+        return (-0.5, -0.5, cols - 0.5, rows - 0.5)
+
     def describe(self, width: int, height: int, window: tuple | None = None) -> str:
         """What a pixel of :meth:`raster` holds, in words (for a title)."""
         plan = self._plan(width, height, window)
@@ -137,7 +162,7 @@ class VirtualMap:
         """Where the pixels of a window come from: ``("overview", width, height, bounds)``,
         or ``("window", queries, keys, bounds, pixels)`` (``pixels`` None: the cells)."""
         rows, cols = self.shape
-        full = (-0.5, -0.5, cols - 0.5, rows - 0.5)
+        full = self._full()
         snapped = snap_window(full, (rows, cols), width, height, *window) if window else None
         if snapped is None:
             return ("overview", width, height, full)
@@ -145,7 +170,9 @@ class VirtualMap:
         queries = slice(round(y0 + 0.5), round(y1 + 0.5))
         keys = slice(round(x0 + 0.5), round(x1 + 0.5))
         bounds = (x0, y0, x1, y1)
-        if (queries.stop - queries.start) * (keys.stop - keys.start) > EXACT_CELLS:
+        if (queries.stop - queries.start) * (keys.stop - keys.start) > EXACT_CELLS and not (
+            self.exact
+        ):
             return ("overview", px, py, bounds)
         if queries.stop - queries.start <= py and keys.stop - keys.start <= px:
             return ("window", queries, keys, bounds, None)

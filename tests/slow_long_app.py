@@ -17,11 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pairs import long_layer_pair  # noqa: E402
 
-from attnpanel import overviews, serving  # noqa: E402
+from attnpanel import overviews, serving, windows  # noqa: E402
 from attnpanel.explorer import notify_errors  # noqa: E402
 from attnpanel.long_explorer import LongExplorer  # noqa: E402
 
 DELAY_S = 6.0
+# windows over 100 x 100 cells are first cut from the overview, then refined (as windows
+# of 4,097 to ~32,000 positions are at L = 64,800)
+windows.EXACT_CELLS = 100 * 100
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 

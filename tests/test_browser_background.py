@@ -97,3 +97,25 @@ def test_a_mask_whose_maps_take_seconds_leaves_the_page_and_the_server_answering
     np.testing.assert_array_equal(np.isnan(drawn), np.isnan(expected))
     np.testing.assert_allclose(drawn, expected, rtol=0, atol=1e-6)
     assert [m for m in console if m[0] in ("error", "pageerror", "dialog")] == []
+
+
+def test_a_window_cut_from_the_overview_is_then_drawn_from_its_own_cells(app, artifacts):
+    """Zoomed to a window the overview shows coarser than the screen, the large map first
+    shows the overview's blocks, saying it computes the window, then the window's own
+    cells (computed on the refinement worker)."""
+    page, console, _ = app
+    page.evaluate(WATCH_JS)
+    page.evaluate(
+        """(() => { const p = attn.plot('sample 0, head 0').model;
+                    p.x_range.setv({start: 99.5, end: 399.5});
+                    p.y_range.setv({start: 449.5, end: 149.5}); })()"""
+    )
+    page.wait_for_function(
+        "() => attn.plot('sample 0, head 0').model.title.text.includes('every cell')",
+        timeout=60_000,
+    )
+    titles = [t for kind, t in page.evaluate("window.__events") if kind == "matrix"]
+    coarse = next(i for i, t in enumerate(titles) if "computing this window" in t)
+    assert "overview" in titles[coarse]
+    assert coarse < next(i for i, t in enumerate(titles) if "every cell" in t), titles
+    assert [m for m in console if m[0] in ("error", "pageerror", "dialog")] == []

@@ -7,13 +7,15 @@ each row's lse. Maps show each pixel's maximum, blocked cells NaN.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from bokeh.models import HoverTool
 from pairs import padded_pair
 
-from attnpanel import linked, tiles, virtual, windows
+from attnpanel import linked, overviews, tiles, virtual, windows
 from attnpanel.attention import MultiHeadSelfAttention, build_mask
 from attnpanel.engine import PlotKey
 from attnpanel.explorer import explore
@@ -118,16 +120,58 @@ def test_a_zoomed_window_shows_its_own_cells_and_marks_blocked_ones(pair, explor
     np.testing.assert_allclose(tile, expected, rtol=0, atol=1e-6)
 
 
-def test_a_window_larger_than_the_exact_limit_is_cut_from_the_overview(pair, explorer, monkeypatch):
+def test_a_window_larger_than_the_exact_limit_is_cut_from_the_overview_then_refined(
+    pair, explorer, monkeypatch
+):
+    """Over EXACT_CELLS, a window is first cut from the overview (each pixel the max of its
+    block, coarser than the screen here), then the large map is refined to the window's
+    own pixels; the small head tiles keep the overview's blocks."""
     dense, _ = pair
     monkeypatch.setattr(windows, "EXACT_CELLS", 100 * 100)
-    explorer.linked.zoom((-0.5, 349.5), (-0.5, 349.5))
-    drawn = explorer.drawn()
-    assert "overview" in explorer.engine.title("matrix")
+    window = ((-0.5, 349.5), (-0.5, 349.5))
     weights = dense["weights"].isel(batch=0, head=0).values
-    whole = _pixel_max(weights, 480, 480, _blocked("diagonal", LENGTH))
+    blocked = _blocked("diagonal", LENGTH)
+    whole = _pixel_max(weights, 480, 480, blocked)
+    found = explorer.virtual_map(explorer.selection)
+    quick, _ = found.raster(480, 480, window)
     # the overview's pixels over the window: each still the max of its own cells
-    np.testing.assert_allclose(drawn, whole[: drawn.shape[0], : drawn.shape[1]], atol=1e-6)
+    np.testing.assert_allclose(quick, whole[: quick.shape[0], : quick.shape[1]], atol=1e-6)
+    assert found.refined(480, 480, window) is not None
+    assert found.refined(480, 480, None) is None  # the whole map: the overview is exact
+    explorer.linked.zoom(*window)
+    drawn = explorer.drawn()
+    assert "every cell" in explorer.engine.title("matrix")
+    np.testing.assert_array_equal(np.isnan(drawn), blocked[:350, :350])
+    shown = ~blocked[:350, :350]
+    np.testing.assert_allclose(drawn[shown], weights[:350, :350][shown], rtol=0, atol=1e-6)
+    tile = explorer.drawn("head 0", "HeadMap")  # 140 px: the overview's blocks suffice
+    expected, _ = found.raster(*tile.shape[::-1], window)
+    np.testing.assert_allclose(tile, expected, rtol=0, atol=1e-6)
+
+
+def test_an_exact_window_is_each_pixels_maximum_over_its_own_cells(pair, monkeypatch):
+    """Over EXACT_CELLS, a map made exact (what a refinement draws) computes each pixel's
+    max of the model's weights over its own cells of the window."""
+    dense, lazy = pair
+    monkeypatch.setattr(windows, "EXACT_CELLS", 100 * 100)
+    found = windows.VirtualMap(
+        lazy,
+        overviews.Overviews(lazy),
+        1,
+        3,
+        "diagonal",
+        lambda: virtual.row_lse(lazy, "diagonal", 1),
+    )
+    window = ((49.5, 649.5), (99.5, 399.5))  # 600 keys x 300 queries on 200 x 100 pixels
+    # 3 x 3 cells a pixel: the overview's 2 x 2 blocks are fine enough, no refinement
+    assert found.refined(200, 100, window) is None
+    exact = dataclasses.replace(found, exact=True)
+    values, bounds = exact.raster(200, 100, window)
+    weights = dense["weights"].isel(batch=1, head=3).values[100:400, 50:650]
+    blocked = _blocked("diagonal", LENGTH)[100:400, 50:650]
+    expected = _pixel_max(np.where(blocked, -np.inf, weights), *values.shape)
+    np.testing.assert_allclose(values, expected, rtol=0, atol=1e-6)
+    assert "(this window)" in exact.describe(200, 100, window)
 
 
 def test_another_mask_is_recomputed_from_q_and_k(pair, explorer):

@@ -332,8 +332,19 @@ class WindowedMatrix(Section):
 
     def values(self, sel):
         """``(map, title, colour-bar label)`` of the selected head for the engine."""
-        found = self.state.virtual_map(sel)
-        resolution = found.describe(MATRIX_SIZE, MATRIX_SIZE, self.engine.window)
+        return self._values(self.state.virtual_map(sel), sel)
+
+    def exact_values(self, sel):
+        """The same for the window's own pixels, where :meth:`values` cut the overview
+        coarser than the screen (None elsewhere): drawn next, once computed."""
+        found = self.state.virtual_map(sel).refined(MATRIX_SIZE, MATRIX_SIZE, self.engine.window)
+        return None if found is None else self._values(found, sel)
+
+    def _values(self, found, sel):
+        window = self.engine.window
+        resolution = found.describe(MATRIX_SIZE, MATRIX_SIZE, window)
+        if found.refined(MATRIX_SIZE, MATRIX_SIZE, window) is not None:
+            resolution += "; computing this window's own…"
         title = f"sample {sel.sample}, head {sel.head}, mask {sel.mask}: weights, {resolution}"
         return found, title, "weight (max per pixel)"
 
@@ -346,6 +357,7 @@ class WindowedMatrix(Section):
             raster=(MATRIX_SIZE, MATRIX_SIZE),
             group="Attention",
             first=True,
+            refine=self.exact_values,
         )
         image = raster.element(hv.Dimension("weight"))
         plot = self.marked(image, "query marker", "matrix", first=True)
