@@ -158,12 +158,14 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
         s = self.sections
         source = str(self.trace.attrs.get("source", "")).strip() or "trace"
         n = self.trace.sizes["query"]
+        side = int(windows.EXACT_CELLS**0.5)
         about = pn.pane.Markdown(
             f"A **virtual trace**: {n:,} positions, {self.n_heads} heads; no map is held. "
             "Every map shows each pixel's *maximum* weight (a single sharp key is never "
-            "averaged away): the stored overview over the whole map, and the window's own "
-            f"pixels, computed from q, k and each row's log-sum-exp, once zoomed under "
-            f"{windows.EXACT_CELLS:,} cells. A query's row is computed alone.",
+            "averaged away): the stored overview over the whole map; zoomed in, the window's "
+            "own pixels, computed from q, k and each row's log-sum-exp (at once up to "
+            f"{side:,} x {side:,} cells; a larger window shows the overview's blocks first, "
+            "then its own pixels once computed). A query's row is computed alone.",
             sizing_mode="stretch_width",
             styles={"font-size": "12px"},
             margin=(0, 10),

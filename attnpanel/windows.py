@@ -33,7 +33,11 @@ from attnpanel import tiles, virtual
 from attnpanel.overviews import PIXELS, Entry, Overviews
 from attnpanel.raster import raster_values, snap_window
 
-EXACT_CELLS = 2**24  # windows up to 4,096 x 4,096 cells are computed from q and k on demand
+# A 480 x 480 map computes windows of up to 4,096 x 4,096 cells from q and k at once (about
+# 0.2 s on two cores); a smaller plot, its share of that (a 140 px head tile ~1,200^2):
+# larger windows are first cut from the overview, then refined.
+EXACT_CELLS = 2**24
+EXACT_PIXELS = 480 * 480
 TOP_KEYS = 10  # the keys a query click lists
 
 
@@ -123,7 +127,7 @@ class VirtualMap:
 
     def refined(self, width: int, height: int, window: tuple | None = None):
         """This map computed exactly for ``window``, or None where :meth:`raster` already
-        is: a window over :data:`EXACT_CELLS` cells whose stored overview blocks are more
+        is: a window over :func:`exact_limit` cells whose stored overview blocks are more
         than twice as coarse as its pixels (at L = 64,800, windows of 4,097 to ~32,000
         positions: their exact pixels take 0.1-3 s, so they are drawn after the overview's).
         """
@@ -170,9 +174,8 @@ class VirtualMap:
         queries = slice(round(y0 + 0.5), round(y1 + 0.5))
         keys = slice(round(x0 + 0.5), round(x1 + 0.5))
         bounds = (x0, y0, x1, y1)
-        if (queries.stop - queries.start) * (keys.stop - keys.start) > EXACT_CELLS and not (
-            self.exact
-        ):
+        cells = (queries.stop - queries.start) * (keys.stop - keys.start)
+        if cells > exact_limit(width, height) and not self.exact:
             return ("overview", px, py, bounds)
         if queries.stop - queries.start <= py and keys.stop - keys.start <= px:
             return ("window", queries, keys, bounds, None)
@@ -233,6 +236,12 @@ class VirtualMap:
         if block.shape[0] <= height and block.shape[1] <= width:
             return block, edges
         return raster_values(block, edges, width, height, agg="max")
+
+
+def exact_limit(width: int, height: int) -> float:
+    """The most cells a plot of ``width x height`` pixels computes from q and k at once:
+    :data:`EXACT_CELLS` for a 480 x 480 map, a smaller plot its share of it."""
+    return EXACT_CELLS * min(1.0, width * height / EXACT_PIXELS)
 
 
 def _shown(peak: np.ndarray, blocked: np.ndarray) -> np.ndarray:

@@ -9,8 +9,11 @@ Run: ``python benchmarks/long_explorer.py [--days 45] [--pages 5] [--repeats 7]`
    ``attnpanel serve --demo long``, ``--pages`` pages in a row, beside ``attnpanel serve``
    on the 480 demo (the baseline); the first page of each server is printed apart.
 3. In one process, on the server's side: a linked zoom (the large map and the 8 head
-   maps re-rasterized) to windows of several sizes, and a query click (the row over every
-   key and its top keys), medians and p95 over ``--repeats`` rounds at random places.
+   maps re-rasterized, side by side on the page's workers) to windows of several sizes,
+   then, where the stored overview is coarser than the screen (windows over 4,096^2), the
+   large map's refinement to its own pixels (the served page draws it after the zoom);
+   and a query click (the row over every key and its top keys), medians and p95 over
+   ``--repeats`` rounds at random places.
 """
 
 from __future__ import annotations
@@ -61,14 +64,31 @@ def server_side(path: Path, repeats: int) -> dict[str, list[float]]:
     n = ds.sizes["query"]
     rng = np.random.default_rng(0)
     found: dict[str, list[float]] = {}
+    refined = [(view, view.refine) for view in explorer.engine.views if view.refine is not None]
     for side in (480, 2048, 4096, 16384):
         for _ in range(repeats):
             x0, y0 = (int(v) for v in rng.integers(0, n - side, size=2))
+            window = ((x0 - 0.5, x0 + side - 0.5), (y0 - 0.5, y0 + side - 0.5))
+            # what a zoom draws first: the nine maps (windows too large to compute at once
+            # for their plot cut from the overviews)
+            for view, _ in refined:
+                view.refine = None
             start = time.perf_counter()
-            explorer.linked.zoom((x0 - 0.5, x0 + side - 0.5), (y0 - 0.5, y0 + side - 0.5))
-            found.setdefault(f"linked zoom to {side:,}^2 cells (9 maps)", []).append(
+            explorer.linked.zoom(*window)
+            found.setdefault(f"linked zoom to {side:,}^2 cells: 9 maps drawn", []).append(
                 time.perf_counter() - start
             )
+            # then the maps whose overview is coarser than their pixels, refined one after
+            # another (as the served page's refinement worker does)
+            due = [id(view) for view, refine in refined if refine(explorer.selection)]
+            for view, refine in refined:
+                view.refine = refine
+            if due:
+                start = time.perf_counter()
+                explorer.engine.redraw(lambda view, due=due: id(view) in due)
+                found.setdefault(
+                    f"then the maps' own pixels at {side:,}^2 (refinement)", []
+                ).append(time.perf_counter() - start)
     explorer.linked.zoom((-0.5, n - 0.5), (-0.5, n - 0.5))
     for _ in range(repeats):
         query = int(rng.integers(0, n))

@@ -82,6 +82,7 @@ class HeadComparison(Section):
                 raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
                 group="HeadMap",
                 title=False,
+                refine=partial(self._head_refined, head),
             )
             for head in range(state.n_heads)
         ]
@@ -137,6 +138,11 @@ class HeadComparison(Section):
             views.attention_values(self.trace, sel.with_(head=head, stage="softmax"), self.cache),
             f"head {head}",
         )
+
+    def _head_refined(self, head: int, sel):
+        """A slower, exact version of a head's tile to draw next, or None (here: never; a
+        page whose tiles may first be cut from a coarser overview says otherwise)."""
+        return None
 
     def _toggles(self) -> pn.widgets.CheckButtonGroup:
         """One button per head under its tile, in the head's colour while it is on."""

@@ -30,7 +30,7 @@ from attnpanel import linked, readouts, windows
 from attnpanel.engine import PlotKey
 from attnpanel.sections.base import Section
 from attnpanel.sections.controls import ImmediateIntSlider, ImmediateSelect, layer_selector
-from attnpanel.sections.heads import HeadComparison
+from attnpanel.sections.heads import HEAD_MAP_SIZE, HeadComparison
 from attnpanel.sections.matrix import MATRIX_SIZE, matrix_style
 from attnpanel.sections.sequence import sequence_styles
 
@@ -387,6 +387,11 @@ class LongHeads(HeadComparison):
 
     def _head_values(self, head: int, sel):
         return self.state.virtual_map(sel, head), f"head {head}"
+
+    def _head_refined(self, head: int, sel):
+        found = self.state.virtual_map(sel, head)
+        exact = found.refined(HEAD_MAP_SIZE, HEAD_MAP_SIZE, self.engine.window)
+        return None if exact is None else (exact, f"head {head}")
 
     def _mass_shares(self, sel) -> linked.MassShares:
         def shares(queries, keys):
