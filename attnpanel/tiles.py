@@ -68,12 +68,7 @@ class Masking:
     def blocked_at(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
         """The blocked cells ``(query[r], key[c])``, broadcastable to ``(B, H, r, c)``, or
         None; ``query`` and ``key`` are 1-d position tensors."""
-        i, j = query[:, None], key[None, :]
-        found = None
-        if self.mode == "diagonal":
-            found = i == j
-        elif self.mode == "causal":
-            found = j > i
+        found = self._structural(query[:, None], key[None, :])
         if self.key_padding is not None:
             padded = self.key_padding.to(key.device)[:, key][:, None, None, :]  # (B, 1, 1, c)
             found = padded if found is None else padded | found
@@ -82,15 +77,20 @@ class Masking:
     def blocked_where(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
         """The blocked cells at the position pairs ``(query, key)`` (broadcastable
         tensors) of one sample (a :func:`sample_masking`), or None."""
-        found = None
-        if self.mode == "diagonal":
-            found = query == key
-        elif self.mode == "causal":
-            found = key > query
+        found = self._structural(query, key)
         if self.key_padding is not None:
             padded = self.key_padding[0].to(key.device)[key]
             found = padded if found is None else padded | found
         return found
+
+    def _structural(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """The structural mask at broadcast positions: a query never sees itself
+        (diagonal) or any later key (causal)."""
+        if self.mode == "diagonal":
+            return query == key
+        if self.mode == "causal":
+            return key > query
+        return None
 
     def bias_where(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
         """The bias at the position pairs ``(query, key)`` (broadcastable tensors) of one

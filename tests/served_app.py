@@ -8,6 +8,7 @@ need no CSS selectors into Bokeh's shadow DOM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -288,3 +289,22 @@ def page_widths(page, widths=(1280, 1600)) -> dict:
         found[width] = page.evaluate("document.documentElement.scrollWidth")
     page.set_viewport_size({"width": 1600, "height": 1300})
     return found
+
+
+IMAGE_JS = r"""
+() => {
+  const pv = attn.plot(PREFIX);
+  const rv = [...pv.renderer_views.values()].find(
+    (r) => r.model.glyph && r.model.glyph.type === "Image");
+  const d = rv.model.data_source.data;
+  return { title: pv.model.title.text, shape: [...d.image[0].shape],
+           values: Array.from(d.image[0], (v) => (Number.isNaN(v) ? null : v)),
+           extent: [d.x[0], d.y[0], d.dw[0], d.dh[0]] };
+}
+"""
+
+
+def image_js(prefix: str) -> str:
+    """A page function returning the image a plot (by title prefix) holds now: its title,
+    shape, values (NaN as null) and extent ``[x, y, dw, dh]``."""
+    return IMAGE_JS.replace("PREFIX", json.dumps(prefix))

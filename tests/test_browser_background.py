@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pairs import long_layer_pair
-from served_app import ROOT, open_app, opened, serve
+from served_app import ROOT, image_js, open_app, opened, serve
 
 from attnpanel import windows
 from attnpanel.overviews import Overviews
@@ -37,16 +37,7 @@ WATCH_JS = """
 })()
 """
 
-IMAGE_JS = r"""
-() => {
-  const pv = attn.plot("sample 0, head 0");
-  const rv = [...pv.renderer_views.values()].find(
-    (r) => r.model.glyph && r.model.glyph.type === "Image");
-  const d = rv.model.data_source.data;
-  return { shape: [...d.image[0].shape],
-           values: Array.from(d.image[0], (v) => (Number.isNaN(v) ? null : v)) };
-}
-"""
+IMAGE_JS = image_js(MATRIX)
 
 
 @pytest.fixture(scope="module")

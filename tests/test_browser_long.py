@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from served_app import PAGE_TEXT_JS, free_port, opened, page_widths, serving, shot
+from served_app import PAGE_TEXT_JS, free_port, image_js, opened, page_widths, serving, shot
 
 from attnpanel import io, virtual
 from attnpanel.demo import stored_long_demo
@@ -21,17 +21,7 @@ from attnpanel.demo import stored_long_demo
 DAYS = 1
 LENGTH = DAYS * 24 * 60
 
-IMAGE_JS = r"""
-() => {
-  const pv = attn.plot("sample 0, head");
-  const rv = [...pv.renderer_views.values()].find(
-    (r) => r.model.glyph && r.model.glyph.type === "Image");
-  const d = rv.model.data_source.data;
-  return { title: pv.model.title.text, shape: [...d.image[0].shape],
-           values: Array.from(d.image[0], (v) => (Number.isNaN(v) ? null : v)),
-           extent: [d.x[0], d.y[0], d.dw[0], d.dh[0]] };
-}
-"""
+IMAGE_JS = image_js("sample 0, head")
 
 
 @pytest.fixture(scope="module")
