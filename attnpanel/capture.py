@@ -25,7 +25,7 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import xarray as xr
 from torch import nn
 
+from attnpanel import virtual
 from attnpanel.attention import cached_mask
 from attnpanel.intercept import AttentionCall, AttentionRecorder, spread_rows, tolerance
 from attnpanel.trace import ATTENTION_DIMS, TraceParts, trace_mask, trace_parts, validate
@@ -64,6 +65,7 @@ def capture(
     fused: Mapping[str, str | FusedQKV] | None = None,
     tokens=None,
     time=None,
+    dense: bool | None = None,
     **kwargs,
 ) -> xr.Dataset | xr.DataTree:
     """Run ``model`` once and return an exact trace of every attention it computes.
@@ -82,6 +84,12 @@ def capture(
         ``input_ids``), one sequence of strings, or one sequence per batch item.
     time : array-like, optional
         Timestamps of the positions, ``(position,)`` or ``(batch, position)``.
+    dense : bool, optional
+        Record each attention's weights (True), or each row's log-sum-exp instead, from
+        which every cell is recomputed on demand (False: a virtual trace, see
+        ``docs/tiles.md``). By default an attention is recorded with its weights when they
+        fit :func:`attnpanel.virtual.wants_dense`, else virtually; a virtual trace needs a
+        mask of a mode (none, diagonal, causal) and padded keys, and no additive bias.
     **kwargs
         Keyword inputs of ``model`` (``attention_mask``, ...).
 
@@ -111,7 +119,7 @@ def capture(
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
     hints = _hints(model, fused or {})
-    recorder = AttentionRecorder()
+    recorder = AttentionRecorder(dense)
     training = [m for m in model.modules() if m.training]  # each restored as it was
     fastpath = torch.backends.mha.get_fastpath_enabled()
     try:
@@ -238,7 +246,14 @@ def _check_hints(hints: dict[str, FusedQKV], calls, names) -> None:
                     f"fused hint for {name!r} says scale {spec.scale:.4g}; the module uses "
                     f"{call.scale:.4g}"
                 )
-            if spec.mask is not None:
+            if spec.mask is not None and call.virtual is not None:
+                said = spec.mask if isinstance(spec.mask, str) else _mode_of(spec.mask.bool())
+                if said != call.virtual.mode:
+                    raise CaptureError(
+                        f"fused hint for {name!r} says mask {said!r}, but the module blocks "
+                        f"{call.virtual.mode!r}: the hint does not reproduce its attention"
+                    )
+            elif spec.mask is not None:
                 expected = _blocked_by(spec.mask, call.q.shape[-2], call.k.shape[-2])
                 actual = _shared_blocked(call)
                 if not torch.equal(expected, actual):
@@ -492,7 +507,7 @@ def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
 
 def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
     """The call with every tensor as ``(B, H, ...)``."""
-    lead = call.weights.shape[:-2]
+    lead = call.q.shape[:-2]
     if len(lead) == 2:
         return call
     count = math.prod(lead)
@@ -508,6 +523,12 @@ def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
     call.q, call.k, call.v = four(call.q), four(call.k), four(call.v)
     call.weights, call.context = four(call.weights), four(call.context)
     call.blocked, call.bias = four(call.blocked), four(call.bias)
+    if call.virtual is not None:  # (*lead, n) -> (B, H, n)
+        lse, padding = (
+            None if t is None else t.expand(*lead, t.shape[-1]).reshape(*shape, t.shape[-1])
+            for t in (call.virtual.lse, call.virtual.padding)
+        )
+        call.virtual = replace(call.virtual, lse=lse, padding=padding)
     return call
 
 
@@ -519,7 +540,7 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> Trace
     call = _four_dims(call, hint)
     projections = _projections(call, module_call)
     call.cross = call.cross or bool(projections.get("cross"))
-    batch, _, length, _ = call.weights.shape
+    batch, _, length, _ = call.q.shape
     note = []
     if tokens is not None and np.shape(tokens) != (batch, length):
         note.append(f"tokens left out: {np.shape(tokens)} labels for {batch} x {length} positions")
@@ -535,8 +556,10 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> Trace
         )
     arrays = {k: v for k, v in projections.items() if k in ("x", "output") or k.startswith("w_")}
     kv_heads = projections.get("kv_heads")
+    form = call.virtual
+    maps = dict(weights=call.weights) if form is None else dict(lse=form.lse, mask=form.mode)
     parts = trace_parts(
-        weights=call.weights,
+        **maps,
         q=call.q,
         k=call.k,
         v=call.v,
@@ -550,6 +573,8 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> Trace
         source=source,
         cross=call.cross,
     )  # validated once per stack of layers
+    if form is not None and form.padding is not None:
+        parts.data_vars["padding"] = (("batch", "position"), _sample_padding(form, call.cross))
     for name in ("b_q", "b_k", "b_v", "b_o"):
         if projections.get(name) is not None:
             bias = projections[name].detach().float().cpu().numpy()
@@ -564,6 +589,22 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> Trace
     if note:
         attrs["note"] = "; ".join(note)
     return parts
+
+
+def _sample_padding(form, cross: bool) -> np.ndarray:
+    """A virtual call's padded keys per sample ``(B, S)``: the same in every head."""
+    padding = form.padding  # (B, H, S)
+    if cross:
+        raise ValueError(
+            "a cross-attention too large to record its weights cannot hold padded keys "
+            "(its keys are another sequence's positions): capture it with dense=True"
+        )
+    if not bool((padding == padding[:, :1]).all()):
+        raise ValueError(
+            "its padded keys differ between heads, which a trace too large to record its "
+            "weights cannot hold: capture a shorter input with dense=True"
+        )
+    return padding[:, 0].cpu().numpy()
 
 
 def _input_labels(ds: xr.Dataset, first: torch.Tensor | None) -> xr.Dataset:
@@ -648,7 +689,7 @@ def _assemble(traces, names, calls, source, first) -> xr.Dataset | xr.DataTree:
 
 def _validate(stacked: xr.Dataset, layers: dict[str, TraceParts], label: str) -> None:
     """The stack in memory, or each of its layers where the stack holds them as chunks."""
-    if isinstance(stacked["weights"].data, np.ndarray):
+    if virtual.is_virtual(stacked) or isinstance(stacked["weights"].data, np.ndarray):
         try:
             validate(stacked)
         except ValueError as error:
@@ -714,7 +755,7 @@ def _stack(traces: list[TraceParts], names: list[str]) -> xr.Dataset:
         if all(_same(t.attrs.get(key), value) for t in traces[1:])
     }
     coords = {**first.coords, "layer": np.array(names, dtype=str)}
-    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+    return virtual.attach(xr.Dataset(data_vars, coords=coords, attrs=attrs))
 
 
 def _stack_truth(traces: list[TraceParts], name: str) -> tuple:

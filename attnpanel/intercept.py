@@ -27,6 +27,8 @@ Shapes use ``B`` batch, ``H`` heads, ``L`` queries, ``S`` keys and ``E`` head di
 from __future__ import annotations
 
 import inspect
+import itertools
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from attnpanel import tiles, virtual
 from attnpanel.attention import attention_weights
 
 BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
@@ -60,6 +63,7 @@ KEEPS = {
     "dropout_",
 }
 VIEWS = {"view", "reshape", "view_as", "reshape_as", "unsqueeze", "squeeze", "flatten"}
+STRUCTURE_ROWS = 1024  # rows of a model's mask compared with a mode at a time
 
 
 class UnsupportedAttention(ValueError):
@@ -80,7 +84,8 @@ class AttentionCall:
     q: torch.Tensor  # (B, H, L, E) as it entered the product
     k: torch.Tensor  # (B, H, S, E) likewise, after grouped-query expansion
     scale: float  # multiplier of q . k
-    weights: torch.Tensor  # (B, H, L, S) the model's own, or recomputed where never formed
+    weights: torch.Tensor | None  # (*lead, L, S) the model's own, or recomputed where never
+    # formed; None in the virtual form, which holds each row's lse instead (see `virtual`)
     blocked: torch.Tensor | None = None  # bool, broadcastable to (B, H, L, S)
     bias: torch.Tensor | None = None  # float, broadcastable to (B, H, L, S)
     v: torch.Tensor | None = None  # (B, H, S, E)
@@ -89,6 +94,18 @@ class AttentionCall:
     projections: dict[str, torch.Tensor] = field(default_factory=dict)  # w_q ... b_o, x, output
     cross: bool = False  # q and k come from different sequences
     unsupported: str = ""  # why the call cannot be reproduced; empty when it can
+    virtual: VirtualForm | None = None  # the rows' lse and the mask as a mode and padded keys
+
+
+@dataclass(frozen=True)
+class VirtualForm:
+    """An attention too large to record as weights: each row's log-sum-exp and the mask as
+    a mode plus padded keys, from which every cell is recomputed exactly
+    (:mod:`attnpanel.virtual`)."""
+
+    lse: torch.Tensor  # (*lead, L) float32
+    mode: str  # "none", "diagonal" or "causal"
+    padding: torch.Tensor | None  # (*lead, S) bool: keys blocked for every query
 
 
 @dataclass
@@ -137,10 +154,19 @@ class AttentionRecorder(TorchFunctionMode):
     >>> with recorder.watch(model), recorder, torch.no_grad():  # doctest: +SKIP
     ...     model(x)
     >>> recorder.calls  # doctest: +SKIP
+
+    Parameters
+    ----------
+    dense : bool, optional
+        Record each call's weights (True), or its rows' log-sum-exp and its mask as a mode
+        plus padded keys (False: :class:`VirtualForm`, computed in bounded memory). By
+        default a call is recorded with its weights when they would fit
+        (:func:`attnpanel.virtual.wants_dense`).
     """
 
-    def __init__(self):
+    def __init__(self, dense: bool | None = None):
         super().__init__()
+        self.dense = dense
         self.calls: list[AttentionCall] = []
         self.stack: list[tuple[str, nn.Module, tuple, dict]] = []  # running modules
         self.module_calls: dict[int, tuple] = {}  # id(call) -> (module, args, kwargs, output)
@@ -151,6 +177,11 @@ class AttentionRecorder(TorchFunctionMode):
     def watch(self, model: nn.Module):
         """A context manager that hooks every module of ``model`` while it is open."""
         return _Watch(self, model)
+
+    def records_weights(self, lead, length: int, n_keys: int) -> bool:
+        """Whether a call of ``(*lead, length, n_keys)`` cells is recorded with its weights
+        (else in the virtual form)."""
+        return virtual.wants_dense(math.prod(lead), 1, length, n_keys, self.dense)
 
     @property
     def module(self) -> str:
@@ -359,7 +390,7 @@ def _weights_times_values(name, args, source, call: AttentionCall, result) -> No
             return
         v = torch.einsum(f"{sub_v}->{lead}{key}{width[0]}", v)
         context = torch.einsum(f"{out}->{lead}{query}{width[0]}", result)
-    lead = call.weights.shape[:-2]
+    lead = call.q.shape[:-2]
     try:
         call.v = v.expand(*source.shape[:-2], *v.shape[-2:]).reshape(*lead, *v.shape[-2:])
         call.context = context.reshape(*lead, *context.shape[-2:])
@@ -445,31 +476,141 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
         v = v.expand(*lead, *v.shape[-2:])
     length, n_keys = q.shape[-2], k.shape[-2]
     scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-    blocked, bias = None, None
-    mask = a["attn_mask"]
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            blocked = ~mask
-        else:
-            blocked, bias = split_bias(mask)
-    if a["is_causal"]:
-        causal = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
-        blocked = _or(blocked, causal)
-    call = AttentionCall(recorder.module, "sdpa", q, k, float(scale), weights=q, dtype=dtype)
-    call.blocked, call.bias, call.v = blocked, bias, v
-    call.weights = _recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
-    call.context = result
+    call = AttentionCall(recorder.module, "sdpa", q, k, float(scale), weights=None, dtype=dtype)
+    call.v, call.context = v, result
+    mask, causal = a["attn_mask"], a["is_causal"]
     if a["dropout_p"]:
         call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
+    elif recorder.records_weights(q.shape[:-2], length, n_keys):
+        blocked, bias = None, None
+        if mask is not None:
+            blocked, bias = (~mask, None) if mask.dtype == torch.bool else split_bias(mask)
+        if causal:
+            causal_cells = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
+            blocked = _or(blocked, causal_cells)
+        call.blocked, call.bias = blocked, bias
+        call.weights = _recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
+        _check_output(call, _output_error(call.weights, v, result), "the weights from its")
     else:
-        error = _output_error(call.weights, v, result)
-        if not error <= tolerance(dtype) * max(1.0, float(v.abs().max())):  # NaN fails too
-            call.unsupported = (
-                f"the weights from its q, k and mask do not reproduce the output of its "
-                f"scaled_dot_product_attention call (max error {error:.3g})"
-            )
+        try:
+            if causal:
+                mode, padding = "causal", None  # torch refuses is_causal with a mask
+            else:
+                mode, padding = _structure(_sdpa_blocked(mask), q.shape[:-2], length, n_keys)
+            call.virtual, context = _virtual_form(q, k, v, call.scale, mode, padding)
+        except UnsupportedAttention as error:
+            call.unsupported = str(error)
+        else:
+            error = float((context - result.to(context.dtype)).abs().max()) if v.numel() else 0.0
+            _check_output(call, error, "the row statistics of its")
     recorder._open_call(call)
     return result
+
+
+def _check_output(call: AttentionCall, error: float, what: str) -> None:
+    """The call is unsupported unless what was recorded reproduces its output."""
+    if not error <= tolerance(call.dtype) * max(1.0, float(call.v.abs().max())):  # NaN fails too
+        call.unsupported = (
+            f"{what} q, k and mask do not reproduce the output of its "
+            f"scaled_dot_product_attention call (max error {error:.3g})"
+        )
+
+
+def _sdpa_blocked(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The cells an SDPA ``attn_mask`` blocks (a bool one is True where allowed)."""
+    return ~mask if mask is not None and mask.dtype == torch.bool else _blocked_only(mask)
+
+
+def _blocked_only(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The cells a mask blocks (a bool one is True where blocked, as in
+    ``nn.MultiheadAttention``); an additive bias has no virtual form."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    blocked, bias = split_bias(mask)
+    if bias is not None:
+        raise UnsupportedAttention(_TOO_LARGE + "it adds a bias to the scores")
+    return blocked
+
+
+_TOO_LARGE = (
+    "it is recorded as row statistics instead of weights (dense=False, or weights larger "
+    "than attnpanel.virtual.DENSE_MAX_BYTES), which need a mask of a mode (none, diagonal, "
+    "causal) plus padded keys and no bias; capture it with dense=True (a shorter input if "
+    "its weights do not fit): "
+)
+
+
+def _structure(blocked, lead, length: int, n_keys: int) -> tuple[str, torch.Tensor | None]:
+    """A mask as a mode and padded keys ``(*lead, S)``, read block of rows by block.
+
+    ``blocked`` is broadcastable to ``(*lead, L, S)``; nothing of that size is made.
+
+    Raises
+    ------
+    UnsupportedAttention
+        When it blocks other cells, or its mode differs between samples or heads.
+    """
+    if blocked is None:
+        return "none", None
+    cells = blocked.reshape((1,) * (len(lead) + 2 - blocked.dim()) + tuple(blocked.shape))
+    own = cells.shape[:-2]  # the leading dims it varies along (1 where it broadcasts)
+    modes = ("none", "causal", "diagonal") if length == n_keys else ("none",)
+    padded = torch.zeros((*own, n_keys), dtype=torch.bool)
+    found = set()
+    for index in itertools.product(*map(range, own)):
+        one = cells[index]  # (L or 1, S or 1)
+        keys = one.all(dim=0).expand(n_keys)  # blocked for every query: padding
+        padded[index] = keys
+        mode = next((m for m in modes if _matches(one, m, keys, length)), None)
+        if mode is None:
+            raise UnsupportedAttention(_TOO_LARGE + "its mask blocks other cells")
+        found.add(mode)
+    if len(found) > 1:
+        raise UnsupportedAttention(
+            _TOO_LARGE + f"its mask is {' in some rows, '.join(sorted(found))} in others"
+        )
+    return found.pop(), (padded.expand(*lead, n_keys) if bool(padded.any()) else None)
+
+
+def _matches(cells: torch.Tensor, mode: str, keys: torch.Tensor, length: int) -> bool:
+    """Whether ``cells`` ``(L or 1, S or 1)`` block exactly ``mode`` plus ``keys``."""
+    n_keys = keys.numel()
+    if cells.shape[0] == 1:
+        return mode == "none"
+    structure = tiles.Masking(mode)
+    for start in range(0, length, STRUCTURE_ROWS):
+        rows = slice(start, min(start + STRUCTURE_ROWS, length))
+        own = structure.blocked(rows, slice(0, n_keys), keys.device)
+        expected = keys.expand(rows.stop - start, n_keys)
+        expected = expected if own is None else own | expected
+        if not torch.equal(cells[rows].expand_as(expected), expected):
+            return False
+    return True
+
+
+def _exact_dtype(t: torch.Tensor) -> torch.dtype:
+    return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _virtual_form(q, k, v, scale: float, mode: str, padding) -> tuple[VirtualForm, torch.Tensor]:
+    """The rows' lse and the context ``(*lead, L, E)`` through the bounded fused pass
+    (:func:`attnpanel.tiles.attention`); ``v`` None gives the lse alone."""
+    lead = q.shape[:-2]
+    count = math.prod(lead)
+    dtype = _exact_dtype(q)
+
+    def flat(t):  # (*lead, n, E) -> (count, 1, n, E): every leading index a sample of its own
+        return t.expand(*lead, *t.shape[-2:]).reshape(count, 1, *t.shape[-2:]).to(dtype)
+
+    key_padding = None if padding is None else padding.reshape(count, -1)
+    masking = tiles.Masking(mode, key_padding=key_padding)
+    if v is None:
+        context, lse = None, tiles.log_sum_exp(flat(q), flat(k), masking, scale)
+    else:
+        context, lse = tiles.attention(flat(q), flat(k), flat(v), masking, scale)
+        context = context.reshape(*lead, *context.shape[-2:])
+    form = VirtualForm(lse.reshape(*lead, -1).float(), mode, padding)
+    return form, context
 
 
 def _output_error(weights: torch.Tensor, v: torch.Tensor, output: torch.Tensor) -> float:
@@ -479,6 +620,41 @@ def _output_error(weights: torch.Tensor, v: torch.Tensor, output: torch.Tensor) 
     rows = spread_rows(weights.shape[-2])
     product = weights.index_select(-2, rows) @ v.float()  # (*lead, rows, E)
     return float((product - output.index_select(-2, rows).float()).abs().max())
+
+
+_BOUNDED = inspect.signature(tiles.attention)
+
+
+@reads("attention")
+def _read_bounded(recorder: AttentionRecorder, func, args, kwargs):
+    """attnpanel's own attention at any length (:func:`attnpanel.tiles.attention`): q, k,
+    v, the mask and each row's ``lse``, whole."""
+    result = func(*args, **kwargs)
+    if func is not tiles.attention:
+        return result
+    bound = _BOUNDED.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    masking = a["masking"]
+    lead = torch.broadcast_shapes(a["q"].shape[:-2], a["k"].shape[:-2], a["v"].shape[:-2])
+    q, k, v = (a[name].expand(*lead, *a[name].shape[-2:]) for name in "qkv")
+    scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
+    call = AttentionCall(recorder.module, "attnpanel", q, k, float(scale), None, dtype=q.dtype)
+    call.v, call.context = v, result[0]
+    length, n_keys = q.shape[-2], k.shape[-2]
+    if recorder.records_weights(lead, length, n_keys):
+        call.blocked = masking.blocked(slice(0, length), slice(0, n_keys), q.device)
+        call.bias = masking.bias_tile(slice(0, length), slice(0, n_keys))
+        call.weights = _recompute(q, k, call.scale, call.blocked, call.bias)
+    elif masking.bias is not None:
+        call.unsupported = _TOO_LARGE + "it adds a bias to the scores"
+    else:
+        padding = masking.key_padding
+        if padding is not None:
+            padding = padding[:, None, :].expand(*lead[:-1], lead[-1], n_keys)
+        call.virtual = VirtualForm(result[1].reshape(*lead, length).float(), masking.mode, padding)
+    recorder._open_call(call)
+    return result
 
 
 _MHA = inspect.signature(F.multi_head_attention_forward)
@@ -513,27 +689,30 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
     v = _split(F.linear(xv, w_v, b_v), heads)  # (B, H, S, E)
     batch, _, length, head_dim = q.shape
     n_keys = k.shape[2]
-    blocked = bias = None
-    mask = a["attn_mask"]
-    if mask is not None:
-        mask = mask.view(batch, heads, length, n_keys) if mask.dim() == 3 else mask
-        blocked, bias = (mask, None) if mask.dtype == torch.bool else split_bias(mask)
-    padding = a["key_padding_mask"]
+    call.q, call.k, call.v, call.scale = q, k, v, head_dim**-0.5
+    call.cross = not (query is key or (query.shape == key.shape and torch.equal(query, key)))
+    mask, padding = a["attn_mask"], a["key_padding_mask"]
+    if mask is not None and mask.dim() == 3:
+        mask = mask.view(batch, heads, length, n_keys)
     if padding is not None:
         padding = (padding[None] if unbatched else padding)[:, None, None, :]  # (B, 1, 1, S)
-        if padding.dtype == torch.bool:
-            blocked = _or(blocked, padding)
-        else:
-            extra_blocked, extra_bias = split_bias(padding)
-            blocked = _or(blocked, extra_blocked)
-            bias = (
-                extra_bias if bias is None else (bias if extra_bias is None else bias + extra_bias)
-            )
-    call.q, call.k, call.v, call.scale = q, k, v, head_dim**-0.5
-    call.blocked, call.bias = blocked, bias
-    call.cross = not (query is key or (query.shape == key.shape and torch.equal(query, key)))
-    call.weights = _recompute(q, k, call.scale, blocked, bias)  # (B, H, L, S)
-    call.context = call.weights @ v.float()  # (B, H, L, E)
+    if recorder.records_weights(q.shape[:-2], length, n_keys):
+        call.blocked, call.bias = _mha_mask(mask, padding)
+        call.weights = _recompute(q, k, call.scale, call.blocked, call.bias)  # (B, H, L, S)
+        call.context = call.weights @ v.float()  # (B, H, L, E)
+    else:
+        try:
+            mode, blocked = _structure(_blocked_only(mask), q.shape[:-2], length, n_keys)
+            keys = _blocked_only(padding)  # (B, 1, 1, S)
+            if keys is not None:
+                keys = keys[:, :, 0].expand(batch, heads, n_keys)
+                blocked = keys if blocked is None else blocked | keys
+            call.virtual, context = _virtual_form(q, k, v, call.scale, mode, blocked)
+            call.context = context.float()
+        except UnsupportedAttention as error:
+            call.unsupported = str(error)
+            recorder._open_call(call)
+            return result
     merged = call.context.transpose(1, 2).reshape(batch, length, heads * head_dim)  # (B, L, D)
     output = F.linear(merged, a["out_proj_weight"].float(), _float(a["out_proj_bias"]))
     actual = result[0][:, None] if unbatched else result[0]
@@ -561,6 +740,23 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
             )
     recorder._open_call(call)
     return result
+
+
+def _mha_mask(mask, padding) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(blocked, bias)`` of ``nn.MultiheadAttention``'s ``attn_mask`` and key padding."""
+    blocked = bias = None
+    if mask is not None:
+        blocked, bias = (mask, None) if mask.dtype == torch.bool else split_bias(mask)
+    if padding is not None:
+        if padding.dtype == torch.bool:
+            blocked = _or(blocked, padding)
+        else:
+            extra_blocked, extra_bias = split_bias(padding)
+            blocked = _or(blocked, extra_blocked)
+            bias = (
+                extra_bias if bias is None else (bias if extra_bias is None else bias + extra_bias)
+            )
+    return blocked, bias
 
 
 def _float(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -599,9 +795,26 @@ def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
             blocked = _or(blocked, extra)
         call.blocked, call.bias = _lead(blocked, lead), _lead(bias, lead)
         _check_softmax(call, result)
+    length, n_keys = result.shape[-2:]
+    if not call.unsupported and not recorder.records_weights(lead, length, n_keys):
+        _to_virtual(call)
     recorder._open_call(call)
     recorder._set(result, _Weights(call))
     return result
+
+
+def _to_virtual(call: AttentionCall) -> None:
+    """Keep a checked softmax call's rows' lse instead of its weights (too large to hold)."""
+    try:
+        if call.bias is not None:
+            raise UnsupportedAttention(_TOO_LARGE + "it adds a bias to the scores")
+        lead, (length, n_keys) = call.q.shape[:-2], (call.q.shape[-2], call.k.shape[-2])
+        mode, padding = _structure(call.blocked, lead, length, n_keys)
+        call.virtual, _ = _virtual_form(call.q, call.k, None, call.scale, mode, padding)
+    except UnsupportedAttention as error:
+        call.unsupported = str(error)
+    else:
+        call.weights = call.blocked = None  # the model's own, not held beyond its use
 
 
 def _lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.overrides import handle_torch_function, has_torch_function
 
 from attnpanel.attention import MASK_FILL, MASK_MODES
 
@@ -307,7 +308,12 @@ def attention(
     A row whose every key is blocked gets a zero context (as in the dense path) and the
     dense path's ``lse``. With a bias, off the CPU, or without the kernel, this is
     :func:`blocked_attention`.
+
+    Like torch's own functions it honours ``__torch_function__`` overrides and modes, so
+    :func:`attnpanel.capture` sees each call whole (q, k, v, the mask and the ``lse``).
     """
+    if has_torch_function((q, k, v)):
+        return handle_torch_function(attention, (q, k, v), q, k, v, masking, scale, block_q)
     kernel = _fused_kernel()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if (

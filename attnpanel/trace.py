@@ -679,7 +679,11 @@ def blocked_cells(
     shared = trace_mask(ds, mask)
     shared = None if shared is None else xr.DataArray(shared.numpy(), dims=("query", "key"))
     if "sample_mask" not in ds:
-        return shared
+        if "padding" not in ds:
+            return shared
+        # a virtual trace records padded keys alone (no (L, S) cells): blocked for every query
+        padded = _select(ds["padding"], batch, None).rename(position="key")
+        return padded if shared is None else padded | shared
     per_sample = _select(ds["sample_mask"], batch, head)
     if _own(ds, mask):
         return per_sample

@@ -125,6 +125,19 @@ class VirtualMap:
             return self.cells(queries, keys), bounds
         return self._reduce(queries, keys, pixels), bounds
 
+    def _hide_padded(self, values: np.ndarray, queries: slice) -> np.ndarray:
+        """``values`` with NaN on every pixel row whose queries are all padded: as on the
+        dense page, a padded query's row holds nothing the model uses (a pixel row that
+        also holds real queries keeps its maximum over all of them)."""
+        padding = self._masking().key_padding
+        if padding is None or not bool(padding.any()):
+            return values
+        padded = padding[0, queries].numpy()
+        starts = tiles.pixel_starts(len(padded), values.shape[0])
+        real = np.add.reduceat((~padded).astype(np.int64), starts) if len(padded) else []
+        values[np.asarray(real) == 0] = np.nan
+        return values
+
     def refined(self, width: int, height: int, window: tuple | None = None):
         """This map computed exactly for ``window``, or None where :meth:`raster` already
         is: a window over :func:`exact_limit` cells whose stored overview blocks are more
@@ -196,7 +209,7 @@ class VirtualMap:
         blocked = self._masking().blocked(queries, keys)
         if blocked is not None:
             values[blocked.reshape(blocked.shape[-2:]).expand(values.shape).numpy()] = np.nan
-        return values
+        return self._hide_padded(values, queries)
 
     def _masking(self) -> tiles.Masking:
         found = virtual.masking(self.ds, self.mask, self.sample)
@@ -214,14 +227,14 @@ class VirtualMap:
             pixels=pixels,
             window=(queries, keys),
         )
-        return _shown(found.max[0, 0], found.blocked[0, 0])
+        return self._hide_padded(_shown(found.max[0, 0], found.blocked[0, 0]), queries)
 
     def _overview(self, width: int, height: int, bounds: tuple):
         """The stored overview's pixels over ``bounds``, regridded by maximum to at most
         ``width x height`` (never finer than the overview)."""
         found = self.overviews.get(self.entry)
-        values = _shown(found.max, found.blocked)
         rows, cols = self.shape
+        values = self._hide_padded(_shown(found.max, found.blocked), slice(0, rows))
         n_rows, n_cols = values.shape
         left, bottom, right, top = bounds
         # pixel edges in cell coordinates: pixel c covers keys [starts[c], starts[c + 1])

@@ -21,7 +21,7 @@ from attnpanel.engine import PlotKey
 from attnpanel.explorer import explore
 from attnpanel.long_explorer import LongExplorer
 from attnpanel.raster import raster_values
-from attnpanel.trace import recompute_weights, trace
+from attnpanel.trace import masked_cells, recompute_weights, trace
 
 LENGTH = 700
 
@@ -216,13 +216,16 @@ def test_a_box_compares_the_heads_attention_mass(pair, explorer):
 
 def test_the_padded_keys_stay_blocked_on_every_view():
     """Per-sample padding: the model never computed attention on padded keys; the page
-    draws them as blocked (NaN) and the row gives them 0."""
+    draws them as blocked (NaN), hides padded queries' rows as the dense page does, and
+    the row gives padded keys 0."""
     dense, lazy = padded_pair()
     explorer = LongExplorer(lazy, sample=1, head=2)
     explorer.__panel__()
     drawn = explorer.drawn()
     weights = dense["weights"].isel(batch=1, head=2).values
-    blocked = _blocked("diagonal", 300) | np.asarray(lazy["padding"].isel(batch=1))[None, :]
+    padded = np.asarray(lazy["padding"].isel(batch=1))
+    blocked = _blocked("diagonal", 300) | padded[None, :] | padded[:, None]
+    np.testing.assert_array_equal(blocked, masked_cells(dense, batch=1, head=2))
     np.testing.assert_array_equal(np.isnan(drawn), blocked)
     np.testing.assert_allclose(drawn[~blocked], weights[~blocked], rtol=0, atol=1e-5)
     explorer.param.update(query=17)
