@@ -482,9 +482,7 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
     if a["dropout_p"]:
         call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
     elif recorder.records_weights(q.shape[:-2], length, n_keys):
-        blocked, bias = None, None
-        if mask is not None:
-            blocked, bias = (~mask, None) if mask.dtype == torch.bool else split_bias(mask)
+        blocked, bias = _mask_terms(mask, true_allows=True)
         if causal:
             causal_cells = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
             blocked = _or(blocked, causal_cells)
@@ -496,7 +494,8 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
             if causal:
                 mode, padding = "causal", None  # torch refuses is_causal with a mask
             else:
-                mode, padding = _structure(_sdpa_blocked(mask), q.shape[:-2], length, n_keys)
+                blocked = _blocked_only(mask, true_allows=True)
+                mode, padding = _structure(blocked, q.shape[:-2], length, n_keys)
             call.virtual, context = _virtual_form(q, k, v, call.scale, mode, padding)
         except UnsupportedAttention as error:
             call.unsupported = str(error)
@@ -516,17 +515,19 @@ def _check_output(call: AttentionCall, error: float, what: str) -> None:
         )
 
 
-def _sdpa_blocked(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The cells an SDPA ``attn_mask`` blocks (a bool one is True where allowed)."""
-    return ~mask if mask is not None and mask.dtype == torch.bool else _blocked_only(mask)
+def _mask_terms(mask: torch.Tensor | None, true_allows: bool):
+    """``(blocked, bias)`` of a mask argument: a bool one is True where allowed (SDPA's
+    ``attn_mask``) or where blocked (``nn.MultiheadAttention``'s), a float one additive."""
+    if mask is None:
+        return None, None
+    if mask.dtype == torch.bool:
+        return (~mask if true_allows else mask), None
+    return split_bias(mask)
 
 
-def _blocked_only(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The cells a mask blocks (a bool one is True where blocked, as in
-    ``nn.MultiheadAttention``); an additive bias has no virtual form."""
-    if mask is None or mask.dtype == torch.bool:
-        return mask
-    blocked, bias = split_bias(mask)
+def _blocked_only(mask: torch.Tensor | None, true_allows: bool) -> torch.Tensor | None:
+    """The cells a mask argument blocks; an additive bias has no virtual form."""
+    blocked, bias = _mask_terms(mask, true_allows)
     if bias is not None:
         raise UnsupportedAttention(_TOO_LARGE + "it adds a bias to the scores")
     return blocked
@@ -651,7 +652,7 @@ def _read_bounded(recorder: AttentionRecorder, func, args, kwargs):
     else:
         padding = masking.key_padding
         if padding is not None:
-            padding = padding[:, None, :].expand(*lead[:-1], lead[-1], n_keys)
+            padding = padding[:, None, :].expand(*lead, n_keys)
         call.virtual = VirtualForm(result[1].reshape(*lead, length).float(), masking.mode, padding)
     recorder._open_call(call)
     return result
@@ -702,8 +703,9 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
         call.context = call.weights @ v.float()  # (B, H, L, E)
     else:
         try:
-            mode, blocked = _structure(_blocked_only(mask), q.shape[:-2], length, n_keys)
-            keys = _blocked_only(padding)  # (B, 1, 1, S)
+            blocked = _blocked_only(mask, true_allows=False)
+            mode, blocked = _structure(blocked, q.shape[:-2], length, n_keys)
+            keys = _blocked_only(padding, true_allows=False)  # (B, 1, 1, S)
             if keys is not None:
                 keys = keys[:, :, 0].expand(batch, heads, n_keys)
                 blocked = keys if blocked is None else blocked | keys
@@ -744,19 +746,11 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
 
 def _mha_mask(mask, padding) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(blocked, bias)`` of ``nn.MultiheadAttention``'s ``attn_mask`` and key padding."""
-    blocked = bias = None
-    if mask is not None:
-        blocked, bias = (mask, None) if mask.dtype == torch.bool else split_bias(mask)
-    if padding is not None:
-        if padding.dtype == torch.bool:
-            blocked = _or(blocked, padding)
-        else:
-            extra_blocked, extra_bias = split_bias(padding)
-            blocked = _or(blocked, extra_blocked)
-            bias = (
-                extra_bias if bias is None else (bias if extra_bias is None else bias + extra_bias)
-            )
-    return blocked, bias
+    blocked, bias = _mask_terms(mask, true_allows=False)
+    extra_blocked, extra_bias = _mask_terms(padding, true_allows=False)
+    if extra_bias is not None:
+        bias = extra_bias if bias is None else bias + extra_bias
+    return _or(blocked, extra_blocked), bias
 
 
 def _float(t: torch.Tensor | None) -> torch.Tensor | None:
