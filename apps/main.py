@@ -6,8 +6,11 @@ Highlights: the full 480 x 480 attention rasterized by datashader, masks recompu
 from q and k, a stage player, head toggles that recompute the output.
 
 Panel runs this file once per session; the demo trace is computed once per server
-process and shared read-only (``attnpanel.serving``).
+process and shared read-only, and the next session's explorer is built while the server is
+idle (``attnpanel.serving``).
 """
+
+from functools import partial
 
 import panel as pn
 
@@ -20,4 +23,5 @@ serving.release_on_close()
 serving.skip_document_validation()  # the page is validated once, by the tests
 
 trace = serving.shared_trace("demo", attnpanel.demo)
-AttentionExplorer(trace).servable(title="attnpanel explorer")
+explorer = serving.built_ahead("demo", partial(AttentionExplorer.built, trace))
+explorer.servable(title="attnpanel explorer")

@@ -12,6 +12,7 @@ every position.
 
 import os
 import sys
+from functools import partial
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the model hub
 
@@ -40,4 +41,5 @@ def capture_text():
 
 # Panel runs this file once per session: the capture is made once per server process.
 trace = serving.shared_trace(f"text:{text}", capture_text)
-AttentionExplorer(trace).servable(title="attnpanel · text")
+explorer = serving.built_ahead(f"text:{text}", partial(AttentionExplorer.built, trace))
+explorer.servable(title="attnpanel · text")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
@@ -342,8 +343,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import panel as pn
     import xarray as xr
 
-    from attnpanel import serving
-    from attnpanel.explorer import explore, notify_errors
+    from attnpanel import serving, virtual
+    from attnpanel.explorer import AttentionExplorer, explore, notify_errors
 
     options = {}
     if args.trace and args.demo:
@@ -370,6 +371,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     def session():
         serving.release_on_close()
         # returned, not also .servable(): one explorer per page
+        if isinstance(capture, xr.Dataset) and not virtual.is_virtual(capture):
+            # built while the server is idle (the explorers of a virtual trace or of groups
+            # draw their maps on worker threads of their own)
+            return serving.built_ahead("serve", partial(AttentionExplorer.built, capture))
         return explore(capture, **options)
 
     pn.extension(inline=True, notifications=True, exception_handler=notify_errors)

@@ -18,6 +18,7 @@ from the full array, never magnified.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import traceback
@@ -165,6 +166,7 @@ class LiveEngine:
         self._scheduled = False
         self.seconds_per_cell = SECONDS_PER_CELL  # an uncached redraw's cost, learnt
         self._timing: float | None = None  # seconds spent drawing an uncached change
+        self._now = False  # draw every change at once (see drawing_now)
         # shown while maps are recomputed from q and k (the explorer lays it out)
         self.indicator = pn.pane.HTML(
             "⏳ recomputing the maps from q and k …",
@@ -426,11 +428,24 @@ class LiveEngine:
         raster, bounds = window_raster(values, *view.raster, window)
         return Raster(raster, bounds, view.group, label, "".join(value_label))
 
+    @contextlib.contextmanager
+    def drawing_now(self):
+        """Within it, a change redraws its views before it returns, as outside a server.
+
+        For changes made before a session's page is sent (its URL's selection, on an
+        explorer built ahead): the first page must show them, not a later update.
+        """
+        self._now = True
+        try:
+            yield
+        finally:
+            self._now = False
+
     def _on_change(self, *events) -> None:
         changed = {event.name for event in events}
         due = [v for v in self._views if v.parameters & changed]
         doc = pn.state.curdoc
-        if doc is None or doc.session_context is None:
+        if doc is None or doc.session_context is None or self._now:
             sel = self.state.selection
             if changed & IMAGE_PARAMS and not self._cached(sel):
                 self._timing = 0.0

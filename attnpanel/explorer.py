@@ -85,6 +85,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
             "shapes": ShapeTable(**parts),
         }
         self._layout = None
+        self._url_synced = False
 
     @property
     def widgets(self) -> dict:
@@ -144,12 +145,34 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
     def _repr_mimebundle_(self, include=None, exclude=None):
         return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
 
-    def __panel__(self):
+    @classmethod
+    def built(cls, trace: xr.Dataset, **params) -> AttentionExplorer:
+        """An explorer whose page is already laid out and drawn (see :meth:`lay_out`).
+
+        ``functools.partial(AttentionExplorer.built, trace)`` is what a server builds ahead
+        of its next session (``attnpanel.serving.built_ahead``).
+        """
+        explorer = cls(trace, **params)
+        explorer.lay_out()
+        return explorer
+
+    def lay_out(self) -> pn.viewable.Viewable:
+        """Build the page (every section draws its views) unless it is built; return it.
+
+        It needs no session: a server builds it ahead, and the session that shows it then
+        only mirrors its URL (:meth:`sync_url`), which redraws what the URL changed.
+        """
         if self._layout is None:
-            self.sync_url()  # first, so that the layout is built on the linked selection
             self._layout = self._build()
             self.engine.root = self._layout
         return self._layout
+
+    def __panel__(self):
+        if not self._url_synced:
+            self._url_synced = True
+            with self.engine.drawing_now():  # the first page shows what the URL says
+                self.sync_url()
+        return self.lay_out()
 
     def sync_url(self) -> None:
         """Mirror the selection, the walk's step and the open sections in the page's URL.

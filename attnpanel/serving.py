@@ -5,7 +5,9 @@ immutable, so it is computed or loaded once per server process and shared by eve
 session (:func:`shared_trace`, on ``pn.state.as_cached``), with its arrays made read-only
 so that no session can change what another one sees. A session holds its explorer (its
 state and its Bokeh document); when it closes, :func:`release_on_close` collects it and
-hands the freed memory back to the operating system. :func:`die_with_parent` makes the
+hands the freed memory back to the operating system. :func:`built_ahead` builds the next
+session's explorer on a worker thread while the server is idle, so that a page request
+finds it ready. :func:`die_with_parent` makes the
 workers of ``attnpanel serve --num-procs N`` (and of ``panel serve --num-procs N --setup
 apps/workers.py``) stop with the server that forked them.
 """
@@ -16,14 +18,20 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 import numpy as np
 import panel as pn
 import xarray as xr
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def freeze(capture: xr.Dataset | xr.DataTree) -> xr.Dataset | xr.DataTree:
@@ -117,6 +125,63 @@ def release_on_close() -> None:
     if pn.state.curdoc is None or pn.state.curdoc.session_context is None:
         return
     pn.state.on_session_destroyed(lambda session_context: _TRIMMER.schedule())
+
+
+class Ahead(Generic[T]):
+    """One object built ahead of time, on a worker thread, for the next caller to take.
+
+    A page request waits for its session to be built (its explorer: sections, readouts,
+    Bokeh figures) before the browser gets the page. Built while the server is idle, the
+    next session's explorer is ready when the request comes, and the request pays only for
+    attaching it to its document.
+
+    Parameters
+    ----------
+    build : callable
+        ``() -> T``; called on the worker thread by :meth:`refill`, or by :meth:`take`
+        itself when nothing was built ahead. It must not need a session (no
+        ``pn.state.curdoc``): it runs outside any.
+    """
+
+    def __init__(self, build: Callable[[], T]):
+        self._build = build
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnpanel-ahead")
+        self._next: Future | None = None
+
+    def take(self) -> T:
+        """What was built ahead (waiting for it if it is being built), else a new build."""
+        ahead, self._next = self._next, None
+        if ahead is not None:
+            try:
+                built = ahead.result()
+            except Exception:  # noqa: BLE001 - built again below, where the error shows
+                log.exception("building the next session ahead failed; building it now")
+            else:
+                log.info("this session takes what was built ahead for it")
+                return built
+        return self._build()
+
+    def refill(self) -> None:
+        """Start building the next one on the worker thread (unless one is on its way)."""
+        if self._next is None:
+            self._next = self._worker.submit(self._build)
+
+
+def built_ahead(key: str, build: Callable[[], T]) -> T:
+    """This session's ``build()``, taken from the one built ahead for it, and the next one
+    started once this session's page has loaded.
+
+    In a server, the objects are kept per process under ``key`` (:class:`Ahead`); the next
+    one is built after this page is drawn, so that it does not compete with it for the
+    CPU. Outside a server (a script, a notebook) this is ``build()``.
+    """
+    doc = pn.state.curdoc
+    if doc is None or doc.session_context is None:
+        return build()
+    ahead = pn.state.as_cached(f"attnpanel:ahead:{key}", lambda: Ahead(build))
+    built = ahead.take()
+    pn.state.onload(ahead.refill)
+    return built
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

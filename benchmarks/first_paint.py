@@ -1,13 +1,19 @@
 """Request to complete first paint of the served explorer, beside a naive DynamicMap page.
 
-Run: ``python benchmarks/first_paint.py [--pages 6]``.
+Run: ``python benchmarks/first_paint.py [--pages 6] [--gap 0]``.
 
 Serves ``apps/main.py`` and, as the baseline in the same run, ``benchmarks/naive_app.py``
 (the same views as HoloViews DynamicMaps) with ``panel serve`` on loopback, opens each
-``--pages`` times in headless Chromium one after another, and prints the median and p95
-time from the request to Bokeh's document being idle (every view rendered and painted).
-The first page of each server is left out of the figures (it builds the shared demo trace)
-and printed apart.
+``--pages`` times in headless Chromium one after another (``--gap`` seconds apart), and
+prints the median and p95 time from the request to Bokeh's document being idle (every view
+rendered and painted), and the median time to the server's answer (the page's HTML). The
+first page of each server is left out of the figures (it builds the shared demo trace) and
+printed apart. A third row, ``benchmarks/one_map_app.py`` (a Panel page with one 480 x 480
+map), is this machine's floor in the same run.
+
+With ``--gap 0`` a page is requested as soon as the previous one is idle: the explorer
+built ahead for it (``attnpanel.serving.built_ahead``) is then still being built, and the
+request waits for the rest. ``--gap 2`` is a visitor arriving to an idle server.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from served_app import APP, launch_chromium, serve  # noqa: E402
 
 IDLE_JS = "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].is_idle"
+ANSWER_JS = "() => performance.getEntriesByType('navigation')[0].responseStart"
 PLOTS_JS = (
     "() => [...Bokeh.documents[0].all_models]"
     ".filter(m => m.type == 'Figure' || m.type == 'Plot').length"
@@ -40,9 +47,10 @@ def check_rendered(page, app: Path) -> None:
         )
 
 
-def first_paints(browser, app: Path, pages: int) -> list[float]:
-    """Seconds from the request to an idle document, for ``pages`` pages in a row."""
-    times = []
+def first_paints(browser, app: Path, pages: int, gap: float) -> tuple[list[float], list[float]]:
+    """Seconds from the request to an idle document, and to the server's answer, for
+    ``pages`` pages in a row, ``gap`` seconds apart."""
+    times, answers = [], []
     with serve(app) as (url, _proc):
         for _ in range(pages):
             page = browser.new_page(viewport={"width": 1600, "height": 1300})
@@ -50,9 +58,11 @@ def first_paints(browser, app: Path, pages: int) -> list[float]:
             page.goto(url, timeout=300_000)
             page.wait_for_function(IDLE_JS, timeout=300_000, polling=20)
             times.append(time.perf_counter() - start)
+            answers.append(page.evaluate(ANSWER_JS) / 1000)
             check_rendered(page, app)
             page.close()
-    return times
+            time.sleep(gap)
+    return times, answers
 
 
 def p95(values: list[float]) -> float:
@@ -62,24 +72,36 @@ def p95(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=6)
+    parser.add_argument(
+        "--gap", type=float, default=0.0, help="seconds between pages (default 0: back to back)"
+    )
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = launch_chromium(p)
         rows = {
-            "explorer (apps/main.py)": first_paints(browser, APP, args.pages),
+            "explorer (apps/main.py)": first_paints(browser, APP, args.pages, args.gap),
             "naive DynamicMaps (baseline)": first_paints(
-                browser, ROOT / "benchmarks" / "naive_app.py", args.pages
+                browser, ROOT / "benchmarks" / "naive_app.py", args.pages, args.gap
+            ),
+            "floor: one 480 x 480 map alone": first_paints(
+                browser, ROOT / "benchmarks" / "one_map_app.py", args.pages, args.gap
             ),
         }
         browser.close()
-    print("request -> complete first paint (document idle), demo 32 x 8 x 480 x 480")
-    print("| page | first page (s) | median (s) | p95 (s) |")
-    print("| --- | --- | --- | --- |")
-    for name, times in rows.items():
+    print(
+        "request -> complete first paint (document idle), demo 32 x 8 x 480 x 480, "
+        f"pages {args.gap:g} s apart"
+    )
+    print("| page | first page (s) | median (s) | p95 (s) | server answer, median (s) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, (times, answers) in rows.items():
         rest = times[1:]
-        print(f"| {name} | {times[0]:.2f} | {statistics.median(rest):.2f} | {p95(rest):.2f} |")
+        print(
+            f"| {name} | {times[0]:.2f} | {statistics.median(rest):.2f} | {p95(rest):.2f} "
+            f"| {statistics.median(answers[1:]):.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,20 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, urlparse
 
-from served_app import click_checkbox, opened, page_widths, shot
+import numpy as np
+from served_app import (
+    HELPERS_JS,
+    RENDERED_JS,
+    ROOT,
+    click_checkbox,
+    image_js,
+    opened,
+    page_widths,
+    serve,
+    shot,
+)
+
+import attnpanel
 
 
 def test_url_reopens_the_same_view_and_follows_changes(browser, artifacts, demo_url):
@@ -58,3 +71,37 @@ def test_projection_and_merge_open_on_demand(browser, artifacts, demo_url):
 
 def page_widths_ok(page) -> bool:
     return page_widths(page) == {1280: 1280, 1600: 1600}
+
+
+def test_a_page_built_ahead_shows_its_urls_selection_on_its_first_paint(browser, artifacts):
+    """The server builds the next session's explorer while it is idle
+    (``serving.built_ahead``), on the default selection. The session that takes it must
+    show its URL's selection on its first paint, in every view, and its matrix must be the
+    model's own weights."""
+    with serve(extra_args=("--setup", str(ROOT / "tests" / "log_info.py"))) as (url, _proc):
+        with opened(browser, url):
+            pass  # the first session: once its page has loaded, the next is built
+        page = browser.new_page(viewport={"width": 1600, "height": 1300})
+        try:
+            page.goto(url + "?sample=2&head=3&query=120", timeout=180_000)
+            page.wait_for_function("() => window.Bokeh && Object.keys(Bokeh.index).length > 0")
+            page.evaluate(HELPERS_JS)
+            page.wait_for_function(RENDERED_JS, timeout=180_000)
+            # read at once: a view drawn on the built-ahead selection and corrected by a later
+            # update would be caught here
+            titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
+            image = page.evaluate(image_js("sample 2, head 3"))
+            page.screenshot(path=str(artifacts / "browser_url_built_ahead.png"))
+        finally:
+            page.close()
+        port = url.split(":")[2].split("/")[0]
+        log = (ROOT / "artifacts" / f"serve-{port}.log").read_text()
+    assert "this session takes what was built ahead for it" in log
+    assert any(t.startswith("sample 2: ") for t in titles), titles  # the power curve
+    assert any(t.startswith("sample 2, head 3: softmax") for t in titles), titles
+    assert any(t.startswith("weights of query 120 (head 3)") for t in titles), titles
+    assert any(t.startswith("context of query 120, head 3") for t in titles), titles
+    weights = attnpanel.demo().weights.isel(batch=2, head=3).values  # what the model computed
+    shown = np.array(image["values"], dtype=float).reshape(image["shape"])
+    expected = np.where(np.eye(480, dtype=bool), np.nan, weights)  # the diagonal mask: black
+    np.testing.assert_allclose(shown, expected, rtol=1e-6, atol=1e-9)

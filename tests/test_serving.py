@@ -212,3 +212,55 @@ def test_the_explorer_page_passes_bokehs_validation():
     doc.add_root(explorer.__panel__().get_root(doc))
     issues = check_integrity(doc.roots)
     assert issues.error == [] and issues.warning == [], (issues.error, issues.warning)
+
+
+def test_ahead_gives_what_its_worker_built_then_builds_on_the_callers_thread():
+    """``serving.Ahead``: after ``refill`` the next ``take`` gets the object built on the
+    worker thread; with nothing built ahead, ``take`` builds on its caller's thread."""
+    built_on = []
+
+    def build():
+        built_on.append(threading.current_thread().name)
+        return object()
+
+    ahead = serving.Ahead(build)
+    ahead.refill()
+    ahead.refill()  # one on its way already: not a second
+    first = ahead.take()
+    assert built_on == [built_on[0]] and built_on[0].startswith("attnpanel-ahead")
+    second = ahead.take()  # nothing built ahead: built here
+    assert built_on[1] == threading.current_thread().name
+    assert first is not second
+
+
+def test_ahead_builds_again_where_the_worker_failed(caplog):
+    """A build that failed on the worker is logged, and the taker builds it itself: an
+    error it raises again then reaches the session, as without building ahead."""
+    calls = []
+
+    def build():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise MemoryError("no room for the next session")
+        return "explorer"
+
+    ahead = serving.Ahead(build)
+    ahead.refill()
+    with caplog.at_level("ERROR", logger="attnpanel.serving"):
+        assert ahead.take() == "explorer"
+    assert "building the next session ahead failed" in caplog.text
+    assert "no room for the next session" in caplog.text
+    assert calls[1] == threading.current_thread().name
+
+
+def test_an_explorer_built_ahead_is_the_explorer_of_its_own_state():
+    """``AttentionExplorer.built`` lays the page out without a session (a worker thread
+    builds it); outside a server ``built_ahead`` is a plain build; changes then redraw."""
+    trace = make_trace()
+    explorer = serving.built_ahead("test", lambda: AttentionExplorer.built(trace))
+    assert explorer.lay_out() is explorer.__panel__()
+    before = explorer.drawn().copy()
+    explorer.param.update(head=1, mask="causal")
+    after = explorer.drawn()
+    assert not np.array_equal(np.isnan(before), np.isnan(after))
+    assert np.isnan(after[0, 1:]).all()  # causal: query 0 sees key 0 only
