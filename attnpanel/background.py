@@ -9,10 +9,12 @@ session's own clicks, and every other session of the process, would wait for it.
 release the GIL while they compute) and hands each result back to the session's event
 loop (``Document.add_next_tick_callback``, the one document method safe from another
 thread), where it is drawn. A view asked again before its last result came back draws
-only the newest one. The page's busy indicator shows once work has been in flight for
-:data:`BUSY_AFTER_S`, with the number of views still computing, and goes when all are
-drawn. Outside a server (a notebook, the tests, the benchmarks) the same pool computes a
-change's views side by side and the call returns once they are drawn.
+only the newest one, and a computation superseded while it runs stops at its next step
+(:mod:`attnpanel.cancel`) instead of holding a worker to its end. The page's busy
+indicator shows once work has been in flight for :data:`BUSY_AFTER_S`, with the number
+of views still computing, and goes when all are drawn. Outside a server (a notebook,
+the tests, the benchmarks) the same pool computes a change's views side by side and the
+call returns once they are drawn.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from functools import partial
 
 import panel as pn
 from panel.io.state import set_curdoc
+
+from attnpanel import cancel
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +105,20 @@ class Background:
             future.add_done_callback(partial(self._hand_back, doc, key, ticket, draw, failed))
 
     def _unless_superseded(self, key, ticket, compute):
-        if self._latest.get(key) != ticket:
-            return None  # a newer job of the same view came meanwhile: not drawn anyway
-        return compute()
+        """On a worker: ``compute()``, stopped at its next :func:`cancel.check` once a
+        newer job of the same view comes (its result would not be drawn anyway)."""
+
+        def wanted() -> bool:
+            return self._latest.get(key) == ticket
+
+        if not wanted():
+            return None  # superseded before its turn
+        with cancel.while_wanted(wanted):
+            try:
+                return compute()
+            except cancel.Superseded:
+                log.debug("a superseded computation of %r stopped", key)
+                return None
 
     def _run_here(self, pool, jobs, failed) -> None:
         """Outside a server: every job side by side on the workers, drawn in order."""

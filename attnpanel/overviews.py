@@ -30,7 +30,7 @@ import torch
 import xarray as xr
 import zarr
 
-from attnpanel import files, tiles, virtual
+from attnpanel import cancel, files, tiles, virtual
 from attnpanel.attention import MASK_MODES
 from attnpanel.locks import KeyLocks
 
@@ -102,7 +102,8 @@ def compute(task: Task) -> tiles.Overview:
         lse = tiles.log_sum_exp(q, k, masking, task.scale)
     else:
         lse = torch.from_numpy(task.lse)
-    result = tiles.overview(q, k, lse.double(), masking, task.scale, pixels=task.pixels)
+    with cancel.shielded():  # stored and shared: other views wait for it
+        result = tiles.overview(q, k, lse.double(), masking, task.scale, pixels=task.pixels)
     return tiles.Overview(*(getattr(result, part)[0, 0] for part in PARTS))
 
 

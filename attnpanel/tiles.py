@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
+from attnpanel import cancel
 from attnpanel.attention import MASK_FILL, MASK_MODES
 
 BLOCK = 1024  # default rows and columns per block of the streaming passes and the tiles
@@ -541,6 +542,7 @@ def overview(
         q_bh, lse_bh = q64[b, h].to(dtype), lse64[b, h].to(dtype)
         kt = k64[b, h].transpose(0, 1).to(dtype).contiguous()  # (E, S)
         for first, last in _row_groups(row_edges, min(keys, block_k), GROUP_CELLS):
+            cancel.check()  # a superseded window (the user zoomed again) stops here
             span = slice(row_edges[first], row_edges[last])
             at = slice(span.start - queries.start, span.stop - queries.start)
             counts = np.diff(row_edges[first : last + 1])

@@ -14,6 +14,9 @@ Run: ``python benchmarks/long_explorer.py [--days 45] [--pages 5] [--repeats 7]`
    large map's refinement to its own pixels (the served page draws it after the zoom);
    and a query click (the row over every key and its top keys), medians and p95 over
    ``--repeats`` rounds at random places.
+4. Zoom again while the last zoom's refinement runs: the newest window's own pixels, with
+   the superseded refinement stopped at its next step, beside the same with it run to its
+   end (the baseline: how the page refined before ``attnpanel.cancel``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +106,56 @@ def server_side(path: Path, repeats: int) -> dict[str, list[float]]:
     return found
 
 
+def _still_wanted(stops: bool, superseded: threading.Event) -> bool:
+    return not (stops and superseded.is_set())
+
+
+def zoom_during_refinement(path: Path, repeats: int, side: int = 8192) -> dict[str, list[float]]:
+    """Zoom to a ``side``^2 window, then again to another 0.2 s into the first window's
+    refinement: seconds from the second zoom until its own pixels are computed, on one
+    refinement worker as the served page has. The first refinement is stopped at its next
+    step (``attnpanel.cancel``, as the page's ``Background`` does) or, as the baseline in
+    the same run, left to run to its end (as before)."""
+    import numpy as np
+
+    from attnpanel import cancel, io
+    from attnpanel.long_explorer import LongExplorer
+    from attnpanel.overviews import folder_for
+
+    ds = io.load(path)
+    explorer = LongExplorer(ds, folder=folder_for(path))
+    found = explorer.virtual_map(explorer.selection)
+    n = ds.sizes["query"]
+    rng = np.random.default_rng(1)
+
+    def refine(window, wanted):
+        with cancel.while_wanted(wanted):
+            try:
+                return found.refined(480, 480, window).raster(480, 480, window)
+            except cancel.Superseded:
+                return None
+
+    def windows():
+        x0, y0 = (int(v) for v in rng.integers(0, n - side, size=2))
+        return ((x0 - 0.5, x0 + side - 0.5), (y0 - 0.5, y0 + side - 0.5))
+
+    times: dict[str, list[float]] = {}
+    with ThreadPoolExecutor(1, thread_name_prefix="refine") as worker:
+        refine(windows(), lambda: True)  # warm-up: the row statistics, q and k
+        for _ in range(repeats):
+            for name, stop in (("stopped (cancel)", True), ("run to its end (baseline)", False)):
+                first, second = windows(), windows()
+                superseded = threading.Event()
+                wanted = partial(_still_wanted, stop, superseded)
+                worker.submit(refine, first, wanted)
+                time.sleep(0.2)
+                start = time.perf_counter()
+                superseded.set()
+                worker.submit(refine, second, lambda: True).result()
+                times.setdefault(name, []).append(time.perf_counter() - start)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=45)
@@ -142,6 +198,16 @@ def main() -> None:
     print("| action | median | p95 |")
     print("| --- | --- | --- |")
     for name, times in server_side(path, args.repeats).items():
+        ms = [1000 * t for t in times]
+        print(f"| {name} | {statistics.median(ms):.0f} | {p95(ms):.0f} |")
+
+    print(
+        "\nzoom again 0.2 s into the refinement of an 8,192^2 window: the second window's "
+        f"own pixels computed, {args.repeats} rounds (ms)"
+    )
+    print("| the first refinement | median | p95 |")
+    print("| --- | --- | --- |")
+    for name, times in zoom_during_refinement(path, args.repeats).items():
         ms = [1000 * t for t in times]
         print(f"| {name} | {statistics.median(ms):.0f} | {p95(ms):.0f} |")
 

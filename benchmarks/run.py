@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> str:
         action="store_true",
         help=(
             "then the others: capture.py, sessions.py, explorer_latency.py, first_paint.py, "
-            "linked_zoom.py, tiles.py"
+            "linked_zoom.py, tiles.py, long_explorer.py"
         ),
     )
     args = parser.parse_args(argv)
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> str:
             "first_paint.py",
             "linked_zoom.py",
             "tiles.py",
+            "long_explorer.py",
         ):
             print(f"\n== {script}", flush=True)
             subprocess.run([sys.executable, str(Path(__file__).with_name(script))], check=True)
