@@ -368,14 +368,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
             options["overviews"] = overviews
     serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
 
+    if isinstance(capture, xr.Dataset) and not virtual.is_virtual(capture):
+        # built while the server is idle (the explorers of a virtual trace or of groups
+        # draw their maps on worker threads of their own)
+        explorer = partial(AttentionExplorer.built, capture, **options)
+        build = partial(serving.built_ahead, "serve", explorer)
+    else:
+        build = partial(explore, capture, **options)
+
     def session():
         serving.release_on_close()
-        # returned, not also .servable(): one explorer per page
-        if isinstance(capture, xr.Dataset) and not virtual.is_virtual(capture):
-            # built while the server is idle (the explorers of a virtual trace or of groups
-            # draw their maps on worker threads of their own)
-            return serving.built_ahead("serve", partial(AttentionExplorer.built, capture))
-        return explore(capture, **options)
+        return build()  # returned, not also .servable(): one explorer per page
 
     pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
     serving.skip_document_validation()  # the page is validated once, by the tests

@@ -529,7 +529,7 @@ def _blocked_only(mask: torch.Tensor | None, true_allows: bool) -> torch.Tensor 
     """The cells a mask argument blocks; an additive bias has no virtual form."""
     blocked, bias = _mask_terms(mask, true_allows)
     if bias is not None:
-        raise UnsupportedAttention(_TOO_LARGE + "it adds a bias to the scores")
+        raise UnsupportedAttention(_HAS_BIAS)
     return blocked
 
 
@@ -539,6 +539,7 @@ _TOO_LARGE = (
     "causal) plus padded keys and no bias; capture it with dense=True (a shorter input if "
     "its weights do not fit): "
 )
+_HAS_BIAS = _TOO_LARGE + "it adds a bias to the scores"
 
 
 def _structure(blocked, lead, length: int, n_keys: int) -> tuple[str, torch.Tensor | None]:
@@ -648,7 +649,7 @@ def _read_bounded(recorder: AttentionRecorder, func, args, kwargs):
         call.bias = masking.bias_tile(slice(0, length), slice(0, n_keys))
         call.weights = _recompute(q, k, call.scale, call.blocked, call.bias)
     elif masking.bias is not None:
-        call.unsupported = _TOO_LARGE + "it adds a bias to the scores"
+        call.unsupported = _HAS_BIAS
     else:
         padding = masking.key_padding
         if padding is not None:
@@ -801,7 +802,7 @@ def _to_virtual(call: AttentionCall) -> None:
     """Keep a checked softmax call's rows' lse instead of its weights (too large to hold)."""
     try:
         if call.bias is not None:
-            raise UnsupportedAttention(_TOO_LARGE + "it adds a bias to the scores")
+            raise UnsupportedAttention(_HAS_BIAS)
         lead, (length, n_keys) = call.q.shape[:-2], (call.q.shape[-2], call.k.shape[-2])
         mode, padding = _structure(call.blocked, lead, length, n_keys)
         call.virtual, _ = _virtual_form(call.q, call.k, None, call.scale, mode, padding)

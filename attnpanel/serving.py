@@ -7,9 +7,9 @@ so that no session can change what another one sees. A session holds its explore
 state and its Bokeh document); when it closes, :func:`release_on_close` collects it and
 hands the freed memory back to the operating system. :func:`built_ahead` builds the next
 session's explorer on a worker thread while the server is idle, so that a page request
-finds it ready. :func:`die_with_parent` makes the
-workers of ``attnpanel serve --num-procs N`` (and of ``panel serve --num-procs N --setup
-apps/workers.py``) stop with the server that forked them.
+finds it ready. :func:`die_with_parent` makes the workers of ``attnpanel serve
+--num-procs N`` (and of ``panel serve --num-procs N --setup apps/workers.py``) stop with
+the server that forked them.
 """
 
 from __future__ import annotations

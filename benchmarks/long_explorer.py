@@ -56,18 +56,22 @@ def first_paints(browser, cmd: list[str], port: int, pages: int) -> list[float]:
     return times
 
 
-def server_side(path: Path, repeats: int) -> dict[str, list[float]]:
-    """Linked zoom and query click on a LongExplorer of the stored trace (seconds)."""
-    import numpy as np
-
+def long_explorer(path: Path):
+    """A LongExplorer of the stored trace, its page laid out (as a server's session)."""
     from attnpanel import io
     from attnpanel.long_explorer import LongExplorer
     from attnpanel.overviews import folder_for
 
-    ds = io.load(path)
-    explorer = LongExplorer(ds, folder=folder_for(path))
+    explorer = LongExplorer(io.load(path), folder=folder_for(path))
     explorer.__panel__()
-    n = ds.sizes["query"]
+    return explorer
+
+
+def server_side(explorer, repeats: int) -> dict[str, list[float]]:
+    """Linked zoom and query click on the long demo's explorer (seconds)."""
+    import numpy as np
+
+    n = explorer.trace.sizes["query"]
     rng = np.random.default_rng(0)
     found: dict[str, list[float]] = {}
     refined = [(view, view.refine) for view in explorer.engine.views if view.refine is not None]
@@ -110,7 +114,7 @@ def _still_wanted(stops: bool, superseded: threading.Event) -> bool:
     return not (stops and superseded.is_set())
 
 
-def zoom_during_refinement(path: Path, repeats: int, side: int = 8192) -> dict[str, list[float]]:
+def zoom_during_refinement(explorer, repeats: int, side: int = 8192) -> dict[str, list[float]]:
     """Zoom to a ``side``^2 window, then again to another 0.2 s into the first window's
     refinement: seconds from the second zoom until its own pixels are computed, on one
     refinement worker as the served page has. The first refinement is stopped at its next
@@ -118,14 +122,10 @@ def zoom_during_refinement(path: Path, repeats: int, side: int = 8192) -> dict[s
     the same run, left to run to its end (as before)."""
     import numpy as np
 
-    from attnpanel import cancel, io
-    from attnpanel.long_explorer import LongExplorer
-    from attnpanel.overviews import folder_for
+    from attnpanel import cancel
 
-    ds = io.load(path)
-    explorer = LongExplorer(ds, folder=folder_for(path))
     found = explorer.virtual_map(explorer.selection)
-    n = ds.sizes["query"]
+    n = explorer.trace.sizes["query"]
     rng = np.random.default_rng(1)
 
     def refine(window, wanted):
@@ -194,20 +194,21 @@ def main() -> None:
         rest = times[1:] or times
         print(f"| {name} | {times[0]:.2f} | {statistics.median(rest):.2f} | {p95(rest):.2f} |")
 
+    explorer = long_explorer(path)
     print(f"\nserver side, {args.repeats} rounds at random places (ms)")
-    print("| action | median | p95 |")
-    print("| --- | --- | --- |")
-    for name, times in server_side(path, args.repeats).items():
-        ms = [1000 * t for t in times]
-        print(f"| {name} | {statistics.median(ms):.0f} | {p95(ms):.0f} |")
-
+    print_ms("action", server_side(explorer, args.repeats))
     print(
         "\nzoom again 0.2 s into the refinement of an 8,192^2 window: the second window's "
         f"own pixels computed, {args.repeats} rounds (ms)"
     )
-    print("| the first refinement | median | p95 |")
+    print_ms("the first refinement", zoom_during_refinement(explorer, args.repeats))
+
+
+def print_ms(what: str, rows: dict[str, list[float]]) -> None:
+    """A table of medians and p95, in ms, of ``rows`` (name -> seconds)."""
+    print(f"| {what} | median | p95 |")
     print("| --- | --- | --- |")
-    for name, times in zoom_during_refinement(path, args.repeats).items():
+    for name, times in rows.items():
         ms = [1000 * t for t in times]
         print(f"| {name} | {statistics.median(ms):.0f} | {p95(ms):.0f} |")
 
