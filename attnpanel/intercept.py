@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from attnpanel import tiles, virtual
+from attnpanel import precision, tiles, virtual
 from attnpanel.attention import attention_weights
 
 BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
@@ -845,7 +845,13 @@ def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
         empty = blocked.expand_as(difference).all(dim=-1, keepdim=True)
         difference = difference.masked_fill(empty, 0.0)  # a padding row: what the model made of it
     error = float(difference.max()) if difference.numel() else 0.0
-    if not error <= tolerance(call.dtype):  # NaN fails too
+    # rounding grows with the logits (large in trained models): the derived bound, never less
+    # than the fixed floor that tells a wrong scale or mask from rounding
+    allowed = tolerance(call.dtype)
+    if call.dtype in precision.EPSILON:
+        logits = precision.max_logit(q, call.k, call.scale, blocked, bias)
+        allowed = max(allowed, precision.softmax_bound(call.dtype, logits))
+    if not error <= allowed:  # NaN fails too
         call.unsupported = (
             f"its softmax weights do not follow from q.k, scale {call.scale:.4g} and the "
             f"additive terms (max error {error:.3g})"

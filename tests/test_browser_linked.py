@@ -8,6 +8,7 @@ to a numpy computation on the trace.
 
 from __future__ import annotations
 
+import numerics
 import numpy as np
 import pytest
 from served_app import opened
@@ -155,7 +156,7 @@ def test_wheel_zoom_on_the_matrix_rerasterizes_every_map(app, trace, artifacts):
     c0, r0 = round(left + 0.5), round(bottom + 0.5)
     expected = head_weights(trace, 3)[r0 : r0 + round(height), c0 : c0 + round(width)]
     shown = np.array([np.nan if v is None else v for v in m["values"]], dtype=np.float32)
-    np.testing.assert_allclose(shown.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
+    numerics.assert_same_numbers(shown.reshape(expected.shape), expected)  # the trace's cells
     # More detail than the magnified image: the map's full width went to the window alone.
     assert m["shape"][1] > SIZE * width / 480
     assert [e for e in console if e[0] in ("error", "pageerror")] == []

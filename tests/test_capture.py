@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import dask.array
+import numerics
 import numpy as np
 import pytest
 import torch
@@ -70,8 +71,29 @@ def test_minilm_weights_equal_output_attentions(minilm_trace, minilm_attentions)
         f"encoder.layer.{i}.attention.self" for i in range(6)
     ]
     for index, expected in enumerate(minilm_attentions):
-        captured = minilm_trace["weights"].isel(layer=index).values
-        np.testing.assert_allclose(captured, expected.numpy(), rtol=0, atol=1e-6)
+        layer = minilm_trace.isel(layer=index)
+        logits = numerics.trace_logits(layer)
+        truth = numerics.float64_weights(layer).values
+        captured = layer["weights"].values
+        # SDPA's weights (recomputed by capture in float32) and eager's own, each against the
+        # float64 truth from the trace's q, k and mask, then against each other
+        numerics.assert_exact_weights(captured, truth, logits=logits, err_msg="captured")
+        numerics.assert_exact_weights(expected, truth, logits=logits, err_msg="eager")
+        numerics.assert_kernels_agree(captured, expected, logits=logits)
+
+
+def test_minilm_bound_fails_weights_off_by_ten_times_it(minilm_trace, minilm_attentions):
+    """The derived bound still tells: a cell moved by 10x it fails the same comparison."""
+    layer = minilm_trace.isel(layer=2)
+    logits = numerics.trace_logits(layer)
+    bound = numerics.kernel_bound(logits)
+    assert 1e-6 < bound < 2e-5  # MiniLM's logits reach ~7: 8 eps (1 + 7)
+    captured = layer["weights"].values.copy()
+    captured[0, 3, 4, 5] += 10 * bound
+    with pytest.raises(AssertionError):
+        numerics.assert_kernels_agree(captured, minilm_attentions[2], logits=logits)
+    with pytest.raises(AssertionError):
+        numerics.assert_exact_weights(captured, numerics.float64_weights(layer), logits=logits)
 
 
 def test_minilm_q_k_reproduce_weights(minilm_trace, encoded):
@@ -86,11 +108,13 @@ def test_minilm_q_k_reproduce_weights(minilm_trace, encoded):
         q = torch.from_numpy(layer["q"].values)  # (B, H, L, E)
         k = torch.from_numpy(layer["k"].values)  # (B, H, S, E)
         weights = torch.softmax(q @ k.transpose(-2, -1) * scale + bias, dim=-1)
-        np.testing.assert_allclose(weights.numpy(), layer["weights"].values, rtol=0, atol=1e-5)
+        numerics.assert_kernels_agree(weights, layer["weights"], logits=numerics.trace_logits(layer))
     unpadded = minilm_trace.isel(layer=2, batch=0)
     recomputed = attnpanel.recompute_weights(unpadded.expand_dims("batch"), "none")
-    np.testing.assert_allclose(
-        recomputed.isel(batch=0).values, unpadded["weights"].values, rtol=0, atol=1e-5
+    numerics.assert_kernels_agree(
+        recomputed.isel(batch=0),
+        unpadded["weights"],
+        logits=numerics.trace_logits(unpadded.expand_dims("batch")),
     )
 
 
@@ -107,7 +131,7 @@ def test_minilm_context_and_v_match_the_attention_output(minilm, minilm_trace, e
         handle.remove()
     context = minilm_trace["context"].isel(layer=0).values  # (B, H, L, E)
     merged = context.transpose(0, 2, 1, 3).reshape(context.shape[0], context.shape[2], -1)
-    np.testing.assert_allclose(merged, outputs["context"].numpy(), rtol=0, atol=1e-5)
+    numerics.assert_products_agree(merged, outputs["context"], terms=context.shape[2])  # S keys
 
 
 def test_minilm_tokens_are_a_coordinate(minilm_trace, minilm, encoded):
@@ -168,7 +192,9 @@ def test_mixed_training_modes_are_restored_module_by_module():
         expected = model.layers[0].self_attn(
             x, x, x, need_weights=True, average_attn_weights=False
         )[1]
-    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, expected.numpy(), atol=1e-6)
+    numerics.assert_kernels_agree(
+        ds["weights"].isel(layer=0), expected, logits=numerics.trace_logits(ds)
+    )
 
 
 def _hook_count(model: nn.Module) -> int:
@@ -205,10 +231,10 @@ def test_multihead_attention_per_head_weights(batch_first, masking):
     output, expected = _mha_reference(mha, x, **kwargs)
     weights = ds["weights"].isel(layer=0)
     assert weights.dims == ("batch", "head", "query", "key")
-    np.testing.assert_allclose(weights.values, expected.numpy(), rtol=0, atol=1e-6)
+    numerics.assert_kernels_agree(weights, expected, logits=numerics.trace_logits(ds))
     if not batch_first:
         output = output.transpose(0, 1)
-    np.testing.assert_allclose(ds["output"].isel(layer=0).values, output.numpy(), atol=1e-6)
+    numerics.assert_products_agree(ds["output"].isel(layer=0), output, terms=16)
     expected_mask = {"causal_bool": "causal", "causal_float": "causal", "is_causal": "causal"}
     assert ds.attrs["mask"] == expected_mask.get(masking, "none")
     assert ("sample_mask" in ds) == (masking == "padding")
@@ -222,7 +248,7 @@ def test_multihead_attention_q_k_v_from_in_proj_weight():
     b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)
     for name, w, b in (("q", w_q, b_q), ("k", w_k, b_k), ("v", w_v, b_v)):
         expected = (x @ w.T + b).view(2, 5, 2, 8).transpose(1, 2)  # (B, H, L, E)
-        np.testing.assert_allclose(ds[name].values, expected.numpy(), atol=1e-6)
+        numerics.assert_products_agree(ds[name], expected, terms=16)
     np.testing.assert_array_equal(ds["w_o"].values, mha.out_proj.weight.detach().numpy())
     assert ds.attrs["scale"] == pytest.approx(8**-0.5)
 
@@ -236,7 +262,9 @@ def test_transformer_encoder_layers_despite_the_fast_path():
     assert torch.backends.mha.get_fastpath_enabled() == fastpath
     assert list(ds["layer"].values) == ["layers.0.self_attn", "layers.1.self_attn"]
     _, expected = _mha_reference(encoder.layers[0].self_attn.eval(), x)
-    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, expected.numpy(), atol=1e-6)
+    numerics.assert_kernels_agree(
+        ds["weights"].isel(layer=0), expected, logits=numerics.trace_logits(ds)
+    )
 
 
 def test_multihead_attention_cross_attention():
@@ -257,7 +285,9 @@ def test_multihead_attention_cross_attention():
     assert ds.sizes["query"] == 4 and ds.sizes["key"] == 7
     with torch.no_grad():
         _, expected = mha(query, memory, memory, average_attn_weights=False)
-    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, expected.numpy(), atol=1e-6)
+    numerics.assert_kernels_agree(
+        ds["weights"].isel(layer=0), expected, logits=numerics.trace_logits(ds)
+    )
 
 
 def test_multihead_attention_bias_kv_is_refused():
@@ -290,8 +320,12 @@ def test_own_layers_match_trace():
         expected = attnpanel.trace(layer, inputs)
         captured = ds.sel(layer=name, drop=True)
         assert set(captured.data_vars) == set(expected.data_vars) - {"scores"}  # q . k again
+        logits = numerics.trace_logits(captured)
         for variable in captured.data_vars:
-            xr.testing.assert_allclose(captured[variable], expected[variable], atol=1e-6)
+            if variable == "weights":  # SDPA's kernel against the layer's own softmax
+                numerics.assert_kernels_agree(captured[variable], expected[variable], logits=logits)
+            else:  # projections of 16 features, or exactly what the layer recorded
+                numerics.assert_products_agree(captured[variable], expected[variable], terms=16)
         assert captured.attrs["mask"] == "diagonal"
 
 
@@ -380,12 +414,12 @@ def test_fused_qkv_matches_a_hand_computation():
     ds = capture(block, x, fused={"attn": FusedQKV("c_attn", mask="causal", out="c_proj")})
     layer = ds.sel(layer="attn")
     q, k, v, weights = _hand_attention(block, x, causal=True)
-    np.testing.assert_allclose(layer["weights"].values, weights.numpy(), rtol=0, atol=1e-6)
+    numerics.assert_kernels_agree(layer["weights"], weights, logits=numerics.trace_logits(layer))
     for name, expected in (("q", q), ("k", k), ("v", v)):
-        np.testing.assert_allclose(layer[name].values, expected.numpy(), atol=1e-6)
+        numerics.assert_products_agree(layer[name], expected, terms=24)
     with torch.no_grad():
         output = block.attn(block.ln(x))
-    np.testing.assert_allclose(layer["output"].values, output.numpy(), atol=1e-6)
+    numerics.assert_products_agree(layer["output"], output, terms=24)
     assert ds.attrs["mask"] == "causal" and ds.attrs["n_heads"] == 3
 
 
@@ -394,7 +428,9 @@ def test_fused_qkv_by_projection_name():
     x = torch.randn(2, 6, 24)
     ds = capture(block, x, fused={"attn": "c_attn"})
     _, _, _, weights = _hand_attention(block, x, causal=False)
-    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, weights.numpy(), atol=1e-6)
+    numerics.assert_kernels_agree(
+        ds["weights"].isel(layer=0), weights, logits=numerics.trace_logits(ds)
+    )
 
 
 def test_fused_qkv_with_the_wrong_mask_is_caught():
@@ -493,11 +529,14 @@ def test_gpt2_fused_c_attn_with_causal_mask():
     assert list(ds["layer"].values) == ["h.0.attn", "h.1.attn"]
     assert ds.attrs["mask"] == "causal"
     for index, weights in enumerate(expected):
-        np.testing.assert_allclose(
-            ds["weights"].isel(layer=index).values, weights.numpy(), atol=1e-6
+        layer = ds.isel(layer=index)
+        numerics.assert_kernels_agree(
+            layer["weights"], weights, logits=numerics.trace_logits(layer)
         )
     recomputed = attnpanel.recompute_weights(ds.isel(layer=1), "causal")
-    np.testing.assert_allclose(recomputed.values, expected[1].numpy(), rtol=0, atol=1e-5)
+    numerics.assert_kernels_agree(
+        recomputed, expected[1], logits=numerics.trace_logits(ds.isel(layer=1))
+    )
 
 
 def test_rotary_model_keeps_weights_and_leaves_out_q_k():
@@ -518,10 +557,14 @@ def test_rotary_model_keeps_weights_and_leaves_out_q_k():
     model.set_attn_implementation("eager")
     with torch.no_grad():
         expected = model(input_ids=input_ids, output_attentions=True).attentions[0]
-    np.testing.assert_allclose(ds["weights"].isel(layer=0).values, expected.numpy(), atol=1e-6)
+    numerics.assert_kernels_agree(
+        ds["weights"].isel(layer=0), expected, logits=numerics.trace_logits(ds)
+    )
     # q and k are as they entered the product (rotated): they reproduce the weights
     recomputed = attnpanel.recompute_weights(ds.isel(layer=0), "causal")
-    np.testing.assert_allclose(recomputed.values, expected.numpy(), rtol=0, atol=1e-6)
+    numerics.assert_kernels_agree(
+        recomputed, expected, logits=numerics.trace_logits(ds.isel(layer=0))
+    )
     assert "w_q" not in ds and "w_k" not in ds and "rotary" in ds.attrs["note"]
     assert ds.sizes["head"] == 4 and ds.attrs["kv_heads"] == 2  # two k/v heads for four q heads
 

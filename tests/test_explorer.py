@@ -139,7 +139,7 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
         assert queries == pytest.approx((16.5, 17.5))
     bars = handles(explorer, "aggregation weights", "Rectangles")["source"].data
     np.testing.assert_allclose(
-        bars["top"], trace["weights"].isel(batch=0, head=0, query=17), rtol=1e-5, atol=1e-7
+        bars["top"], trace["weights"].isel(batch=0, head=0, query=17), rtol=1e-7, atol=0
     )
     factors = handles(explorer, "top values", "HeatMap")["y_range"].factors
     best = int(np.argmax(trace["weights"].isel(batch=0, head=0, query=17).values))

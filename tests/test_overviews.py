@@ -3,6 +3,7 @@ built on a dask.distributed LocalCluster; never read half-written or from other 
 
 from __future__ import annotations
 
+import numerics
 import numpy as np
 import pytest
 import torch
@@ -43,13 +44,20 @@ def _expected(ds: xr.Dataset, entry: Entry) -> tiles.Overview:
     return peak, mean
 
 
+def _assert_overview(found: tiles.Overview, ds: xr.Dataset, entry: Entry, parts=("max", "mean")):
+    """The overview's pixels against those of the trace's own weights: two kernels (the
+    overview's float64 maxima and float32 means, the trace's tiles or dense softmax)."""
+    peak, mean = _expected(ds, entry)
+    logits = numerics.trace_logits(ds, entry.mask)
+    for part, expected in (("max", peak), ("mean", mean)):
+        if part in parts:
+            numerics.assert_kernels_agree(getattr(found, part), expected, logits=logits)
+
+
 @pytest.mark.parametrize("mask", ["diagonal", "causal", "none"])
 def test_an_overview_is_the_maps_pixel_max_and_mean(lazy, mask):
     entry = Entry(sample=1, head=2, mask=mask, pixels=(40, 30))
-    found = Overviews(lazy).get(entry)
-    peak, mean = _expected(lazy, entry)
-    np.testing.assert_allclose(found.max, peak, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(found.mean, mean, rtol=0, atol=1e-6)
+    _assert_overview(Overviews(lazy).get(entry), lazy, entry)
 
 
 def test_a_stored_overview_is_read_back_without_computing(lazy, tmp_path, monkeypatch):
@@ -76,8 +84,7 @@ def test_a_store_of_other_numbers_is_not_used(lazy, tmp_path):
     other = _virtual(seed=5)  # another layer on the same input
     assert not Overviews(other, folder).stored(entry)
     found = Overviews(other, folder).get(entry)  # computed for its own numbers, replacing
-    peak, _ = _expected(other, entry)
-    np.testing.assert_allclose(found.max, peak, rtol=0, atol=1e-6)
+    _assert_overview(found, other, entry, parts=("max",))
     assert Overviews(other, folder).stored(entry) and not Overviews(lazy, folder).stored(entry)
 
 
@@ -110,9 +117,7 @@ def test_a_two_worker_local_cluster_builds_every_overview(lazy, tmp_path):
     assert all(reopened.stored(entry) for entry in entries)
     assert reopened.build(entries, progress=False) == []  # nothing left to do
     for entry in entries[:3]:
-        peak, mean = _expected(lazy, entry)
-        np.testing.assert_allclose(reopened.get(entry).max, peak, rtol=0, atol=1e-6)
-        np.testing.assert_allclose(reopened.get(entry).mean, mean, rtol=0, atol=1e-6)
+        _assert_overview(reopened.get(entry), lazy, entry)
 
 
 def test_a_dense_trace_has_overviews_too():
@@ -120,10 +125,7 @@ def test_a_dense_trace_has_overviews_too():
     layer = MultiHeadSelfAttention(16, 2, "causal").eval()
     dense = trace(layer, torch.randn(1, 90, 16), dense=True)
     entry = Entry(sample=0, head=1, mask="causal", pixels=(9, 9))
-    found = Overviews(dense).get(entry)
-    peak, mean = _expected(dense, entry)
-    np.testing.assert_allclose(found.max, peak, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(found.mean, mean, rtol=0, atol=1e-6)
+    _assert_overview(Overviews(dense).get(entry), dense, entry)
 
 
 def test_bad_entries_are_refused_by_name(lazy):

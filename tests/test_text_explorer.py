@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numerics
 import numpy as np
 import pytest
 import torch
@@ -64,24 +65,18 @@ def test_layer_switches_every_view(explorer, trace):
     explorer.param.update(layer=3, query=4, head=5)
     layer3 = trace.isel(layer=3)
     assert explorer.trace["layer"].item() == "encoder.layer.3.attention.self"
-    np.testing.assert_allclose(
-        shown_matrix(explorer), layer3["weights"].isel(batch=0, head=5).values, atol=1e-6
-    )
+    numerics.assert_same_numbers(shown_matrix(explorer), layer3["weights"].isel(batch=0, head=5))
     assert not np.allclose(shown_matrix(explorer), first)
     bars = handles(explorer, "aggregation weights", "Rectangles")["source"].data
-    np.testing.assert_allclose(
-        bars["top"], layer3["weights"].isel(batch=0, head=5, query=4), atol=1e-6
-    )
+    numerics.assert_same_numbers(bars["top"], layer3["weights"].isel(batch=0, head=5, query=4))
     wq = handles(explorer, "w_q", "Image", "Weight")["source"].data["image"][0]
     np.testing.assert_array_equal(wq, layer3["w_q"].values)
     title = explorer.engine.title("matrix")
     assert title == "sample 0, head 5, layer 3: softmax weights (mask none)"
     head_map = handles(explorer, "head 7", "Image", "HeadMap")["source"].data["image"][0]
-    np.testing.assert_allclose(head_map, layer3["weights"].isel(batch=0, head=7), atol=1e-6)
+    numerics.assert_same_numbers(head_map, layer3["weights"].isel(batch=0, head=7))
     explorer.layer = 0
-    np.testing.assert_allclose(
-        shown_matrix(explorer), trace["weights"].isel(layer=0, batch=0, head=5), atol=1e-6
-    )
+    numerics.assert_same_numbers(shown_matrix(explorer), trace["weights"].isel(layer=0, batch=0, head=5))
     assert explorer.last_error == ""
 
 
@@ -104,7 +99,7 @@ def test_token_strip_picks_and_marks_the_query(explorer, trace):
     assert (box.bottom, box.top) == (1.5, 2.5)
     strip = handles(explorer, "tokens", "Rectangles", "Tokens")
     row = trace["weights"].isel(layer=0, batch=0, head=0, query=2).values
-    np.testing.assert_allclose(strip["source"].data["weight"], row, atol=1e-6)
+    numerics.assert_same_numbers(strip["source"].data["weight"], row)
     assert strip["source"].data["color"][int(np.argmax(row))] == "#b2182b"  # darkest
     assert "query 2 'cat'" in strip["plot"].title.text
 
@@ -141,20 +136,17 @@ def test_model_view_tiles_every_map_and_opens_one(explorer, trace):
     assert (explorer.layer, explorer.head) == (2, 7)
     marker = handles(explorer, "model view", "Rectangles", "Selected")["source"].data
     assert (list(marker["left"]), list(marker["bottom"])) == ([6.5], [1.5])
-    np.testing.assert_allclose(
-        shown_matrix(explorer), trace["weights"].isel(layer=2, batch=0, head=7), atol=1e-6
-    )
+    numerics.assert_same_numbers(shown_matrix(explorer), trace["weights"].isel(layer=2, batch=0, head=7))
 
 
 def test_head_average_beside_the_head_maps(explorer, trace):
     expected = attnpanel.head_average(trace).isel(layer=1, batch=0).values
     explorer.layer = 1
-    np.testing.assert_allclose(
-        model_views.head_average_values(explorer.trace, explorer.selection), expected, atol=1e-6
-    )
+    average = model_views.head_average_values(explorer.trace, explorer.selection)
+    numerics.assert_products_agree(average, expected, terms=12)  # a mean of 12 heads
     explorer.show_head_average = True
     drawn = handles(explorer, "head average", "Image", "HeadMap")["source"].data["image"][0]
-    np.testing.assert_allclose(drawn, expected, atol=1e-6)
+    numerics.assert_products_agree(drawn, expected, terms=12)
 
 
 def test_positional_encoding_view(trace):

@@ -3,16 +3,18 @@
 Property tests: random q and k (sharpened, so that some rows are peaked), every mask kind
 (none, diagonal, causal, per-sample key padding, an additive bias), random windows that
 cut across chunk edges; each lazy tile must equal the dense recomputation
-(``attention.attention_weights``) to 1e-6 and blocked cells must be exactly 0.
+(``attention.attention_weights`` in float64) within one float32 kernel's rounding
+(``numerics.assert_exact_weights``) and blocked cells must be exactly 0.
 """
 
 from __future__ import annotations
 
+import numerics
 import numpy as np
 import pytest
 import torch
 
-from attnpanel import tiles
+from attnpanel import precision, tiles
 from attnpanel.attention import attention_weights, build_mask
 from attnpanel.tiles import (
     Masking,
@@ -62,6 +64,15 @@ def _dense(q, k, masking: Masking, scale: float) -> torch.Tensor:
     return attention_weights(q, k, blocked, scale, bias=masking.bias)
 
 
+def _logits(q, k, masking: Masking, scale: float) -> float:
+    """``max |logit|`` over the cells the masking lets through: what the bound scales with."""
+    blocked = build_mask(masking.mode, q.shape[-2])
+    if masking.key_padding is not None:
+        padded = masking.key_padding[:, None, None, :]
+        blocked = padded if blocked is None else blocked | padded
+    return precision.max_logit(q, k, scale, blocked, masking.bias)
+
+
 def _windows(length: int, generator, count: int = 6):
     for _ in range(count):
         r0, r1 = sorted(int(x) for x in torch.randint(0, length + 1, (2,), generator=generator))
@@ -81,9 +92,10 @@ def test_lazy_tiles_equal_the_dense_weights(kind, length):
     lazy = lazy_weights(q, k, lse, masking, scale, chunks=(128, 160))
     assert lazy.shape == dense.shape and lazy.dtype == np.float32
     blocked = _dense_blocked(masking, batch, length)
+    logits = _logits(q, k, masking, scale)
     for rows, cols in _windows(length, generator):
-        tile = lazy[:, :, rows, cols].compute()
-        np.testing.assert_allclose(tile, dense[:, :, rows, cols], rtol=0, atol=1e-6)
+        tile = lazy[:, :, rows, cols].compute()  # float32 tiles against the float64 truth
+        numerics.assert_exact_weights(tile, dense[:, :, rows, cols], logits=logits)
         hidden = np.broadcast_to(blocked, dense.shape)[:, :, rows, cols]
         assert (tile[hidden] == 0).all(), "a blocked cell carries weight"
 
@@ -108,9 +120,10 @@ def test_lazy_tiles_equal_the_dense_weights_at_4096(kind):
     dense = _dense(q, k, masking, 12**-0.5).numpy()
     _, lse = row_statistics(q, k, masking, 12**-0.5)
     lazy = lazy_weights(q, k, lse, masking, 12**-0.5)
+    logits = _logits(q, k, masking, 12**-0.5)
     for rows, cols in _windows(length, generator, count=4):
-        np.testing.assert_allclose(
-            lazy[:, :, rows, cols].compute(), dense[:, :, rows, cols], rtol=0, atol=1e-6
+        numerics.assert_exact_weights(
+            lazy[:, :, rows, cols].compute(), dense[:, :, rows, cols], logits=logits
         )
     assert float(lazy.sum(axis=-1).max().compute()) <= 1 + 1e-4  # rows sum to at most 1
 
@@ -148,7 +161,7 @@ def test_attention_gives_the_dense_context_and_statistics(kind, length, fused, m
     np.testing.assert_allclose(lse.numpy(), streamed.numpy(), rtol=1e-6, atol=2e-5)
     # weights from the forward's own lse: the dense weights to float32 rounding of lse
     lazy = lazy_weights(q, k, lse, masking, scale, chunks=(100, 128)).compute()
-    np.testing.assert_allclose(lazy, weights.numpy(), rtol=0, atol=2e-5)
+    numerics.assert_exact_weights(lazy, weights, logits=_logits(q, k, masking, scale))
 
 
 def test_attention_zeroes_a_row_whose_every_key_is_blocked():
@@ -226,8 +239,11 @@ def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels, exact_cel
     dense = _dense(q, k, masking, scale).numpy()
     rows, cols = min(pixels[0], length), min(pixels[1], length)
     assert found.max.shape == found.mean.shape == (batch, heads, rows, cols)
-    np.testing.assert_allclose(found.max, _pixel_reduce(dense, rows, cols, np.max), atol=1e-6)
-    np.testing.assert_allclose(found.mean, _pixel_reduce(dense, rows, cols, np.mean), atol=1e-6)
+    logits = _logits(q, k, masking, scale)
+    numerics.assert_exact_weights(found.max, _pixel_reduce(dense, rows, cols, np.max), logits=logits)
+    numerics.assert_exact_weights(
+        found.mean, _pixel_reduce(dense, rows, cols, np.mean), logits=logits
+    )
     blocked = np.zeros((batch, heads, length, length), dtype=bool)
     if kind != "none":
         mask = build_mask(masking.mode, length)
@@ -236,7 +252,7 @@ def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels, exact_cel
         if masking.key_padding is not None:
             blocked |= masking.key_padding.numpy()[:, None, None, :]
     expected = _pixel_reduce(blocked.astype(float), rows, cols, np.mean)
-    np.testing.assert_allclose(found.blocked, expected, atol=1e-6)
+    numerics.assert_same_numbers(found.blocked, expected)  # a share of cells, rounded once
 
 
 def test_overview_maxima_are_exact_where_float32_logits_are_not():
@@ -254,7 +270,7 @@ def test_overview_maxima_are_exact_where_float32_logits_are_not():
     ).numpy()
     assert np.abs(_pixel_reduce(rounded, 64, 48, np.max) - truth).max() > 1e-6  # float32 is off
     found = overview(q, k, lse, masking, scale, pixels=(64, 48), exact_cells=0)
-    np.testing.assert_allclose(found.max, truth, rtol=0, atol=1e-7)
+    numerics.assert_same_numbers(found.max, truth)  # float64 maxima, rounded once
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -290,8 +306,11 @@ def test_overview_of_a_window_reduces_only_its_cells(kind, window, pixels, exact
     rows = min(pixels[0], dense.shape[-2])
     cols = min(pixels[1], dense.shape[-1])
     assert found.max.shape == (batch, heads, rows, cols)
-    np.testing.assert_allclose(found.max, _pixel_reduce(dense, rows, cols, np.max), atol=1e-6)
-    np.testing.assert_allclose(found.mean, _pixel_reduce(dense, rows, cols, np.mean), atol=1e-6)
+    logits = _logits(q, k, masking, scale)
+    numerics.assert_exact_weights(found.max, _pixel_reduce(dense, rows, cols, np.max), logits=logits)
+    numerics.assert_exact_weights(
+        found.mean, _pixel_reduce(dense, rows, cols, np.mean), logits=logits
+    )
     blocked = np.zeros((batch, heads, length, length), dtype=bool)
     mask = build_mask(masking.mode, length) if kind != "none" else None
     if mask is not None:
@@ -299,7 +318,7 @@ def test_overview_of_a_window_reduces_only_its_cells(kind, window, pixels, exact
     if masking.key_padding is not None:
         blocked |= masking.key_padding.numpy()[:, None, None, :]
     expected = _pixel_reduce(blocked[..., window[0], window[1]].astype(float), rows, cols, np.mean)
-    np.testing.assert_allclose(found.blocked, expected, atol=1e-6)
+    numerics.assert_same_numbers(found.blocked, expected)  # a share of cells, rounded once
 
 
 def test_an_empty_overview_window_is_refused():

@@ -7,6 +7,7 @@ the model's own weights, scores, context and output.
 from __future__ import annotations
 
 import dask
+import numerics
 import numpy as np
 import pytest
 import torch
@@ -39,7 +40,11 @@ def test_a_virtual_trace_holds_the_dense_traces_numbers(mode):
     assert "lse" in lazy and lazy["lse"].dims == ("batch", "head", "query")
     for name in ("weights", "scores"):
         assert lazy[name].dims == dense[name].dims and lazy[name].chunks is not None
-        np.testing.assert_allclose(lazy[name].values, dense[name].values, rtol=0, atol=1e-6)
+    # tiles from the fused kernel's lse against the dense softmax: two kernels
+    numerics.assert_kernels_agree(
+        lazy["weights"], dense["weights"], logits=numerics.trace_logits(dense)
+    )
+    numerics.assert_products_agree(lazy["scores"], dense["scores"], terms=12)  # q . k, E = 12
     for name in ("q", "k", "v", "x", "w_o"):
         np.testing.assert_array_equal(lazy[name].values, dense[name].values)
     for name in ("context", "output"):
@@ -60,7 +65,7 @@ def test_a_window_computes_only_its_chunks():
     dense = trace(layer, x, dense=True)["weights"].isel(
         batch=0, head=1, query=slice(1200, 1300), key=slice(0, 50)
     )
-    np.testing.assert_allclose(window.values, dense.values, rtol=0, atol=1e-6)
+    numerics.assert_kernels_agree(window, dense, logits=numerics.trace_logits(lazy))
 
 
 def test_the_form_is_chosen_by_size(monkeypatch):
@@ -87,8 +92,8 @@ def test_a_file_stores_lse_and_reading_gives_the_maps_back(tmp_path, suffix):
     for lazy_read in (False, True):
         back = io.load(path, lazy=lazy_read)
         assert virtual.is_virtual(back)
-        np.testing.assert_allclose(
-            back["weights"].values, dense["weights"].values, rtol=0, atol=1e-6
+        numerics.assert_kernels_agree(
+            back["weights"], dense["weights"], logits=numerics.trace_logits(dense)
         )
 
 
@@ -154,14 +159,20 @@ def test_every_stage_and_mask_of_a_virtual_trace_is_the_dense_ones(stage, mode):
         found = attention_stage(lazy, stage, mode, batch=batch, head=head)
         expected = attention_stage(dense, stage, mode, batch=batch, head=head)
         assert found.chunks is not None and found.dims == expected.dims
-        np.testing.assert_allclose(found.values, expected.values, rtol=0, atol=1e-5)
+        if stage == "softmax":
+            logits = numerics.trace_logits(dense, mode)
+            numerics.assert_kernels_agree(found, expected, logits=logits)
+        else:  # scores of E = 12 products, the masked ones at -1e4: 1e-5 is ~100 ulps of 1
+            np.testing.assert_allclose(found.values, expected.values, rtol=0, atol=1e-5)
         if stage == "softmax":
             np.testing.assert_array_equal(found.values == 0, expected.values == 0)
     if stage == "softmax":
         again = recompute_weights(lazy, mode or "diagonal", batch=1)
         assert again.chunks is not None
-        np.testing.assert_allclose(
-            again.values, recompute_weights(dense, mode or "diagonal", batch=1).values, atol=1e-5
+        numerics.assert_kernels_agree(
+            again,
+            recompute_weights(dense, mode or "diagonal", batch=1),
+            logits=numerics.trace_logits(dense, mode or "diagonal"),
         )
         assert (again.values[..., -40:] == 0).all()  # the padded keys of sample 1
 
@@ -180,11 +191,11 @@ def test_a_window_or_one_row_is_computed_alone_and_exact(mode):
 
     dense, lazy = padded_pair()
     expected = attention_stage(dense, "softmax", mode, batch=1, head=2).values
-    # the trace's lse is the fused kernel's float32 one: weights near 1 agree with the
-    # dense float32 softmax to a few float32 ulps
+    # the trace's lse is the fused kernel's float32 one: two kernels against each other
+    logits = numerics.trace_logits(dense, mode)
     row = virtual.window(lazy, 1, 2, slice(17, 18), slice(None), mode)
-    np.testing.assert_allclose(row, expected[17:18], rtol=0, atol=1e-5)
+    numerics.assert_kernels_agree(row, expected[17:18], logits=logits)
     found = virtual.window(lazy, 1, 2, slice(250, 300), slice(100, 290), mode)
-    np.testing.assert_allclose(found, expected[250:300, 100:290], rtol=0, atol=1e-5)
+    numerics.assert_kernels_agree(found, expected[250:300, 100:290], logits=logits)
     np.testing.assert_array_equal(found == 0, expected[250:300, 100:290] == 0)
     assert (found[:, -30:] == 0).all()  # padded keys 260-299 of sample 1

@@ -1,13 +1,16 @@
 """capture() on every architecture of the zoo, with no hints, against the model's own attention.
 
-For each model: one object comes back; its weights equal the model's own (the eager
-``output_attentions`` or a manual reference) to 1e-6 in fp32; the explorer builds on every
+For each model: one object comes back; its weights and the model's own (the eager
+``output_attentions`` or a manual reference) each equal a float64 recomputation from the
+trace's q, k and mask, and each other, within the rounding of the model's dtype
+(``numerics``: ``8 eps (1 + max|logit|)`` between two float32 kernels); the explorer builds on every
 layer and the matrix it draws holds those same numbers, with exactly the blocked and padded
 cells drawn as masked; save/load round trips; the model computes what it computed before.
 """
 
 from __future__ import annotations
 
+import numerics
 import numpy as np
 import pytest
 import torch
@@ -24,8 +27,9 @@ CASES = [case.name for case in zoo.CASES]
 GROUPED = {"bart", "t5", "torch_transformer"}  # several kinds of attention: a DataTree
 
 
-def tolerance(case: zoo.ZooCase) -> float:
-    return 1e-6 if case.dtype == torch.float32 else 2e-2
+def tolerance(case: zoo.ZooCase, ds: xr.Dataset) -> float:
+    """Two kernels' rounding in the model's dtype, from the layer's own logits."""
+    return numerics.kernel_bound(numerics.trace_logits(ds), case.dtype)
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -59,9 +63,30 @@ def test_one_object_with_every_attention_of_the_model(captured):
     for name, weights in reference:
         ds = found[reference_name(name, found)]
         assert ds["weights"].dtype == np.float32
-        np.testing.assert_allclose(
-            ds["weights"].values, weights.detach().float().numpy(), rtol=0, atol=tolerance(case)
+        logits = numerics.trace_logits(ds)
+        truth = numerics.float64_weights(ds).values
+        rows = _real_rows(ds)
+        # both kernels against the float64 truth from the trace's q, k and mask, then each other
+        for label, values in (("captured", ds["weights"]), ("model", weights)):
+            numerics.assert_exact_weights(
+                numerics.values_of(values)[rows], truth[rows], logits=logits, dtype=case.dtype,
+                err_msg=f"{name}: {label}",
+            )
+        numerics.assert_kernels_agree(
+            ds["weights"], weights, logits=logits, dtype=case.dtype, err_msg=name
         )
+
+
+def _real_rows(ds: xr.Dataset) -> np.ndarray:
+    """(batch, head, query) rows that are not masked whole (a padded query's row is whatever
+    the model made of it, not attention; the float64 truth leaves it NaN)."""
+    rows = np.ones((ds.sizes["batch"], ds.sizes["head"], ds.sizes["query"]), dtype=bool)
+    for sample in range(ds.sizes["batch"]):
+        for head in range(ds.sizes["head"]):
+            hidden = masked_cells(ds, batch=sample, head=head)
+            if hidden is not None:
+                rows[sample, head] = ~hidden.all(axis=1)
+    return rows
 
 
 def test_the_mask_truth_recomputes_the_weights(captured):
@@ -76,7 +101,7 @@ def test_the_mask_truth_recomputes_the_weights(captured):
                 recomputed.isel(batch=sample).values[:, rows],
                 ds["weights"].isel(batch=sample).values[:, rows],
                 rtol=0,
-                atol=tolerance(case) * 10,
+                atol=tolerance(case, ds),
                 err_msg=name,
             )
 
@@ -96,6 +121,7 @@ def test_the_explorer_draws_the_model_attention(captured):
         if not inner.engine.panes():
             inner.__panel__().get_root(Document())
         ds = inner.trace
+        bound = tolerance(case, layers.select(result, entry.name))
         weights = references[entry.name if entry.name in references else ""]
         for sample in range(ds.sizes["batch"]):
             for head in range(ds.sizes["head"]):
@@ -105,7 +131,7 @@ def test_the_explorer_draws_the_model_attention(captured):
                 assert drawn.shape == truth.shape
                 shown = np.isfinite(drawn)
                 np.testing.assert_allclose(
-                    drawn[shown], truth[shown], rtol=0, atol=tolerance(case), err_msg=entry.name
+                    drawn[shown], truth[shown], rtol=0, atol=bound, err_msg=entry.name
                 )
                 hidden = masked_cells(ds, batch=sample, head=head)
                 expected = np.zeros_like(shown) if hidden is None else hidden
