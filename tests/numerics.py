@@ -35,9 +35,9 @@ def trace_logits(capture, mask=None) -> float:
     """``max |scale * q . k + bias|`` over every layer's cells a sample does not mask.
 
     Dense layers: each sample's scaled scores recomputed from the trace's own ``q``, ``k`` and
-    bias, blocked (under ``mask``, the trace's own by default) and padded cells left out. Virtual layers (no bias there) and layers past
-    ``LARGE`` cells: the Cauchy-Schwarz bound ``scale * max|q| * max|k|``, which never falls
-    below the true maximum.
+    bias, blocked (under ``mask``, the trace's own by default) and padded cells left out.
+    Virtual layers (no bias there) and layers past ``LARGE`` cells: the Cauchy-Schwarz bound
+    ``scale * max|q| * max|k|``, which never falls below the true maximum.
     """
     largest = 0.0
     for entry in layers.layers(capture):
@@ -69,6 +69,18 @@ def float64_weights(ds: xr.Dataset) -> xr.DataArray:
     return recompute_weights(wide, ds.attrs["mask"])
 
 
+def real_rows(ds: xr.Dataset) -> np.ndarray:
+    """(batch, head, query) rows that are not masked whole (a padded query's row is whatever
+    the model made of it, not attention; the float64 truth leaves it NaN)."""
+    rows = np.ones((ds.sizes["batch"], ds.sizes["head"], ds.sizes["query"]), dtype=bool)
+    for sample in range(ds.sizes["batch"]):
+        for head in range(ds.sizes["head"]):
+            hidden = masked_cells(ds, batch=sample, head=head)
+            if hidden is not None:
+                rows[sample, head] = ~hidden.all(axis=1)
+    return rows
+
+
 def values_of(a) -> np.ndarray:
     if isinstance(a, torch.Tensor):
         return a.detach().float().numpy()
@@ -79,7 +91,11 @@ def assert_kernels_agree(actual, expected, *, logits: float, dtype=FLOAT32, kern
     """``actual`` and ``expected`` are one softmax computed by two kernels (NaN where masked
     must be NaN in both)."""
     np.testing.assert_allclose(
-        values_of(actual), values_of(expected), rtol=0, atol=kernel_bound(logits, dtype, kernels), **kw
+        values_of(actual),
+        values_of(expected),
+        rtol=0,
+        atol=kernel_bound(logits, dtype, kernels),
+        **kw,
     )
 
 

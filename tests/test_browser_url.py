@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, urlparse
 
+import numerics
 import numpy as np
 from served_app import (
     HELPERS_JS,
@@ -104,4 +105,4 @@ def test_a_page_built_ahead_shows_its_urls_selection_on_its_first_paint(browser,
     weights = attnpanel.demo().weights.isel(batch=2, head=3).values  # what the model computed
     shown = np.array(image["values"], dtype=float).reshape(image["shape"])
     expected = np.where(np.eye(480, dtype=bool), np.nan, weights)  # the diagonal mask: black
-    np.testing.assert_allclose(shown, expected, rtol=1e-6, atol=1e-9)
+    numerics.assert_same_numbers(shown, expected)  # the model's float32 weights, drawn

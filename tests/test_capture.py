@@ -108,7 +108,9 @@ def test_minilm_q_k_reproduce_weights(minilm_trace, encoded):
         q = torch.from_numpy(layer["q"].values)  # (B, H, L, E)
         k = torch.from_numpy(layer["k"].values)  # (B, H, S, E)
         weights = torch.softmax(q @ k.transpose(-2, -1) * scale + bias, dim=-1)
-        numerics.assert_kernels_agree(weights, layer["weights"], logits=numerics.trace_logits(layer))
+        numerics.assert_kernels_agree(
+            weights, layer["weights"], logits=numerics.trace_logits(layer)
+        )
     unpadded = minilm_trace.isel(layer=2, batch=0)
     recomputed = attnpanel.recompute_weights(unpadded.expand_dims("batch"), "none")
     numerics.assert_kernels_agree(

@@ -56,7 +56,11 @@ def test_every_zoo_model_as_row_statistics_equals_its_own_attention(name):
         assert virtual.is_virtual(ds) and "sample_mask" not in ds and "bias" not in ds
         truth = reference[entry.name if entry.name in reference else ""].detach().float()
         np.testing.assert_allclose(
-            ds["weights"].values, truth.numpy(), rtol=0, atol=tolerance(case, ds), err_msg=entry.name
+            ds["weights"].values,
+            truth.numpy(),
+            rtol=0,
+            atol=tolerance(case, ds),
+            err_msg=entry.name,
         )
 
 

@@ -76,7 +76,9 @@ def test_layer_switches_every_view(explorer, trace):
     head_map = handles(explorer, "head 7", "Image", "HeadMap")["source"].data["image"][0]
     numerics.assert_same_numbers(head_map, layer3["weights"].isel(batch=0, head=7))
     explorer.layer = 0
-    numerics.assert_same_numbers(shown_matrix(explorer), trace["weights"].isel(layer=0, batch=0, head=5))
+    numerics.assert_same_numbers(
+        shown_matrix(explorer), trace["weights"].isel(layer=0, batch=0, head=5)
+    )
     assert explorer.last_error == ""
 
 
@@ -136,7 +138,9 @@ def test_model_view_tiles_every_map_and_opens_one(explorer, trace):
     assert (explorer.layer, explorer.head) == (2, 7)
     marker = handles(explorer, "model view", "Rectangles", "Selected")["source"].data
     assert (list(marker["left"]), list(marker["bottom"])) == ([6.5], [1.5])
-    numerics.assert_same_numbers(shown_matrix(explorer), trace["weights"].isel(layer=2, batch=0, head=7))
+    numerics.assert_same_numbers(
+        shown_matrix(explorer), trace["weights"].isel(layer=2, batch=0, head=7)
+    )
 
 
 def test_head_average_beside_the_head_maps(explorer, trace):

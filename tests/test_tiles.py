@@ -240,7 +240,9 @@ def test_overview_is_the_true_pixel_max_and_mean(kind, length, pixels, exact_cel
     rows, cols = min(pixels[0], length), min(pixels[1], length)
     assert found.max.shape == found.mean.shape == (batch, heads, rows, cols)
     logits = _logits(q, k, masking, scale)
-    numerics.assert_exact_weights(found.max, _pixel_reduce(dense, rows, cols, np.max), logits=logits)
+    numerics.assert_exact_weights(
+        found.max, _pixel_reduce(dense, rows, cols, np.max), logits=logits
+    )
     numerics.assert_exact_weights(
         found.mean, _pixel_reduce(dense, rows, cols, np.mean), logits=logits
     )
@@ -307,7 +309,9 @@ def test_overview_of_a_window_reduces_only_its_cells(kind, window, pixels, exact
     cols = min(pixels[1], dense.shape[-1])
     assert found.max.shape == (batch, heads, rows, cols)
     logits = _logits(q, k, masking, scale)
-    numerics.assert_exact_weights(found.max, _pixel_reduce(dense, rows, cols, np.max), logits=logits)
+    numerics.assert_exact_weights(
+        found.max, _pixel_reduce(dense, rows, cols, np.max), logits=logits
+    )
     numerics.assert_exact_weights(
         found.mean, _pixel_reduce(dense, rows, cols, np.mean), logits=logits
     )

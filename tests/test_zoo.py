@@ -65,28 +65,19 @@ def test_one_object_with_every_attention_of_the_model(captured):
         assert ds["weights"].dtype == np.float32
         logits = numerics.trace_logits(ds)
         truth = numerics.float64_weights(ds).values
-        rows = _real_rows(ds)
+        rows = numerics.real_rows(ds)
         # both kernels against the float64 truth from the trace's q, k and mask, then each other
         for label, values in (("captured", ds["weights"]), ("model", weights)):
             numerics.assert_exact_weights(
-                numerics.values_of(values)[rows], truth[rows], logits=logits, dtype=case.dtype,
+                numerics.values_of(values)[rows],
+                truth[rows],
+                logits=logits,
+                dtype=case.dtype,
                 err_msg=f"{name}: {label}",
             )
         numerics.assert_kernels_agree(
             ds["weights"], weights, logits=logits, dtype=case.dtype, err_msg=name
         )
-
-
-def _real_rows(ds: xr.Dataset) -> np.ndarray:
-    """(batch, head, query) rows that are not masked whole (a padded query's row is whatever
-    the model made of it, not attention; the float64 truth leaves it NaN)."""
-    rows = np.ones((ds.sizes["batch"], ds.sizes["head"], ds.sizes["query"]), dtype=bool)
-    for sample in range(ds.sizes["batch"]):
-        for head in range(ds.sizes["head"]):
-            hidden = masked_cells(ds, batch=sample, head=head)
-            if hidden is not None:
-                rows[sample, head] = ~hidden.all(axis=1)
-    return rows
 
 
 def test_the_mask_truth_recomputes_the_weights(captured):
