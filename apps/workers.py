@@ -7,7 +7,7 @@ on the server's log.
 
 from tornado.process import task_id
 
-from attnpanel.serving import worker_started
+from attnpanel.app.serving import worker_started
 
 if task_id() is not None:  # a forked worker; a single process keeps its usual lifetime
     worker_started()

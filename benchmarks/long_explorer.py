@@ -16,7 +16,7 @@ Run: ``python benchmarks/long_explorer.py [--days 45] [--pages 5] [--repeats 7]`
    ``--repeats`` rounds at random places.
 4. Zoom again while the last zoom's refinement runs: the newest window's own pixels, with
    the superseded refinement stopped at its next step, beside the same with it run to its
-   end (the baseline: how the page refined before ``attnpanel.cancel``).
+   end (the baseline: how the page refined before ``attnpanel.util.cancel``).
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def first_paints(browser, cmd: list[str], port: int, pages: int) -> list[float]:
 
 def long_explorer(path: Path):
     """A LongExplorer of the stored trace, its page laid out (as a server's session)."""
-    from attnpanel import io
-    from attnpanel.long_explorer import LongExplorer
-    from attnpanel.overviews import folder_for
+    from attnpanel.app.long_explorer import LongExplorer
+    from attnpanel.traces import io
+    from attnpanel.traces.overviews import folder_for
 
     explorer = LongExplorer(io.load(path), folder=folder_for(path))
     explorer.__panel__()
@@ -118,11 +118,11 @@ def zoom_during_refinement(explorer, repeats: int, side: int = 8192) -> dict[str
     """Zoom to a ``side``^2 window, then again to another 0.2 s into the first window's
     refinement: seconds from the second zoom until its own pixels are computed, on one
     refinement worker as the served page has. The first refinement is stopped at its next
-    step (``attnpanel.cancel``, as the page's ``Background`` does) or, as the baseline in
+    step (``attnpanel.util.cancel``, as the page's ``Background`` does) or, as the baseline in
     the same run, left to run to its end (as before)."""
     import numpy as np
 
-    from attnpanel import cancel
+    from attnpanel.util import cancel
 
     found = explorer.virtual_map(explorer.selection)
     n = explorer.trace.sizes["query"]
@@ -165,7 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    from attnpanel.demo import cache_folder, stored_long_demo
+    from attnpanel.nilm.demo import cache_folder, stored_long_demo
 
     path = cache_folder(args.cache) / f"demo-long-{args.days}d.zarr"
     built = not path.exists()

@@ -9,8 +9,8 @@ naively.
 import panel as pn
 
 import attnpanel
-from attnpanel.explorer import AttentionExplorer
-from attnpanel.serving import shared_trace
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.app.serving import shared_trace
 
 pn.extension()
 trace = shared_trace("demo", attnpanel.demo)

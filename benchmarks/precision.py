@@ -2,7 +2,7 @@
 
 For every model of ``tests/zoo.py`` (offline) and every layer: the largest logit
 ``max|scale q.k + bias|`` over the cells not masked, the two-kernel bound
-``attnpanel.precision.softmax_bound`` in the model's dtype, and the largest differences of
+``attnpanel.kernels.precision.softmax_bound`` in the model's dtype, and the largest differences of
 the captured weights and the model's own (its eager ``output_attentions`` or reference)
 against a float64 recomputation from the trace's q, k and mask, and against each other.
 The last column is how many times the measured kernel-to-kernel difference fits in the
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import zoo  # noqa: E402
 
 import attnpanel  # noqa: E402
-from attnpanel import layers  # noqa: E402
+from attnpanel.traces import layers
 
 
 def cpu() -> str:

@@ -30,8 +30,8 @@ CASE = r"""
 import json, resource, sys, tempfile, time
 import numpy as np
 import torch
-from attnpanel.attention import MultiHeadSelfAttention
-from attnpanel.overviews import Entry, Overviews
+from attnpanel.kernels.attention import MultiHeadSelfAttention
+from attnpanel.traces.overviews import Entry, Overviews
 from attnpanel.trace import trace
 from attnpanel import virtual
 kind, length, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

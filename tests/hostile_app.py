@@ -11,6 +11,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hostile import hostile_capture  # noqa: E402
 
-from attnpanel.explorer import explore  # noqa: E402
+from attnpanel.app.explore import explore
 
 explore(hostile_capture()).servable(title="attnpanel hostile")

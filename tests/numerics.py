@@ -1,6 +1,6 @@
 """One rule for every numerical comparison of attention in the tests.
 
-Three kinds of comparison, each with its own tolerance (``attnpanel.precision`` derives the
+Three kinds of comparison, each with its own tolerance (``attnpanel.kernels.precision`` derives the
 bound and says why):
 
 * **Two kernels** (the model's own ``output_attentions`` against the captured weights, SDPA
@@ -18,8 +18,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from attnpanel import layers, precision, virtual
-from attnpanel.trace import attention_stage, masked_cells
+from attnpanel.kernels import precision
+from attnpanel.traces import layers, virtual
+from attnpanel.traces.stages import attention_stage, masked_cells
 
 FLOAT64_ATOL = 1e-9
 LARGE = 2**26  # cells of q . k past which the logits' maximum is bounded, not computed
@@ -27,7 +28,7 @@ FLOAT32 = np.float32
 
 
 def kernel_bound(logits: float, dtype=FLOAT32, kernels: int = 2) -> float:
-    """The bound two kernels (or one, against float64) keep; see ``attnpanel.precision``."""
+    """The bound two kernels (or one, against float64) keep; see ``attnpanel.kernels.precision``."""
     return precision.softmax_bound(dtype, logits, kernels=kernels)
 
 

@@ -17,9 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pairs import long_layer_pair  # noqa: E402
 
-from attnpanel import overviews, serving, windows  # noqa: E402
-from attnpanel.explorer import notify_errors  # noqa: E402
-from attnpanel.long_explorer import LongExplorer  # noqa: E402
+from attnpanel.app import serving
+from attnpanel.app.explorer import notify_errors
+from attnpanel.app.long_explorer import LongExplorer
+from attnpanel.readouts import windows
+from attnpanel.traces import overviews
 
 DELAY_S = 6.0
 # windows over 100 x 100 cells are first cut from the overview, then refined (as windows

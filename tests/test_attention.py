@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import attnpanel.attention as attention
 from attnpanel import MultiHeadSelfAttention, build_mask
-from attnpanel.attention import attend, cached_mask
+from attnpanel.kernels import masks, memory
+from attnpanel.kernels.attention import attend
+from attnpanel.kernels.masks import cached_mask
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 MODES = ("none", "diagonal", "causal", "custom")
@@ -145,14 +146,14 @@ def test_non_positive_sizes_are_refused():
 
 def test_masks_are_cached_not_rebuilt(monkeypatch):
     calls = []
-    original = attention.build_mask
+    original = masks.build_mask
 
     def counting(*args, **kwargs):
         calls.append(args)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "build_mask", counting)
-    attention.forget_cached_masks()
+    monkeypatch.setattr(masks, "build_mask", counting)
+    masks.forget_cached_masks()
     layer = make_layer(mask="causal")
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
@@ -220,7 +221,7 @@ def test_oversized_sequence_is_refused_before_allocating():
 
 
 def test_memory_budget_is_configurable(monkeypatch):
-    monkeypatch.setattr(attention, "MAX_ATTENTION_BYTES", 1000)
+    monkeypatch.setattr(memory, "MAX_ATTENTION_BYTES", 1000)
     layer = make_layer()
     # 2 x (1, 4, 16, 16) float32 = 8192 bytes > 1000
     with pytest.raises(ValueError, match=r"needs 2 x .* GiB but only .* GiB may be used"):

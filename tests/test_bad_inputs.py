@@ -11,12 +11,13 @@ import torch
 from bokeh.document import Document
 
 from attnpanel import MultiHeadSelfAttention
+from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.cli import main
-from attnpanel.explorer import AttentionExplorer
-from attnpanel.export import export_html
-from attnpanel.io import save
-from attnpanel.trace import recompute_weights, trace
-from attnpanel.views import raster_values
+from attnpanel.readouts.raster import raster_values
+from attnpanel.render.export import export_html
+from attnpanel.traces.build import trace
+from attnpanel.traces.io import save
+from attnpanel.traces.stages import recompute_weights
 
 
 def small(mask: str = "none", d_model: int = 16, heads: int = 2):

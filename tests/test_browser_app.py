@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from served_app import PAGE_TEXT_JS, opened, page_widths, shot
 
+from attnpanel.readouts import core
+
 MATRIX = "sample "  # the matrix title starts "sample N, head ..." (the top view "sample N:")
 
 
@@ -205,15 +207,14 @@ def test_head_summary_table_redraws_with_the_mask(app, artifacts):
     """The per-head table shows the statistics of the shown sample and mask, and new ones
     after a mask switch (a table that kept drawing its first data once misled here)."""
     import attnpanel
-    from attnpanel import views
-    from attnpanel.readouts import head_statistics
+    from attnpanel.readouts.core import head_statistics
 
     trace = attnpanel.demo()
 
     def expected(mask):
         sample = page.evaluate("attn.widget('Sample').value")  # as earlier tests left it
-        sel = views.Selection(sample=sample, mask=mask, stage="softmax")
-        weights = views.stage_heads(trace, sel)
+        sel = core.Selection(sample=sample, mask=mask, stage="softmax")
+        weights = core.stage_heads(trace, sel)
         return [
             f"{d:.1f}" for d in np.round(head_statistics(np.nan_to_num(weights))["distance"], 1)
         ]

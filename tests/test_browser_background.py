@@ -15,8 +15,8 @@ import pytest
 from pairs import long_layer_pair
 from served_app import ROOT, image_js, open_app, opened, serve
 
-from attnpanel import windows
-from attnpanel.overviews import Overviews
+from attnpanel.readouts import windows
+from attnpanel.traces.overviews import Overviews
 
 APP = ROOT / "tests" / "slow_long_app.py"
 MATRIX = "sample 0, head 0"

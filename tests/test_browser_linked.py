@@ -14,8 +14,8 @@ import pytest
 from served_app import opened
 
 import attnpanel
-from attnpanel import linked
-from attnpanel.sections.heads import HEAD_MAP_SIZE as SIZE
+from attnpanel.app import linked
+from attnpanel.app.sections.heads import HEAD_MAP_SIZE as SIZE
 
 # Every linked map with its image: title, x/y range, image extent and shape, box
 # annotation. The large matrices are figures of their own; the head maps are tiles of one
@@ -104,7 +104,7 @@ def head_weights(trace, head: int, sample: int = 0) -> np.ndarray:
     weights = trace["weights"].values[sample, head].astype(np.float32).copy()
     mask = trace.attrs.get("mask", "none")
     if mask != "none":
-        from attnpanel.views import blocked_cells
+        from attnpanel.readouts.core import blocked_cells
 
         blocked = blocked_cells(trace, mask)
         if blocked is not None:

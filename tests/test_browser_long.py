@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from served_app import PAGE_TEXT_JS, free_port, image_js, opened, page_widths, serving, shot
 
-from attnpanel import io, virtual
-from attnpanel.demo import stored_long_demo
+from attnpanel.nilm.demo import stored_long_demo
+from attnpanel.traces import io, virtual
 
 DAYS = 1
 LENGTH = DAYS * 24 * 60

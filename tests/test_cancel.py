@@ -1,4 +1,4 @@
-"""Superseded work stops between its steps (attnpanel.cancel): the exact pixels of a zoomed
+"""Superseded work stops between its steps (attnpanel.util.cancel): the exact pixels of a zoomed
 window, computed on a session's worker, stop once the user zooms again; a stored overview,
 which other views wait for, never stops; outside a worker's scope nothing changes."""
 
@@ -15,18 +15,19 @@ import torch
 from bokeh.document import Document
 from panel.io.state import set_curdoc
 
-from attnpanel import cancel, tiles
-from attnpanel.attention import MultiHeadSelfAttention
-from attnpanel.background import Background
-from attnpanel.overviews import Entry, Overviews
-from attnpanel.trace import trace
+from attnpanel.app.background import Background
+from attnpanel.kernels import masks, tiles
+from attnpanel.kernels.attention import MultiHeadSelfAttention
+from attnpanel.traces.build import trace
+from attnpanel.traces.overviews import Entry, Overviews
+from attnpanel.util import cancel
 
 
 def _qk(length: int = 3000, heads: int = 1, dim: int = 8):
     generator = torch.Generator().manual_seed(3)
     q = torch.randn(1, heads, length, dim, generator=generator, dtype=torch.float64)
     k = torch.randn(1, heads, length, dim, generator=generator, dtype=torch.float64)
-    masking = tiles.Masking("diagonal")
+    masking = masks.Masking("diagonal")
     return q, k, tiles.log_sum_exp(q, k, masking), masking
 
 

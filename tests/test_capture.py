@@ -334,7 +334,7 @@ def test_own_layers_match_trace():
 def test_large_stacks_are_chunks_of_each_layer_not_copies(monkeypatch, tmp_path):
     """Above STACK_COPY_BYTES the layers' maps stay each layer's own array, as one dask
     chunk per layer: the same numbers, validated, saved and loaded like any trace."""
-    capture_module = importlib.import_module("attnpanel.capture")
+    capture_module = importlib.import_module("attnpanel.capturing.capture")
     model, x = TwoLayers().eval(), torch.randn(2, 9, 16)
     copied = capture(model, x)
     monkeypatch.setattr(capture_module, "STACK_COPY_BYTES", 0)
@@ -352,12 +352,12 @@ def test_layers_that_differ_come_back_as_one_tree():
     model = TwoLayers(second_mask="causal")
     result = capture(model, torch.randn(1, 5, 16))
     assert isinstance(result, xr.DataTree)
-    groups = attnpanel.layers.groups(result)
+    groups = attnpanel.traces.layers.groups(result)
     assert {g: ds.attrs["mask"] for g, ds in groups.items()} == {
         "first": "diagonal",
         "second": "causal",
     }
-    assert [entry.name for entry in attnpanel.layers.layers(result)] == ["first", "second"]
+    assert [entry.name for entry in attnpanel.traces.layers.layers(result)] == ["first", "second"]
 
 
 def test_a_layer_called_twice_gets_two_names():
@@ -609,9 +609,9 @@ def test_a_wrapped_transformers_model_needs_nothing_more():
 def test_layers_stack_their_mask_truth_over_the_union_of_dims():
     # a layer blocking padded keys per sample, one blocking cells per sample and head, and
     # one with only a shared causal mask: the stacked sample_mask holds each exactly
-    from attnpanel.attention import cached_mask
-    from attnpanel.capture import _stack
-    from attnpanel.trace import trace_parts
+    from attnpanel.capturing.capture import _stack
+    from attnpanel.kernels.masks import cached_mask
+    from attnpanel.traces.build import trace_parts
 
     weights = torch.softmax(torch.randn(2, 3, 4, 4), -1)
     padded = torch.zeros(2, 1, 1, 4, dtype=torch.bool)

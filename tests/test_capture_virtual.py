@@ -20,9 +20,11 @@ from test_capture import Block
 from torch import nn
 
 import attnpanel
-from attnpanel import CaptureError, FusedQKV, capture, layers, tiles, virtual
-from attnpanel.explorer import explore
-from attnpanel.trace import masked_cells
+from attnpanel import CaptureError, FusedQKV, capture
+from attnpanel.app.explore import explore
+from attnpanel.kernels import masks as masks_module
+from attnpanel.traces import layers, virtual
+from attnpanel.traces.stages import masked_cells
 
 # what the virtual form cannot hold, and the reason the refusal names
 NEEDS_DENSE = {
@@ -116,7 +118,7 @@ class MaskedSDPA(nn.Module):
 
 def _allowed(length: int, padded_from: list[int], mode: str) -> torch.Tensor:
     """SDPA's bool mask (True = may attend): ``mode`` and each sample's padded keys."""
-    blocked = tiles.Masking(mode).blocked(slice(0, length), slice(0, length))
+    blocked = masks_module.Masking(mode).blocked(slice(0, length), slice(0, length))
     blocked = torch.zeros(length, length, dtype=torch.bool) if blocked is None else blocked
     keys = torch.arange(length)[None, :] >= torch.tensor(padded_from)[:, None]  # (B, S)
     return ~(blocked[None, None] | keys[:, None, None, :])
@@ -229,7 +231,7 @@ def test_the_own_layer_at_its_bounded_length_is_seen_whole(dense):
 
 def test_the_demo_model_at_a_long_length_is_one_virtual_trace():
     """The demo NILMFormer on 8,192 steps: its three layers' lse, each the own layer's."""
-    from attnpanel import nilmformer
+    from attnpanel.nilm import nilmformer
 
     torch.manual_seed(0)
     model = nilmformer.load_model().eval()

@@ -224,7 +224,7 @@ BART_LAYERS = [
 def test_trace_export_and_info_of_an_encoder_decoder(tiny_bart, tmp_path, capsys):
     from transformers import AutoModel, AutoTokenizer
 
-    from attnpanel.layers import groups, layers
+    from attnpanel.traces.layers import groups, layers
 
     out = tmp_path / "bart.nc"
     texts = ["The cat sat on the mat.", "Hi."]

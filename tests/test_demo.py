@@ -9,9 +9,9 @@ import torch
 
 import attnpanel
 from attnpanel import MultiHeadSelfAttention, trace
-from attnpanel.demo import demo, demo_windows, head_statistics
-from attnpanel.nilmformer import load_model, time_features
-from attnpanel.power import APPLIANCES, TRAIN_SEED, generate
+from attnpanel.nilm.demo import demo, demo_windows, head_statistics
+from attnpanel.nilm.nilmformer import load_model, time_features
+from attnpanel.nilm.power import APPLIANCES, TRAIN_SEED, generate
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +120,9 @@ def test_heads_select_keys_by_what_is_running(stats, random_stats):
 def test_the_long_demo_is_a_virtual_trace_of_what_the_model_computed():
     """demo_long: one sample over whole days at one minute, a virtual trace whose output
     and weights are the numbers the model's own attention layer computes on that input."""
-    from attnpanel import virtual
-    from attnpanel.attention import build_mask
-    from attnpanel.demo import DEMO_LAYER, demo_long
+    from attnpanel.kernels.masks import build_mask
+    from attnpanel.nilm.demo import DEMO_LAYER, demo_long
+    from attnpanel.traces import virtual
 
     ds = demo_long(days=2, dense=False)
     assert virtual.is_virtual(ds) and ds.sizes["query"] == ds.sizes["key"] == 2 * 1440

@@ -13,8 +13,9 @@ from bokeh.document import Document
 from drawn import handles, shown_matrix, table_rows
 
 import attnpanel
-from attnpanel import views
-from attnpanel.explorer import AttentionExplorer
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.readouts import core
+from attnpanel.render import views
 
 LENGTH = 40
 
@@ -65,7 +66,7 @@ def test_reset_goes_back_to_the_start(rendered):
     rendered.reset()
     assert rendered.param.values() == start
     np.testing.assert_array_equal(
-        shown_matrix(rendered), views.attention_values(rendered.trace, rendered.selection)
+        shown_matrix(rendered), core.attention_values(rendered.trace, rendered.selection)
     )
 
 
@@ -82,7 +83,7 @@ def test_parameters_follow_the_trace(explorer, trace):
 
 def test_initial_params_are_applied(trace):
     explorer = AttentionExplorer(trace, sample=1, head="mean", query=12, mask="causal")
-    assert explorer.selection == views.Selection(
+    assert explorer.selection == core.Selection(
         sample=1,
         head="mean",
         query=12,
@@ -102,7 +103,7 @@ def test_head_mask_stage_redraw_the_matrix(explorer, trace):
         dict(sample=1),
     ):
         explorer.param.update(**change)
-        expected = views.attention_values(trace, explorer.selection)
+        expected = core.attention_values(trace, explorer.selection)
         np.testing.assert_array_equal(shown_matrix(explorer), expected, err_msg=str(change))
     assert explorer.engine.title("matrix") == (
         "sample 1, mean of heads: raw scores q·k (mask causal)"
@@ -166,7 +167,7 @@ def test_switching_heads_off_recomputes_the_output(explorer, trace):
     assert explorer.enabled_heads == [0, 1, 3, 4, 5, 6, 7]
     assert "changed 0.0%" not in plot.title.text
     bars = handles(explorer, "output", "Rectangles")["source"].data
-    _, _, expected = views.merged_output(trace, explorer.selection)
+    _, _, expected = core.merged_output(trace, explorer.selection)
     np.testing.assert_allclose(bars["value"], expected, rtol=1e-5)
     palettes = [
         handles(explorer, f"head {h}", "Image", "HeadMap")["color_mapper"].palette for h in (1, 2)
@@ -209,7 +210,7 @@ def test_side_by_side_shows_the_unmasked_matrix(explorer, trace):
     explorer.param.update(side_by_side=True, head=1, stage="softmax", mask="diagonal")
     unmasked = handles(explorer, "unmasked", "Image", "Attention")["source"].data["image"][0]
     np.testing.assert_array_equal(
-        unmasked, views.attention_values(trace, explorer.selection.with_(mask="none"))
+        unmasked, core.attention_values(trace, explorer.selection.with_(mask="none"))
     )
     assert np.isfinite(unmasked).all()
 
@@ -252,7 +253,7 @@ def test_a_trace_without_some_variables_names_them(trace):
     explorer.param.update(head=4, query=6)
     assert explorer.last_error == ""
     np.testing.assert_array_equal(
-        shown_matrix(explorer), views.attention_values(weights_only, explorer.selection)
+        shown_matrix(explorer), core.attention_values(weights_only, explorer.selection)
     )
 
 
@@ -336,7 +337,7 @@ def test_every_view_is_a_dynamic_map_that_follows_the_state(trace):
         image = matrix[()]  # rasterized by datashader (no more cells than pixels: the cells)
         np.testing.assert_array_equal(
             image.dimension_values(2, flat=False),
-            views.attention_values(trace, explorer.selection),
+            core.attention_values(trace, explorer.selection),
             err_msg=str(change),
         )
     bars = context[()]
@@ -353,7 +354,7 @@ def test_every_view_is_a_dynamic_map_that_follows_the_state(trace):
 
 
 def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, trace):
-    from attnpanel.styling import shade
+    from attnpanel.render.styling import shade
 
     explorer.param.update(query=17, head=2, sample=1)
     band = handles(explorer, "sequence", "Rectangles", "QueryWeights")
@@ -363,7 +364,7 @@ def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, t
     left = band["source"].data["left"]
     assert left[1] == time[0] + (time[1] - time[0]) / 2  # one band per key, between steps
     explorer.param.update(head="mean", mask="causal")
-    recomputed = views.attention_values(trace, explorer.selection)[17]
+    recomputed = core.attention_values(trace, explorer.selection)[17]
     assert list(band["source"].data["color"]) == shade(np.nan_to_num(recomputed))
     curves = explorer.engine.plots("sequence")
     predicted = [k for k in curves if k.label.endswith("(predicted)")]
@@ -379,11 +380,11 @@ def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, t
 
 
 def test_head_summary_table_follows_sample_and_mask(explorer, trace):
-    from attnpanel.readouts import head_statistics
+    from attnpanel.readouts.core import head_statistics
 
     for change in (dict(), dict(sample=1, mask="causal")):
         explorer.param.update(**change)
-        weights = views.stage_heads(trace, explorer.selection.with_(stage="softmax"))
+        weights = core.stage_heads(trace, explorer.selection.with_(stage="softmax"))
         expected = head_statistics(np.nan_to_num(weights))
         rows = table_rows(explorer, "head summary")  # as the page shows it
         distance = [float(row["distance (steps)"]) for row in rows]
@@ -401,12 +402,12 @@ def test_positional_encoding_is_drawn_when_first_shown(explorer):
 
 
 def test_the_guided_walk_steps_through_one_query(explorer, trace):
-    from attnpanel.sections.walk import STEP_STAGES
+    from attnpanel.app.sections.walk import STEP_STAGES
 
     walk = explorer.sections["walk"]
     assert walk.text.object == ""
     explorer.param.update(query=12, head=3)
-    scaled = views.stage_heads(trace, explorer.selection.with_(stage="scaled"))[3, 12]
+    scaled = core.stage_heads(trace, explorer.selection.with_(stage="scaled"))[3, 12]
     for step in range(1, 8):
         explorer.step = step
         assert explorer.stage == STEP_STAGES[step - 1]
@@ -435,7 +436,7 @@ def test_the_busy_indicator_waits_for_changes_expected_to_be_slow(trace):
     """Only a change whose redraw is expected to take over BUSY_AFTER_S shows the busy
     indicator first; the expectation scales with the sample's attention cells and learns
     from the uncached changes the engine drew."""
-    from attnpanel import engine
+    from attnpanel.app import engine
 
     state = AttentionExplorer(trace.copy())  # a cache of its own: nothing drawn yet
     state.__panel__().get_root(Document())

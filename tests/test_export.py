@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attnpanel
-from attnpanel.export import (
+from attnpanel.render.export import (
     DISPLAY,
     LEVELS,
     MASKED,
@@ -21,7 +21,7 @@ from attnpanel.export import (
     export_html,
     export_maps,
 )
-from attnpanel.trace import attention_stage
+from attnpanel.traces.stages import attention_stage
 
 MAX_BYTES = 5_000_000  # 5 MB, the limit
 
@@ -257,7 +257,7 @@ def test_the_export_needs_neither_holoviews_nor_panel():
     import sys
 
     code = (
-        "import sys, attnpanel.export; "
+        "import sys, attnpanel.render.export; "
         "assert 'holoviews' not in sys.modules and 'panel' not in sys.modules, "
         "[m for m in ('holoviews', 'panel') if m in sys.modules]"
     )

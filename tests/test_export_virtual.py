@@ -16,10 +16,17 @@ import xarray as xr
 from pairs import padded_pair
 
 import attnpanel
-from attnpanel import overviews, virtual
 from attnpanel.cli import main
-from attnpanel.export import CURVE_BINS, LEVELS, MASKED, MASKED_SHARE, export_html, export_maps
-from attnpanel.trace import attention_stage
+from attnpanel.render.export import (
+    CURVE_BINS,
+    LEVELS,
+    MASKED,
+    MASKED_SHARE,
+    export_html,
+    export_maps,
+)
+from attnpanel.traces import overviews, virtual
+from attnpanel.traces.stages import attention_stage
 
 MAX_BYTES = 5_000_000  # the issue's limit
 DIAGONAL_PADDED = 40  # padded_pair: sample 1's last 40 keys are padding

@@ -14,10 +14,11 @@ import torch
 import xarray as xr
 
 import attnpanel
-from attnpanel import cli, io
-from attnpanel.export import export_html
-from attnpanel.files import write_safely
-from attnpanel.nilmformer import NILMFormer, NILMFormerConfig, default_path, main, save_model
+from attnpanel import cli
+from attnpanel.nilm.nilmformer import NILMFormer, NILMFormerConfig, default_path, main, save_model
+from attnpanel.render.export import export_html
+from attnpanel.traces import io
+from attnpanel.util.files import write_safely
 
 
 def small_trace(seed: int = 0):

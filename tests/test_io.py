@@ -14,8 +14,8 @@ import torch
 import xarray as xr
 from dask.callbacks import Callback
 
-import attnpanel.io as io
 from attnpanel import MultiHeadSelfAttention, load, save, trace
+from attnpanel.traces import io
 
 SUFFIXES = (".nc", ".zarr")
 

@@ -21,11 +21,11 @@ import xarray as xr
 from dask.callbacks import Callback
 from test_cli import run_cli
 
-import attnpanel.attention as attention
-import attnpanel.io as io
 from attnpanel import MultiHeadSelfAttention, load, save, trace
 from attnpanel.cli import main
-from attnpanel.trace import ATTENTION_DIMS
+from attnpanel.kernels import memory as memory_rules
+from attnpanel.traces import io
+from attnpanel.traces.schema import ATTENTION_DIMS
 
 SUFFIXES = (".nc", ".zarr")
 # hand-made files: no consolidated zarr metadata, stored chunks that the dask chunks split
@@ -59,7 +59,7 @@ def memory(monkeypatch):
     """Sets the bytes a load may use, so that a size check means the same on any machine."""
 
     def limit(n_bytes: int) -> None:
-        monkeypatch.setattr(attention, "MAX_ATTENTION_BYTES", n_bytes)
+        monkeypatch.setattr(memory_rules, "MAX_ATTENTION_BYTES", n_bytes)
 
     return limit
 

@@ -1,4 +1,4 @@
-"""Linked zoom and box selection (``attnpanel.linked``): mass shares and windowed rasters."""
+"""Linked zoom and box selection (``attnpanel.app.linked``): mass shares and windowed rasters."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import pytest
 import xarray as xr
 from bokeh.document import Document
 
-from attnpanel import linked, views
-from attnpanel.engine import LINKED_GROUPS
-from attnpanel.explorer import AttentionExplorer
-from attnpanel.raster import snap_window, window_raster
+from attnpanel.app import linked
+from attnpanel.app.engine import LINKED_GROUPS
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.readouts.raster import snap_window, window_raster
+from attnpanel.render import palette
 
 
 def small_trace(n: int = 40, heads: int = 3) -> xr.Dataset:
@@ -128,7 +129,7 @@ def test_box_select_marks_every_map_and_fills_the_mass_bars(explorer):
     expected = weights[:, 3:13, 6:21].sum(axis=(1, 2)) / weights[:, 3:13].sum(axis=(1, 2))
     np.testing.assert_allclose(grid.drawn_shares(), expected, rtol=1e-5)
     assert grid.shares.data["text"] == [f"{v:.2f}" for v in expected]
-    assert list(grid.shares.data["color"]) == list(views.HEAD_COLORS[:3])
+    assert list(grid.shares.data["color"]) == list(palette.HEAD_COLORS[:3])
     assert grid.figure.title.text == f"{linked.SHARE_LABEL}: queries 3-12 on keys 6-20"
     explorer.sample = 1  # the bars follow the sample
     weights = explorer.trace["weights"].values[1].astype(np.float64)
@@ -164,7 +165,7 @@ def test_a_box_drawn_on_a_head_tile_selects_its_keys_and_queries(explorer):
 def test_one_head_grid_leaves_room_for_the_box_title():
     """A grid of one head is one tile wide; the figure is still wide enough for the title
     that names the box (a 140 px figure clipped it)."""
-    from attnpanel.head_grid import MIN_WIDTH_PX
+    from attnpanel.render.head_grid import MIN_WIDTH_PX
 
     ex = AttentionExplorer(small_trace(heads=1))
     ex.__panel__().get_root(Document())

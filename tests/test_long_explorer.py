@@ -1,4 +1,4 @@
-"""The explorer of a virtual trace (attnpanel.long_explorer, attnpanel.windows).
+"""The explorer of a virtual trace (attnpanel.app.long_explorer, attnpanel.readouts.windows).
 
 What the page draws is checked against the model's own attention: the dense trace of the
 same layer and input holds the weights the model computed; the virtual one holds only
@@ -17,13 +17,19 @@ import xarray as xr
 from bokeh.models import HoverTool
 from pairs import padded_pair
 
-from attnpanel import linked, overviews, tiles, virtual, windows
-from attnpanel.attention import MultiHeadSelfAttention, build_mask
-from attnpanel.engine import PlotKey
-from attnpanel.explorer import explore
-from attnpanel.long_explorer import LongExplorer
-from attnpanel.raster import raster_values
-from attnpanel.trace import masked_cells, recompute_weights, trace
+from attnpanel.app import linked
+from attnpanel.app.explore import explore
+from attnpanel.app.long_explorer import LongExplorer
+from attnpanel.kernels import masks as masks_module
+from attnpanel.kernels import tiles
+from attnpanel.kernels.attention import MultiHeadSelfAttention
+from attnpanel.kernels.masks import build_mask
+from attnpanel.readouts import windows
+from attnpanel.readouts.raster import raster_values
+from attnpanel.render.elements import PlotKey
+from attnpanel.traces import overviews, virtual
+from attnpanel.traces.build import trace
+from attnpanel.traces.stages import masked_cells, recompute_weights
 
 LENGTH = 700
 
@@ -256,9 +262,9 @@ def test_live_rows_follow_the_mask():
         ("diagonal", [False, True, True, True, True, True]),
         ("causal", [True] * 6),
     ):
-        masking = tiles.Masking(mode, key_padding=padding)
+        masking = masks_module.Masking(mode, key_padding=padding)
         assert windows.live_rows(masking, slice(0, 6), 6).tolist() == expected
-    masking = tiles.Masking("causal", key_padding=torch.tensor([[True, False, False]]))
+    masking = masks_module.Masking("causal", key_padding=torch.tensor([[True, False, False]]))
     assert windows.live_rows(masking, slice(0, 3), 3).tolist() == [False, True, True]
 
 
@@ -291,7 +297,7 @@ def test_a_virtual_map_is_exact_beside_a_dense_recomputation_for_random_windows(
     """Property: random windows of a random head, any shape, against the model's weights."""
     dense, lazy = pair
     rng = np.random.default_rng(7)
-    from attnpanel.overviews import Overviews
+    from attnpanel.traces.overviews import Overviews
 
     overviews = Overviews(lazy)
     for _ in range(12):
@@ -397,7 +403,7 @@ def test_the_long_page_saves_what_it_shows_from_the_overviews_it_drew(pair, tmp_
     overviews the page already holds: no map is computed again."""
     from test_export_virtual import _payload
 
-    from attnpanel import overviews
+    from attnpanel.traces import overviews
 
     explorer = LongExplorer(pair[1], sample=1, head=2, query=345, mask="causal")
     explorer.__panel__()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnpanel import MultiHeadSelfAttention
-from attnpanel.nilmformer import (
+from attnpanel.nilm.nilmformer import (
     N_TIME_FEATURES,
     NILMFormer,
     NILMFormerConfig,
@@ -22,7 +22,7 @@ from attnpanel.nilmformer import (
     time_features,
     train,
 )
-from attnpanel.power import APPLIANCES, generate, windows
+from attnpanel.nilm.power import APPLIANCES, generate, windows
 
 TINY = dict(d_model=16, n_heads=2, n_layers=1, window=64, dilations=[1, 2])
 

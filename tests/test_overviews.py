@@ -1,4 +1,4 @@
-"""Overview levels (attnpanel.overviews): computed once, stored in zarr, read back at once,
+"""Overview levels (attnpanel.traces.overviews): computed once, stored in zarr, read back at once,
 built on a dask.distributed LocalCluster; never read half-written or from other numbers."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 import torch
 import xarray as xr
 
-from attnpanel import overviews, tiles
-from attnpanel.attention import MultiHeadSelfAttention
-from attnpanel.overviews import Entry, Overviews
-from attnpanel.trace import trace
+from attnpanel.kernels import tiles
+from attnpanel.kernels.attention import MultiHeadSelfAttention
+from attnpanel.traces import overviews
+from attnpanel.traces.build import trace
+from attnpanel.traces.overviews import Entry, Overviews
 
 
 def _virtual(seed: int = 0) -> xr.Dataset:
@@ -29,7 +30,7 @@ def lazy():
 
 def _expected(ds: xr.Dataset, entry: Entry) -> tiles.Overview:
     """The overview straight from the dense float64 weights of the trace's q and k."""
-    from attnpanel.trace import attention_stage
+    from attnpanel.traces.stages import attention_stage
 
     one = {"batch": entry.sample, "head": entry.head}
     weights = attention_stage(ds, "softmax", entry.mask, **one).values.astype(np.float64)
@@ -136,8 +137,8 @@ def test_bad_entries_are_refused_by_name(lazy):
 
 
 def test_the_command_line_builds_and_then_skips_the_stored_overviews(lazy, tmp_path, capsys):
-    from attnpanel import io
     from attnpanel.cli import main
+    from attnpanel.traces import io
 
     path = io.save(lazy.isel(batch=[0]), tmp_path / "t.zarr")
     argv = ["overviews", str(path), "--masks", "diagonal", "none", "--pixels", "24", "24"]
@@ -164,8 +165,8 @@ def test_a_damaged_store_is_computed_again(lazy, tmp_path):
 
 
 def test_a_trace_with_an_additive_bias_is_refused_not_drawn_without_it():
-    from attnpanel.attention import attend
-    from attnpanel.trace import build_trace
+    from attnpanel.kernels.attention import attend
+    from attnpanel.traces.build import build_trace
 
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 2, 30, 4, generator=generator) for _ in range(2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnpanel.power import APPLIANCES, MINUTES_PER_DAY, PowerConfig, generate, windows
+from attnpanel.nilm.power import APPLIANCES, MINUTES_PER_DAY, PowerConfig, generate, windows
 
 N_DAYS = 60
 

@@ -22,8 +22,9 @@ from test_explorer import make_trace
 from zoo import build_torch_transformer
 
 import attnpanel
-from attnpanel import serving
-from attnpanel.explorer import AttentionExplorer, explore
+from attnpanel.app import serving
+from attnpanel.app.explore import explore
+from attnpanel.app.explorer import AttentionExplorer
 
 
 def digest(ds) -> str:
@@ -246,7 +247,7 @@ def test_ahead_builds_again_where_the_worker_failed(caplog):
 
     ahead = serving.Ahead(build)
     ahead.refill()
-    with caplog.at_level("ERROR", logger="attnpanel.serving"):
+    with caplog.at_level("ERROR", logger="attnpanel.app.serving"):
         assert ahead.take() == "explorer"
     assert "building the next session ahead failed" in caplog.text
     assert "no room for the next session" in caplog.text

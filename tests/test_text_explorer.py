@@ -19,8 +19,9 @@ from minilm import SENTENCE, TOKENS
 from torch import nn
 
 import attnpanel
-from attnpanel import model_views, views
-from attnpanel.explorer import AttentionExplorer
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.readouts import core
+from attnpanel.render import model_views
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -54,7 +55,7 @@ def explorer(rendered):
 def test_minilm_trace_is_a_text_trace(trace):
     assert trace.sizes["layer"] == 6 and trace.sizes["head"] == 12
     assert model_views.tokens(trace) == TOKENS
-    assert model_views.layer_names(trace)[3] == "encoder.layer.3.attention.self"
+    assert core.layer_names(trace)[3] == "encoder.layer.3.attention.self"
     assert {"q", "k", "v", "context", "weights"} <= set(trace.data_vars)
 
 
@@ -126,7 +127,7 @@ def test_most_attended_token_per_position(explorer, trace):
 
 
 def test_model_view_tiles_every_map_and_opens_one(explorer, trace):
-    mosaic = model_views.model_mosaic(trace, views.Selection())
+    mosaic = model_views.model_mosaic(trace, core.Selection())
     assert mosaic.attrs == {"n_layers": 6, "n_heads": 12}
     cell = mosaic.where(
         (mosaic.row > 1.5) & (mosaic.row < 2.5) & (mosaic.col > 6.5) & (mosaic.col < 7.5), drop=True
@@ -185,7 +186,7 @@ def test_multi_layer_series_trace_keeps_the_curve_and_integer_positions():
     assert model_views.position_labels(trace, 0) == [str(i) for i in range(20)]
     assert model_views.token_ticks(trace) == {}
     explorer.param.update(layer=1, mask="causal", head=2)
-    expected = views.attention_values(trace.isel(layer=1), explorer.selection)
+    expected = core.attention_values(trace.isel(layer=1), explorer.selection)
     np.testing.assert_array_equal(shown_matrix(explorer), expected)
     norm = handles(explorer, "sequence", "Curve", "Sequence")["source"].data
     np.testing.assert_allclose(
@@ -217,6 +218,6 @@ def test_own_model_example_builds_the_explorer(tmp_path, capsys):
     explorer.__panel__().get_root(Document())
     assert explorer.param.layer.bounds == (0, 1) and explorer.show_positional
     explorer.param.update(layer=1, query=30)
-    expected = views.attention_values(traces.isel(layer=1), explorer.selection)
+    expected = core.attention_values(traces.isel(layer=1), explorer.selection)
     np.testing.assert_array_equal(shown_matrix(explorer), expected)
     assert explorer.last_error == ""

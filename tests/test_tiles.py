@@ -1,4 +1,5 @@
-"""Exact attention tiles from q, k and row statistics (attnpanel.tiles) against the dense path.
+"""Exact attention tiles from q, k and row statistics (attnpanel.kernels.tiles) against the
+dense path.
 
 Property tests: random q and k (sharpened, so that some rows are peaked), every mask kind
 (none, diagonal, causal, per-sample key padding, an additive bias), random windows that
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnpanel import precision, tiles
-from attnpanel.attention import attention_weights, build_mask
-from attnpanel.tiles import (
-    Masking,
+from attnpanel.kernels import precision, tiles
+from attnpanel.kernels.attention import attention_weights
+from attnpanel.kernels.masks import Masking, build_mask
+from attnpanel.kernels.tiles import (
     attention,
     blocked_attention,
     lazy_scores,

@@ -22,8 +22,9 @@ from attnpanel import (
     trace,
     validate,
 )
-from attnpanel.attention import MASK_FILL
-from attnpanel.trace import ATTENTION_DIMS, EXPECTED_DIMS, trace_mask
+from attnpanel.kernels.masks import MASK_FILL
+from attnpanel.traces.schema import ATTENTION_DIMS, EXPECTED_DIMS
+from attnpanel.traces.stages import trace_mask
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 MODES = ("none", "diagonal", "causal")
@@ -309,8 +310,9 @@ def test_benchmark_command_prints_its_table(capsys, monkeypatch):
 def test_a_padded_key_stays_blocked_under_every_mask_mode():
     """Switching a diagonal-mask trace with padded keys to another mode keeps every padded
     key blocked for every query, the padded position's own (diagonal) cell included."""
-    from attnpanel.attention import attend, build_mask
-    from attnpanel.trace import blocked_cells, recompute_weights
+    from attnpanel.kernels.attention import attend
+    from attnpanel.kernels.masks import build_mask
+    from attnpanel.traces.stages import blocked_cells, recompute_weights
 
     length = 12
     padding = torch.zeros(2, length, dtype=torch.bool)

@@ -13,9 +13,10 @@ from hostile import LAYER, NOTE, SOURCE, TOKENS, hostile_capture
 from served_app import HELPERS_JS, PAGE_TEXT_JS, ROOT, opened, serve, shot
 
 import attnpanel
-from attnpanel import untrusted
+from attnpanel.app.explore import explore
+from attnpanel.app.explorer import notify_errors
 from attnpanel.cli import main
-from attnpanel.explorer import explore, notify_errors
+from attnpanel.util import untrusted
 
 APP = ROOT / "tests" / "hostile_app.py"
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import attnpanel
-from attnpanel import views
-from attnpanel.views import MissingVariable, Selection, StageCache
+from attnpanel.readouts import core, raster
+from attnpanel.readouts.core import MissingVariable, Selection, StageCache
+from attnpanel.render import palette, styling, views
 
 LENGTH = 32
 
@@ -32,7 +33,7 @@ def weights_only(trace):
 
 def test_attention_values_softmax_matches_trace_and_blanks_masked_cells(trace):
     sel = Selection(sample=1, head=2, mask="diagonal", stage="softmax")
-    values = views.attention_values(trace, sel)
+    values = core.attention_values(trace, sel)
     expected = trace["weights"].isel(batch=1, head=2).values
     assert values.dtype == np.float32
     assert np.isnan(np.diag(values)).all()
@@ -41,7 +42,7 @@ def test_attention_values_softmax_matches_trace_and_blanks_masked_cells(trace):
 
 
 def test_masked_stage_uses_nan_not_fill_so_colours_keep_their_range(trace):
-    values = views.attention_values(trace, Selection(stage="masked", mask="causal"))
+    values = core.attention_values(trace, Selection(stage="masked", mask="causal"))
     blocked = np.triu(np.ones((LENGTH, LENGTH), dtype=bool), 1)
     assert np.isnan(values[blocked]).all()
     assert np.isfinite(values[~blocked]).all()
@@ -49,8 +50,8 @@ def test_masked_stage_uses_nan_not_fill_so_colours_keep_their_range(trace):
 
 
 def test_raw_and_scaled_stages_are_q_dot_k(trace):
-    raw = views.attention_values(trace, Selection(sample=0, head=1, stage="raw"))
-    scaled = views.attention_values(trace, Selection(sample=0, head=1, stage="scaled"))
+    raw = core.attention_values(trace, Selection(sample=0, head=1, stage="raw"))
+    scaled = core.attention_values(trace, Selection(sample=0, head=1, stage="scaled"))
     np.testing.assert_allclose(
         raw, trace["scores"].isel(batch=0, head=1).values, rtol=1e-5, atol=1e-5
     )
@@ -59,8 +60,8 @@ def test_raw_and_scaled_stages_are_q_dot_k(trace):
 
 def test_mean_of_heads_averages_only_enabled_heads(trace):
     sel = Selection(head="mean", mask="none", enabled_heads=(0, 3))
-    values = views.attention_values(trace, sel)
-    per_head = views.stage_heads(trace, sel)
+    values = core.attention_values(trace, sel)
+    per_head = core.stage_heads(trace, sel)
     np.testing.assert_allclose(values, per_head[[0, 3]].mean(axis=0), rtol=1e-6)
     np.testing.assert_allclose(values.sum(axis=1), 1.0, rtol=1e-5)
 
@@ -68,11 +69,11 @@ def test_mean_of_heads_averages_only_enabled_heads(trace):
 def test_cache_reuses_results_and_stays_bounded(trace):
     cache = StageCache(max_bytes=3 * 8 * LENGTH * LENGTH * 4)
     sel = Selection(mask="causal")
-    first = views.stage_heads(trace, sel, cache)
-    assert views.stage_heads(trace, sel, cache) is first
+    first = core.stage_heads(trace, sel, cache)
+    assert core.stage_heads(trace, sel, cache) is first
     for mask in ("none", "diagonal"):
         for stage in ("raw", "softmax"):
-            views.stage_heads(trace, sel.with_(mask=mask, stage=stage), cache)
+            core.stage_heads(trace, sel.with_(mask=mask, stage=stage), cache)
     assert cache.nbytes <= cache.max_bytes
     # keys: (kind, layer, sample, mask, stage); the oldest went, the newest stayed
     assert ("stage", 0, 0, "causal", "softmax") not in cache
@@ -166,23 +167,23 @@ def test_value_aggregation_is_the_trace_context(trace):
 
 def test_merged_output_matches_trace_and_changes_without_a_head(trace):
     sel = Selection(sample=1, query=3)
-    merged, output_all, output_enabled = views.merged_output(trace, sel)
+    merged, output_all, output_enabled = core.merged_output(trace, sel)
     np.testing.assert_allclose(
         output_all, trace["output"].isel(batch=1, position=3).values, rtol=1e-4, atol=1e-5
     )
     np.testing.assert_allclose(output_enabled, output_all)
-    assert views.output_change_ratio(trace, sel) == 0.0
+    assert core.output_change_ratio(trace, sel) == 0.0
     off = sel.with_(enabled_heads=(0, 1, 2, 4, 5, 6, 7))
-    merged_off, _, output_off = views.merged_output(trace, off)
+    merged_off, _, output_off = core.merged_output(trace, off)
     assert np.all(merged_off[36:48] == 0)
-    assert views.output_change_ratio(trace, off) > 0.01
+    assert core.output_change_ratio(trace, off) > 0.01
     title = views.output_change(trace, off).label
     assert "changed" in title and "changed 0.0%" not in title
 
 
 def test_context_recomputed_for_another_mask(trace):
     sel = Selection(sample=0, query=4, mask="none")
-    contexts = views.head_contexts(trace, sel)
+    contexts = core.head_contexts(trace, sel)
     weights = attnpanel.recompute_weights(trace, "none", batch=0).isel(query=4).values
     expected = np.einsum("hs,hse->he", weights, trace["v"].isel(batch=0).values)
     numerics.assert_products_agree(contexts, expected, terms=trace.sizes["key"])
@@ -191,10 +192,10 @@ def test_context_recomputed_for_another_mask(trace):
 def test_head_map_and_palette(trace):
     image = views.head_map(trace, Selection(), 3)
     assert image.group == "HeadMap"
-    palette = views.head_cmap(3)
-    assert len(palette) == 256 and palette[0] == "#ffffff"
-    assert palette[-1] == views.HEAD_COLORS[3]
-    assert views.head_cmap(3, enabled=False)[-1] == "#8a8a8a"
+    colors = styling.head_cmap(3)
+    assert len(colors) == 256 and colors[0] == "#ffffff"
+    assert colors[-1] == palette.HEAD_COLORS[3]
+    assert styling.head_cmap(3, enabled=False)[-1] == "#8a8a8a"
 
 
 def test_shape_table_lists_every_step_with_real_shapes(trace):
@@ -224,7 +225,7 @@ def test_views_name_the_missing_variable(weights_only):
         views.input_vector,
         lambda ds, s: views.projection_vector(ds, s, "q"),
         views.context_vector,
-        views.merged_output,
+        core.merged_output,
     ):
         with pytest.raises(MissingVariable) as err:
             view(weights_only, sel)
@@ -234,9 +235,9 @@ def test_views_name_the_missing_variable(weights_only):
     with pytest.raises(MissingVariable, match="`w_q`"):
         views.weight_heatmap(weights_only, "w_q")
     with pytest.raises(MissingVariable, match="`q`"):
-        views.attention_values(weights_only, sel.with_(stage="raw"))
+        core.attention_values(weights_only, sel.with_(stage="raw"))
     # the trace's own weights still show
-    values = views.attention_values(weights_only, sel)
+    values = core.attention_values(weights_only, sel)
     assert np.isnan(np.diag(values)).all()
     assert "not in trace" in " ".join(views.shape_table(weights_only).dimension_values("shape"))
 
@@ -244,35 +245,35 @@ def test_views_name_the_missing_variable(weights_only):
 def test_layer_names_in_titles_tell_groups_apart():
     # Alone, a layer's title keeps its numbers; among groups the numbers repeat
     # (encoder layer 0, decoder layer 0, cross-attention layer 0), so the kind stays.
-    assert views.short_layer_name("encoder.layer.3.attention.self") == "3"
-    assert views.short_layer_name("attn") == "attn"
+    assert core.short_layer_name("encoder.layer.3.attention.self") == "3"
+    assert core.short_layer_name("attn") == "attn"
     names = [
         "encoder.layers.0.self_attn",
         "decoder.layers.0.self_attn",
         "decoder.layers.0.multihead_attn",
     ]
-    short = [views.short_layer_name(name, among_groups=True) for name in names]
+    short = [core.short_layer_name(name, among_groups=True) for name in names]
     assert short == ["encoder.0.self_attn", "decoder.0.self_attn", "decoder.0.multihead_attn"]
 
 
 def test_signed_maps_are_centred_on_zero_and_weights_start_at_zero():
     scores = np.linspace(-2.0, 6.0, 400, dtype=np.float32).reshape(20, 20)
-    low, high = views.image_limits(scores)
+    low, high = raster.image_limits(scores)
     assert low == -high and high == pytest.approx(np.percentile(np.abs(scores), 99.5))
-    assert views.scale_title("scaled scores", low) == "scaled scores (±p99.5 of |value|)"
+    assert raster.scale_title("scaled scores", low) == "scaled scores (±p99.5 of |value|)"
     weights = np.linspace(0.01, 0.2, 400, dtype=np.float32).reshape(20, 20)
-    low, high = views.image_limits(weights)
+    low, high = raster.image_limits(weights)
     assert low == 0.0 and high == pytest.approx(np.percentile(weights, 99.5))
-    assert views.scale_title("softmax weights", low) == "softmax weights (0 to p99.5)"
+    assert raster.scale_title("softmax weights", low) == "softmax weights (0 to p99.5)"
     masked = np.where(np.eye(20, dtype=bool), np.nan, weights)  # NaN cells do not count
-    assert views.image_limits(masked)[1] == pytest.approx(np.nanpercentile(masked, 99.5))
-    assert views.image_limits(np.full((3, 3), np.nan)) == (0.0, 1.0)
+    assert raster.image_limits(masked)[1] == pytest.approx(np.nanpercentile(masked, 99.5))
+    assert raster.image_limits(np.full((3, 3), np.nan)) == (0.0, 1.0)
 
 
 def test_every_head_of_a_large_model_has_its_own_colour():
-    colours = [views.head_color(head) for head in range(64)]
+    colours = [palette.head_color(head) for head in range(64)]
     assert len(set(colours)) == 64  # MiniLM's 12 heads no longer reuse 8 colours
-    assert colours[:8] == list(views.HEAD_COLORS)
+    assert colours[:8] == list(palette.HEAD_COLORS)
 
 
 def test_model_view_maps_read_like_the_matrix_query_0_on_top():
@@ -280,7 +281,7 @@ def test_model_view_maps_read_like_the_matrix_query_0_on_top():
     plot inverts y, as for the large matrix); it was drawn upside down."""
     from test_capture import TwoLayers
 
-    from attnpanel import model_views
+    from attnpanel.render import model_views
 
     ds = attnpanel.capture(TwoLayers().eval(), torch.randn(1, 9, 16))
     sel = Selection(sample=0, head=0, query=0, mask="diagonal", stage="softmax")
@@ -300,7 +301,7 @@ def test_model_view_maps_read_like_the_matrix_query_0_on_top():
 def test_clock_labels_name_each_position_by_its_time():
     import xarray as xr
 
-    from attnpanel.readouts import clock_labels
+    from attnpanel.readouts.core import clock_labels
 
     def labels(start, step, n):
         time = np.datetime64(start) + np.arange(n) * np.timedelta64(*step)
@@ -313,7 +314,7 @@ def test_clock_labels_name_each_position_by_its_time():
 
 
 def test_head_statistics_match_a_direct_computation():
-    from attnpanel.readouts import head_statistics
+    from attnpanel.readouts.core import head_statistics
 
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(3, 7, 7)) * 3
@@ -335,7 +336,7 @@ def test_head_statistics_match_a_direct_computation():
 
 
 def test_webgl_only_for_curves_of_over_5000_points():
-    from attnpanel.figures import WEBGL_MIN_POINTS, draw
+    from attnpanel.render.figures import WEBGL_MIN_POINTS, draw
 
     long_curve = hv.Curve((np.arange(WEBGL_MIN_POINTS + 1), np.zeros(WEBGL_MIN_POINTS + 1)))
     short_curve = hv.Curve((np.arange(480), np.zeros(480)))

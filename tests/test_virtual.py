@@ -1,4 +1,4 @@
-"""Virtual traces (attnpanel.virtual): lse instead of the maps, the maps lazy and exact.
+"""Virtual traces (attnpanel.traces.virtual): lse instead of the maps, the maps lazy and exact.
 
 Every check compares the virtual form with the dense form of the same layer and input:
 the model's own weights, scores, context and output.
@@ -14,10 +14,11 @@ import torch
 import xarray as xr
 from pairs import padded_pair
 
-import attnpanel.attention as attention
-from attnpanel import io, virtual
-from attnpanel.attention import MultiHeadSelfAttention
-from attnpanel.trace import trace, validate
+from attnpanel.kernels import attention, masks, memory
+from attnpanel.kernels.attention import MultiHeadSelfAttention
+from attnpanel.traces import io, virtual
+from attnpanel.traces.build import trace
+from attnpanel.traces.validate import validate
 
 MODES = ("none", "diagonal", "causal")
 
@@ -50,7 +51,7 @@ def test_a_virtual_trace_holds_the_dense_traces_numbers(mode):
     for name in ("context", "output"):
         np.testing.assert_allclose(lazy[name].values, dense[name].values, rtol=0, atol=1e-5)
     if mode != "none":
-        blocked = attention.build_mask(mode, 700).numpy()
+        blocked = masks.build_mask(mode, 700).numpy()
         assert (lazy["weights"].isel(batch=1, head=2).values[blocked] == 0).all()
     assert lazy.attrs["mask"] == mode and validate(lazy) is lazy
 
@@ -126,7 +127,7 @@ def test_a_custom_mask_needs_the_dense_form():
 
 
 def test_projections_that_cannot_fit_are_refused_with_the_numbers(monkeypatch):
-    monkeypatch.setattr(attention, "MAX_ATTENTION_BYTES", 2**20)  # 1 MiB may be used
+    monkeypatch.setattr(memory, "MAX_ATTENTION_BYTES", 2**20)  # 1 MiB may be used
     layer = _layer("diagonal")
     with pytest.raises(ValueError, match=r"a sequence of 4,000 positions .* GiB .* 0.000977 GiB"):
         trace(layer, _input(1, 4000), dense=False)
@@ -151,7 +152,7 @@ def test_the_layer_runs_in_bounded_memory_at_long_lengths(mode, monkeypatch):
 def test_every_stage_and_mask_of_a_virtual_trace_is_the_dense_ones(stage, mode):
     """The stage player and the mask switch on a virtual trace: lazy arrays equal to the
     dense recomputation, the per-sample padding kept, blocked weights exactly 0."""
-    from attnpanel.trace import attention_stage, recompute_weights
+    from attnpanel.traces.stages import attention_stage, recompute_weights
 
     dense, lazy = padded_pair()
     assert virtual.is_virtual(lazy) and "padding" in lazy
@@ -178,7 +179,7 @@ def test_every_stage_and_mask_of_a_virtual_trace_is_the_dense_ones(stage, mode):
 
 
 def test_a_virtual_trace_refuses_a_custom_mask_by_name():
-    from attnpanel.trace import recompute_weights
+    from attnpanel.traces.stages import recompute_weights
 
     _, lazy = padded_pair(50)
     with pytest.raises(ValueError, match="custom mask"):
@@ -187,7 +188,7 @@ def test_a_virtual_trace_refuses_a_custom_mask_by_name():
 
 @pytest.mark.parametrize("mode", [None, "none", "causal"])
 def test_a_window_or_one_row_is_computed_alone_and_exact(mode):
-    from attnpanel.trace import attention_stage
+    from attnpanel.traces.stages import attention_stage
 
     dense, lazy = padded_pair()
     expected = attention_stage(dense, "softmax", mode, batch=1, head=2).values

@@ -19,9 +19,11 @@ import zoo
 from bokeh.document import Document
 
 import attnpanel
-from attnpanel import layers, views
-from attnpanel.explorer import AttentionExplorer, explore
-from attnpanel.trace import masked_cells
+from attnpanel.app.explore import explore
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.readouts import core
+from attnpanel.traces import layers
+from attnpanel.traces.stages import masked_cells
 
 CASES = [case.name for case in zoo.CASES]
 GROUPED = {"bart", "t5", "torch_transformer"}  # several kinds of attention: a DataTree
@@ -237,9 +239,9 @@ def test_padding_is_labelled_on_the_matrix():
     model, args, kwargs = zoo.case("bert_padding").build()
     ds = layers.select(attnpanel.capture(model, *args, **kwargs), 0)
     padded = int(zoo.case("bert_padding").padding[1].sum())
-    title = views.matrix_title(ds, views.Selection(sample=1))
+    title = core.matrix_title(ds, core.Selection(sample=1))
     assert f"{padded} padded positions masked" in title
-    assert "padded" not in views.matrix_title(ds, views.Selection(sample=0))
+    assert "padded" not in core.matrix_title(ds, core.Selection(sample=0))
 
 
 def test_fp16_is_captured_with_a_dtype_tolerance():

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import build_torch_transformer  # noqa: E402
 
 import attnpanel  # noqa: E402
-from attnpanel.explorer import explore  # noqa: E402
+from attnpanel.app.explore import explore
 
 model, args, kwargs = build_torch_transformer()
 explore(attnpanel.capture(model, *args, **kwargs)).servable(title="attnpanel tree")

@@ -751,7 +751,7 @@ def reference_own_layer(model, args, kwargs):
 
 def build_own_nilmformer():
     """attnpanel's demo NILMFormer (d_model 32, 4 heads, 2 layers), 24 one-minute steps."""
-    from attnpanel.nilmformer import NILMFormer, NILMFormerConfig, time_features
+    from attnpanel.nilm.nilmformer import NILMFormer, NILMFormerConfig, time_features
 
     config = NILMFormerConfig(d_model=32, n_heads=4, n_layers=2, window=24, dilations=[1, 2])
     with _seeded(21):

@@ -1,0 +1,99 @@
+"""The explorer of a capture with several groups (encoder, decoder, cross-attention).
+
+A :class:`GroupsExplorer` holds one :class:`~attnpanel.app.explorer.AttentionExplorer` per
+group of an ``xarray.DataTree`` capture, built when the group is first shown, and one
+layer picker that spans every group: picking a decoder layer shows the decoder group's
+explorer at that layer; the group explorer's own layer selector moves the picker too.
+"""
+
+from __future__ import annotations
+
+import panel as pn
+import param
+import xarray as xr
+
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.traces import layers
+from attnpanel.util import untrusted
+
+
+class GroupsExplorer(pn.viewable.Viewer):
+    """Explore every group of a DataTree capture, one layer at a time.
+
+    Parameters
+    ----------
+    capture : xarray.DataTree
+        What :func:`attnpanel.capture` returns for a model with several kinds of attention.
+    layer : int or str, optional
+        The first layer shown, by position among all layers or by module name.
+    **params
+        Initial parameters of each group's explorer (``sample``, ``head`` ...).
+    """
+
+    layer = param.Selector(default=None, objects=[], doc="Layer shown, from any group, by name.")
+
+    def __init__(self, capture: xr.DataTree, layer: int | str | None = None, **params):
+        self.capture = capture
+        self._entries = {entry.name: entry for entry in layers.layers(capture)}
+        first = layers.find(capture, layer).name
+        super().__init__()
+        self.param.layer.objects = list(self._entries)
+        self._explorer_params = params
+        self._explorers: dict[str, AttentionExplorer] = {}
+        self._following = False
+        with param.parameterized.discard_events(self):
+            self.layer = first
+        picker = pn.widgets.Select.from_param(
+            self.param.layer, name="Layer (every group)", sizing_mode="stretch_width"
+        )
+        self._body = pn.Column(self.explorer, sizing_mode="stretch_width")
+        self._layout = pn.Column(picker, self._body, sizing_mode="stretch_width")
+        self.param.watch(self._show, "layer")
+
+    @property
+    def group(self) -> str:
+        """The group that holds the layer shown."""
+        return self._entries[self.layer].group
+
+    @property
+    def explorer(self) -> AttentionExplorer:
+        """The explorer of the shown layer's group, at that layer."""
+        entry = self._entries[self.layer]
+        found = self._explorers.get(entry.group)
+        if found is None:
+            # The group's name rides along (a shallow copy) so that titles tell apart
+            # layers whose numbers repeat across groups.
+            ds = layers.groups(self.capture)[entry.group].assign_attrs(group=entry.group)
+            found = AttentionExplorer(ds, layer=entry.index, **self._explorer_params)
+            found.param.watch(self._follow, "layer")
+            self._explorers[entry.group] = found
+        elif found.layer != entry.index:
+            self._following = True
+            try:
+                found.layer = entry.index
+            finally:
+                self._following = False
+        return found
+
+    def _show(self, event) -> None:
+        self._body.objects = [self.explorer]
+
+    def _follow(self, event) -> None:
+        if self._following:
+            return
+        group = next(g for g, e in self._explorers.items() if e is event.obj)
+        self.layer = next(
+            e.name for e in self._entries.values() if e.group == group and e.index == event.new
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
+
+    def __panel__(self):
+        return self._layout
+
+    def save(
+        self, path, sample: int | None = None, size: int | None = None, overwrite: bool = False
+    ):
+        """The offline HTML export of the layer shown (see ``AttentionExplorer.save``)."""
+        return self.explorer.save(path, sample=sample, size=size, overwrite=overwrite)

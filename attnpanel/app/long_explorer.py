@@ -1,0 +1,206 @@
+"""The explorer of a virtual trace: attention at any length (L = 65,536 on one machine).
+
+``explore(trace)`` opens this page for a trace that holds each row's ``lse`` instead of
+its maps (:mod:`attnpanel.traces.virtual`). It is the same state (:class:`ExplorerState`), the
+same live-update engine and the same linked zoom as the dense explorer, composed of the
+sections of :mod:`attnpanel.app.sections.long`: the input sequence over the whole sample, the
+selected query's weights over every key, the large map and every head's map. A map's
+whole view is its stored overview (:mod:`attnpanel.traces.overviews`, each pixel the maximum of
+its cells); zoomed under :data:`attnpanel.readouts.windows.EXACT_CELLS` cells, a window's own
+pixels are computed from ``q``, ``k`` and ``lse``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import panel as pn
+import torch
+import xarray as xr
+from bokeh.models import Range1d
+
+from attnpanel.app.background import served
+from attnpanel.app.engine import LiveEngine
+from attnpanel.app.linked import LinkedMaps
+from attnpanel.app.sections import LinkedZoom, ShapeTable
+from attnpanel.app.sections.long import (
+    LongControls,
+    LongHeads,
+    LongSequence,
+    QueryRow,
+    WindowedMatrix,
+)
+from attnpanel.app.state import ExplorerState
+from attnpanel.readouts import windows
+from attnpanel.render.styling import WRAP
+from attnpanel.traces import virtual
+from attnpanel.traces.overviews import Overviews
+from attnpanel.util import untrusted
+
+URL_PARAMS = {name: name for name in ("sample", "head", "query", "mask")}
+
+
+class LongExplorer(ExplorerState, pn.viewable.Viewer):
+    """Explore one attention layer of a virtual trace, at any length.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A virtual trace (``lse`` instead of ``scores``/``weights``; see
+        :func:`attnpanel.traces.virtual.is_virtual`).
+    overviews : attnpanel.traces.overviews.Overviews, optional
+        Where the maps' overviews are read; by default those stored in ``folder``.
+    folder : path, optional
+        The overviews' folder (``attnpanel.traces.overviews.folder_for(trace_file)``); None keeps
+        the overviews computed by this page in memory.
+    **params
+        Initial values of the state's parameters (``sample``, ``head``, ``query``, ``mask``).
+    """
+
+    def __init__(
+        self,
+        trace: xr.Dataset,
+        overviews: Overviews | None = None,
+        folder: str | Path | None = None,
+        **params,
+    ):
+        if not virtual.is_virtual(trace):
+            raise ValueError(
+                "LongExplorer shows a virtual trace (one holding 'lse'); use "
+                "attnpanel.explore for a dense one"
+            )
+        if params.get("head") == "mean":
+            raise ValueError("a virtual trace is shown one head at a time: give a head number")
+        super().__init__(trace, **params)
+        self.param.head.objects = list(range(self.n_heads))
+        self.overviews = overviews or Overviews(
+            trace if self.layers is None else self.layers, folder
+        )
+        self.engine = LiveEngine(self, background=True)  # maps never block the server
+        self.linked = LinkedMaps(self.engine)
+        positions = self.trace.sizes["query"]
+        self.x_range = Range1d(-0.5, positions - 0.5)  # the sequence and the query's row
+        parts = dict(state=self, engine=self.engine)
+        self.sections = {
+            "controls": LongControls(**parts),
+            "sequence": LongSequence(x_range=self.x_range, **parts),
+            "query row": QueryRow(x_range=self.x_range, **parts),
+            "matrix": WindowedMatrix(**parts),
+            "heads": LongHeads(linked=self.linked, **parts),
+            "linked zoom": LinkedZoom(linked=self.linked, **parts),
+            "shapes": ShapeTable(**parts),
+        }
+        self._layout = None
+
+    @property
+    def widgets(self) -> dict:
+        """The page's controls by the parameter they drive."""
+        return self.sections["controls"].widgets
+
+    def row_lse(self, sel) -> torch.Tensor:
+        """Each row's ``lse`` of the selected sample under the selected mask, ``(1, H, L)``."""
+        return windows.row_lse(self.trace, sel.sample, sel.mask, self.cache, sel.layer)
+
+    def qk(self, sel) -> windows.SampleQK:
+        """The selected sample's ``q`` and ``k``, cut from the trace once."""
+        return windows.sample_qk(self.trace, sel.sample, self.cache, sel.layer)
+
+    def virtual_map(self, sel, head: int | None = None) -> windows.VirtualMap:
+        """The map of the selection (or of ``head``), for any window."""
+        return windows.VirtualMap(
+            self.trace,
+            self.overviews,
+            sel.sample,
+            int(sel.head if head is None else head),
+            sel.mask,
+            partial(self.row_lse, sel),  # only a window computed from q and k needs it
+            None if self.layers is None else sel.layer,
+            self.qk(sel),
+        )
+
+    def save(self, path, sample: int | None = None, overwrite: bool = False):
+        """Write a standalone HTML file that works offline: every head's map (its overview,
+        each pixel the maximum weight of its cells) under the mask shown, the input
+        sequence and the selected query.
+
+        Parameters
+        ----------
+        path : str or Path
+            The HTML file to write.
+        sample : int, optional
+            The sample to export; defaults to the one shown.
+        overwrite : bool
+            Replace an existing HTML page at ``path`` (nothing else is ever replaced).
+
+        Returns
+        -------
+        Path
+        """
+        from attnpanel.render.export import export_html
+
+        source = str(self.trace.attrs.get("source", "")).strip()
+        return export_html(
+            self.trace,
+            path,
+            sample=self.sample if sample is None else sample,
+            title="attnpanel" + (f" · {source.splitlines()[0][:80]}" if source else ""),
+            overwrite=overwrite,
+            query=self.query,
+            masks=[self.mask],
+            overviews=self.overviews,
+            layer=None if self.layers is None else self.layer,
+        )
+
+    def drawn(self, pane: str = "matrix", group: str = "Attention"):
+        """The image a pane's map holds now, as the browser draws it."""
+        return self.engine.drawn(pane, group)
+
+    def _build(self):
+        s = self.sections
+        source = str(self.trace.attrs.get("source", "")).strip() or "trace"
+        n = self.trace.sizes["query"]
+        side = int(windows.EXACT_CELLS**0.5)
+        about = pn.pane.Markdown(
+            f"A **virtual trace**: {n:,} positions, {self.n_heads} heads; no map is held. "
+            "Every map shows each pixel's *maximum* weight (a single sharp key is never "
+            "averaged away): the stored overview over the whole map; zoomed in, the window's "
+            "own pixels, computed from q, k and each row's log-sum-exp (at once up to "
+            f"{side:,} x {side:,} cells; a larger window shows the overview's blocks first, "
+            "then its own pixels once computed). A query's row is computed alone.",
+            sizing_mode="stretch_width",
+            styles={"font-size": "12px"},
+            margin=(0, 10),
+        )
+        return pn.Column(
+            pn.pane.Markdown(
+                f"## attnpanel · {untrusted.markup(source.splitlines()[0][:100])}",
+                margin=(0, 10),
+            ),
+            self.engine.indicator,
+            about,
+            s["controls"],
+            s["sequence"],
+            s["query row"],
+            pn.Row(s["matrix"], s["heads"], sizing_mode="stretch_width", stylesheets=[WRAP]),
+            s["linked zoom"],
+            s["shapes"],
+            sizing_mode="stretch_width",
+        )
+
+    def _closed(self, _session_context) -> None:
+        self.engine.background.close()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
+
+    def __panel__(self):
+        if self._layout is None:
+            location = pn.state.location
+            if location is not None:
+                location.sync(self, URL_PARAMS)
+            self._layout = self._build()
+            self.engine.root = self._layout
+            if served(pn.state.curdoc):
+                pn.state.on_session_destroyed(self._closed)
+        return self._layout

@@ -1,0 +1,35 @@
+"""The sections of the explorer's page: one small ``Viewer`` each (see ``base.Section``).
+
+A new view goes into the section it belongs to (or a new section here): register it with
+``self.engine.add(name, build, parameters, pane)`` where the section lays it out, and
+render it with ``self.engine.render``; ``AttentionExplorer`` only composes the sections.
+"""
+
+from attnpanel.app.sections.aggregation import ValueAggregation
+from attnpanel.app.sections.base import Section
+from attnpanel.app.sections.controls import Controls
+from attnpanel.app.sections.heads import HeadComparison, LinkedZoom
+from attnpanel.app.sections.matrix import AttentionMatrix
+from attnpanel.app.sections.merge import MergeOutput
+from attnpanel.app.sections.model import ModelView, Positional, TopAttended
+from attnpanel.app.sections.projection import Projection
+from attnpanel.app.sections.sequence import InputSequence
+from attnpanel.app.sections.shapes import ShapeTable
+from attnpanel.app.sections.walk import GuidedWalk
+
+__all__ = [
+    "AttentionMatrix",
+    "Controls",
+    "GuidedWalk",
+    "HeadComparison",
+    "InputSequence",
+    "LinkedZoom",
+    "MergeOutput",
+    "ModelView",
+    "Positional",
+    "Projection",
+    "Section",
+    "ShapeTable",
+    "TopAttended",
+    "ValueAggregation",
+]

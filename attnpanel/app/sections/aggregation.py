@@ -1,0 +1,49 @@
+"""Value aggregation for the selected query: its weights, the top values, the context."""
+
+from __future__ import annotations
+
+import panel as pn
+
+from attnpanel.app.sections.base import Section
+from attnpanel.render import views
+
+WIDTH = 300
+DEPENDS = ["sample", "head", "query", "mask", "enabled_heads"]
+
+
+class ValueAggregation(Section):
+    """The weights of the query over every key, the most-attended values, and Σ w · v."""
+
+    title = "Value aggregation"
+
+    def build(self):
+        return pn.Column(
+            self.heading(),
+            self.bars(
+                "aggregation weights",
+                lambda sel: views.aggregation_weights(self.trace, sel, self.cache),
+                DEPENDS,
+                WIDTH,
+                180,
+            ),
+            # In a row of its own: Bokeh aligns the frames of the plots of one column, and
+            # this one's key labels and colour bar would narrow the others' frames.
+            pn.Row(
+                self.bars(
+                    "top values",
+                    lambda sel: views.top_values(self.trace, sel, self.cache),
+                    DEPENDS,
+                    WIDTH,
+                    190,
+                ),
+                margin=0,
+            ),
+            self.bars(
+                "context vector",
+                lambda sel: views.context_vector(self.trace, sel, self.cache),
+                DEPENDS,
+                WIDTH,
+                140,
+            ),
+            width=WIDTH + 15,
+        )

@@ -1,0 +1,132 @@
+"""The controls: every widget is made from a parameter of the explorer's state."""
+
+from __future__ import annotations
+
+import panel as pn
+
+from attnpanel.app.sections.base import Section
+from attnpanel.readouts.core import layer_names
+from attnpanel.traces.schema import STAGES
+
+STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked", "softmax": "softmax"}
+
+
+# Panel waits 50 ms after a widget change for more (its class attribute ``_debounce``), a
+# third of the 150 ms budget; the selection's changes are discrete, so they go at once.
+# The engine coalesces its own deferred updates instead.
+class ImmediateSelect(pn.widgets.Select):
+    """A ``Select`` whose change is sent to the server at once."""
+
+    _debounce = 0
+
+
+class ImmediateIntSlider(pn.widgets.IntSlider):
+    """An ``IntSlider`` whose change is sent to the server at once."""
+
+    _debounce = 0
+
+
+def layer_selector(state) -> dict:
+    """``{"layer": select}`` for a trace with several layers, else ``{}``."""
+    if state.layers is None:
+        return {}
+    names = layer_names(state.layers)
+    select = ImmediateSelect.from_param(
+        state.param.layer,
+        name="Layer",
+        width=200,
+        options={f"{i}: {name}": i for i, name in enumerate(names)},
+    )
+    return {"layer": select}
+
+
+class Controls(Section):
+    """Layer, sample, head, query, mask, stage (and its player), colormap and toggles."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        state = self.state
+        head_options = {f"head {h}": h for h in range(state.n_heads)}
+        head_options["mean of heads"] = "mean"
+        widgets = layer_selector(state)
+        widgets.update(
+            sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
+            head=ImmediateSelect.from_param(
+                state.param.head, name="Head", options=head_options, width=125
+            ),
+            query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=220),
+            mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=110),
+            stage=ImmediateSelect.from_param(
+                state.param.stage, name="Stage", options=STAGE_NAMES, width=115
+            ),
+            colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=110),
+        )
+        player = pn.widgets.Player(
+            label="Stage player",
+            start=0,
+            end=len(STAGES) - 1,
+            value=STAGES.index(state.stage),
+            interval=1200,
+            loop_policy="loop",
+            show_loop_controls=False,
+            width=200,
+            visible_buttons=["previous", "play", "pause", "next"],
+        )
+        player.param.watch(lambda e: state.param.update(stage=STAGES[e.new]), "value")
+        state.param.watch(lambda e: setattr(player, "value", STAGES.index(e.new)), "stage")
+        widgets["player"] = player
+        widgets["side_by_side"] = pn.widgets.Checkbox.from_param(
+            state.param.side_by_side, name="masked and unmasked side by side"
+        )
+        widgets["show_appliances"] = pn.widgets.Checkbox.from_param(
+            state.param.show_appliances,
+            name="show appliance truth",
+            visible="appliance_power" in state.trace,
+        )
+        widgets["show_positional"] = pn.widgets.Checkbox.from_param(
+            state.param.show_positional, name="positional encoding"
+        )
+        widgets["show_projection"] = pn.widgets.Checkbox.from_param(
+            state.param.show_projection, name="Q/K/V projection"
+        )
+        widgets["show_merge"] = pn.widgets.Checkbox.from_param(
+            state.param.show_merge, name="head merge and Wo"
+        )
+        widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
+            state.param.show_head_average, name="head average beside the head maps"
+        )
+        for widget in widgets.values():
+            if isinstance(widget, pn.widgets.Checkbox):
+                widget.margin = (28, 5, 0, 5)  # level with the player's slider
+        self._widgets = widgets
+
+    @property
+    def widgets(self) -> dict:
+        """The widgets by the state parameter they drive (``player`` drives ``stage``)."""
+        return dict(self._widgets)
+
+    def build(self):
+        w = self._widgets
+        selectors = [w[name] for name in ("layer", "sample", "head", "query", "mask") if name in w]
+        # Bokeh sizes a column by its rows' items side by side, wrapping or not: each row
+        # fits 1280 px with the layer selector (a wider one widened the whole page).
+        return pn.Column(
+            pn.Row(*selectors, w["stage"], w["colormap"], sizing_mode="stretch_width"),
+            pn.Row(
+                w["player"],
+                *(
+                    w[name]
+                    for name in (
+                        "show_projection",
+                        "show_merge",
+                        "side_by_side",
+                        "show_appliances",
+                        "show_positional",
+                        "show_head_average",
+                    )
+                ),
+                sizing_mode="stretch_width",
+            ),
+            sizing_mode="stretch_width",
+            margin=0,
+        )

@@ -1,0 +1,191 @@
+"""The large attention matrix of the selected head and stage, and the unmasked one beside it.
+
+The matrix is regridded by datashader from the full array for its window (see
+:mod:`attnpanel.readouts.raster`); the selected query's row is a separate marker, so moving the
+query never touches the image. A click on a row picks that query.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import panel as pn
+from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
+from holoviews.plotting.util import process_cmap
+
+from attnpanel.app.sections.base import Section
+from attnpanel.readouts import core
+from attnpanel.readouts.core import MissingVariable
+from attnpanel.render import model_views
+from attnpanel.render.elements import PlotKey
+
+MATRIX_SIZE = 480  # one pixel per cell at the demo length
+MAP_KEY = PlotKey("Image", "Attention")
+# Browser-side lookups of a position's clock time (the labels are data passed as args).
+TICK_CODE = "const i = Math.round(tick); return (i >= 0 && i < labels.length) ? labels[i] : '';"
+HOVER_CODE = (
+    "const i = Math.round(value); "
+    "return (i >= 0 && i < labels.length) ? i + ' (' + labels[i] + ')' : String(i);"
+)
+
+
+def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
+    """Label a map's axes and hover with clock times (positions stay the coordinates)."""
+    for axis, n in ((figure.xaxis, n_key), (figure.yaxis, n_query)):
+        if n == len(labels):
+            axis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICK_CODE)
+    formatter = CustomJSHover(args=dict(labels=labels), code=HOVER_CODE)
+    for hover in figure.select({"type": HoverTool}):
+        fields = {}
+        if n_key == len(labels):
+            fields["$x"] = formatter
+        if n_query == len(labels):
+            fields["$y"] = formatter
+        hover.formatters = fields
+        hover.tooltips = [
+            ("key", "$x{custom}" if "$x" in fields else "$x{0}"),
+            ("query", "$y{custom}" if "$y" in fields else "$y{0}"),
+            ("value", "@image{0.0000}"),
+        ]
+
+
+def set_clock_labels(figure, labels: list[str]) -> None:
+    """Point a map's time formatters at another sample's clock times."""
+    for model in (figure.xaxis[0].formatter, figure.yaxis[0].formatter):
+        if isinstance(model, CustomJSTickFormatter):
+            model.args = dict(labels=labels)
+    for hover in figure.select({"type": HoverTool}):
+        for formatter in dict(hover.formatters or {}).values():
+            if isinstance(formatter, CustomJSHover):
+                formatter.args = dict(labels=labels)
+
+
+def matrix_style(cmap: str, title_size: str = "12pt", **more) -> dict:
+    """How the large map looks (``attnpanel.render.figures.draw``'s keywords): 480 px square,
+    a colour bar, a toolbar with the map tools (wheel zoom)."""
+    return dict(
+        frame_width=MATRIX_SIZE,
+        frame_height=MATRIX_SIZE,
+        cmap=cmap,
+        colorbar=True,
+        toolbar=True,
+        map_tools=True,
+        title_size=title_size,
+        **more,
+    )
+
+
+class AttentionMatrix(Section):
+    """The matrix, its colour map, token tick labels, and the side-by-side unmasked copy."""
+
+    title = "Attention matrix (click a row to pick its query)"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._unmasked = None
+        self._beside = None
+        self.state.param.watch(self._on_colormap, "colormap")
+        self.state.param.watch(self._on_side_by_side, "side_by_side")
+        self.state.param.watch(self._relabel_axes, ["sample", "layer"], precedence=1)
+        self.engine.on_render(self._on_render)
+
+    def build(self):
+        try:
+            main = self._matrix("matrix")
+        except MissingVariable as err:
+            return pn.Column(self.missing(err, MATRIX_SIZE))
+        # Hidden (and taking no room) until side_by_side; built the first time it shows.
+        self._beside = pn.Column(
+            pn.pane.Markdown("**without mask**", margin=(0, 5)),
+            margin=0,
+            visible=self.state.param.side_by_side,
+        )
+        if self.state.side_by_side:
+            self._show_unmasked()
+        return pn.Row(pn.Column(self.heading(), main, margin=0), self._beside, margin=0)
+
+    def _show_unmasked(self) -> None:
+        if self._unmasked is None:
+            self._unmasked = self._matrix(
+                "unmasked", mask_override="none", active=lambda: self.state.side_by_side
+            )
+            self._beside.append(self._unmasked)
+
+    def _matrix(self, pane: str, mask_override=None, active=None):
+        def build(sel):
+            if mask_override is not None:
+                sel = sel.with_(mask=mask_override)
+            return (
+                core.attention_values(self.trace, sel, self.cache),
+                core.matrix_title(self.trace, sel),
+                core.STAGE_LABELS[sel.stage],
+            )
+
+        parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
+        if mask_override is not None:
+            parameters.discard("mask")
+        raster = self.engine.add(
+            "attention matrix",
+            build,
+            parameters,
+            pane,
+            raster=(MATRIX_SIZE, MATRIX_SIZE),
+            active=active,
+            group="Attention",
+            first=True,
+        )
+        image = raster.element(core.STAGE_LABELS[self.state.stage])
+        plot = self.marked(image, "query marker", pane, active=active, first=True)
+        style = matrix_style(self.state.colormap, **self._ticks())
+        # zooms with the head maps
+        return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
+
+    def _ticks(self) -> dict:
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        if not ticks:
+            return {}
+        pairs = list(ticks.items())
+        return dict(xticks=pairs, yticks=pairs, xrotation=90)
+
+    def _on_render(self, figure, element, handles) -> None:
+        labels = core.clock_labels(self.trace, self.state.sample)
+        if labels is None or element.group != "Attention":
+            return
+        clock_axes(figure, labels, self.trace.sizes["query"], self.trace.sizes["key"])
+
+    def _relabel_axes(self, *_events) -> None:
+        labels = core.clock_labels(self.trace, self.state.sample)
+        if labels is not None:
+            for pane in ("matrix", "unmasked"):
+                for handles in self.engine.handles(pane, MAP_KEY):
+                    set_clock_labels(handles["plot"], labels)
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        if not ticks:
+            return
+        overrides = {int(k): v for k, v in ticks.items()}
+        for pane in ("matrix", "unmasked"):
+            for handles in self.engine.handles(pane, MAP_KEY):
+                for axis in ("xaxis", "yaxis"):
+                    if axis in handles:
+                        handles[axis].major_label_overrides = overrides
+
+    def click(self, x=None, y=None) -> None:
+        """What a click on a matrix does: pick the query of the clicked row."""
+        if y is None:
+            return
+        n_query = self.trace.sizes["query"]
+        query = int(np.clip(round(float(y)), 0, n_query - 1))
+        self.engine.soon(self.state.param.update, query=query)
+
+    def _on_colormap(self, event) -> None:
+        palette = process_cmap(event.new, 256)
+        for pane in ("matrix", "unmasked"):
+            for handles in self.engine.handles(pane, MAP_KEY):
+                handles["color_mapper"].palette = palette
+
+    def _on_side_by_side(self, event) -> None:
+        if not event.new or self._layout is None:
+            return
+        if self._unmasked is None:
+            self._show_unmasked()  # drawn with the current selection
+        else:
+            self.engine.redraw(lambda view: view.pane == "unmasked")

@@ -1,0 +1,186 @@
+"""What the user looks at: the explorer's state, the single source of truth of every view.
+
+:class:`ExplorerState` holds the trace and the selection (sample, layer, head, query,
+mask, stage, enabled heads, and what is shown) as ``param`` parameters with bounds and
+docs. Widgets are made from these parameters, the explorer's sections watch them, the
+page URL mirrors some of them, and a notebook user or a test sets them with
+``state.param.update(...)``. It imports no plotting or GUI library.
+
+The layer shown is the ``layer`` parameter alone: :attr:`ExplorerState.trace` is that
+layer of the trace, read when a view draws, and the shared :class:`StageCache` keys its
+entries by the layer (:attr:`ExplorerState.selection` carries it).
+"""
+
+from __future__ import annotations
+
+import param
+import xarray as xr
+
+from attnpanel.kernels.masks import MASK_MODES
+from attnpanel.readouts.core import Selection, StageCache, at_layer, uses_sinusoidal
+from attnpanel.traces.schema import STAGES
+from attnpanel.traces.stages import mask_options
+
+COLORMAPS = ("coolwarm", "RdBu_r", "bwr", "fire", "viridis")
+# What a view can depend on: a change of any of these redraws the views that name it.
+SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads", "layer")
+
+
+class ExplorerState(param.Parameterized):
+    """The trace and the selection every view of the explorer reads.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace (see ``attnpanel.trace``); only ``weights`` is required. A trace with a
+        ``layer`` dim is explored one layer at a time (the ``layer`` parameter).
+    cache : StageCache, optional
+        Where recomputed stages are kept. By default the trace's shared cache
+        (:meth:`StageCache.shared`): every state of one trace object, such as the sessions
+        of a server, reuses what another computed.
+    **params
+        Initial values of the parameters below.
+    """
+
+    sample = param.Integer(default=0, bounds=(0, 0), doc="Sample (batch index) shown.")
+    layer = param.Integer(
+        default=0,
+        bounds=(0, 0),
+        doc="Layer shown, for a trace with a `layer` dim: every view follows.",
+    )
+    head = param.Selector(
+        default=0,
+        objects=[0, "mean"],
+        doc='Head of the large matrix, or "mean" of the enabled heads.',
+    )
+    query = param.Integer(default=0, bounds=(0, 0), doc="Selected query position.")
+    mask = param.Selector(
+        default="none",
+        objects=list(MASK_MODES),
+        doc="Mask mode; weights are recomputed live from q and k.",
+    )
+    stage = param.Selector(
+        default="softmax",
+        objects=list(STAGES),
+        doc="Stage of the score-to-weight pipeline in the large matrix.",
+    )
+    enabled_heads = param.ListSelector(
+        default=[], objects=[], doc="Heads kept in the merge and the output."
+    )
+    colormap = param.Selector(
+        default="coolwarm",
+        objects=list(COLORMAPS),
+        doc="Colour map of the large matrix (low to high).",
+    )
+    side_by_side = param.Boolean(
+        default=False, doc="Show the matrix without a mask beside the masked one."
+    )
+    show_appliances = param.Boolean(
+        default=True, doc="Overlay each appliance's ground truth on the top view."
+    )
+    show_positional = param.Boolean(
+        default=False,
+        doc=(
+            "Show the sinusoidal positional encoding; on at start when the trace's attribute "
+            "`positional_encoding` is 'sinusoidal'."
+        ),
+    )
+    show_head_average = param.Boolean(
+        default=False,
+        doc="Show the head average (what nn.MultiheadAttention returns) beside the head maps.",
+    )
+    show_projection = param.Boolean(
+        default=False,
+        doc=(
+            "Show the Q/K/V projection (x, Wq, Wk, Wv and the heads' q, k, v); drawn the "
+            "first time it is shown."
+        ),
+    )
+    show_merge = param.Boolean(
+        default=False,
+        doc=("Show the head merge and the output projection Wo; drawn the first time it is shown."),
+    )
+    step = param.Integer(
+        default=0,
+        bounds=(0, 7),
+        doc=(
+            "Step of the guided walk of the selected query through the layer (1-7); 0 when "
+            "the walk is closed. A step sets the stage it explains."
+        ),
+    )
+    last_error = param.String(default="", doc="The last error a view reported.")
+
+    def __init__(self, trace: xr.Dataset, cache: StageCache | None = None, **params):
+        if not isinstance(trace, xr.Dataset) or "weights" not in trace:
+            raise ValueError("AttentionExplorer needs a trace: an xarray.Dataset with 'weights'")
+        if trace["weights"].size == 0:
+            sizes = ", ".join(f"{d}={n}" for d, n in trace["weights"].sizes.items())
+            raise ValueError(f"this trace is empty ({sizes}): there is no attention to show")
+        self.layers = trace if "layer" in trace.dims else None
+        self.cache = StageCache.shared(trace) if cache is None else cache
+        # Its own Dataset (a shallow copy: the arrays are shared, never written).
+        self._one_layer = trace.copy(deep=False) if self.layers is None else None
+        late = {
+            name: params.pop(name)
+            for name in ("sample", "head", "query", "mask", "enabled_heads", "layer")
+            if name in params
+        }
+        super().__init__(**params)
+        if self.layers is not None:
+            self.param.layer.bounds = (0, self.layers.sizes["layer"] - 1)
+            if "layer" in late:
+                self.layer = late.pop("layer")  # first: the bounds below read the layer
+        first = self.trace
+        n_batch, n_heads = first.sizes["batch"], first.sizes["head"]
+        masks = mask_options(first)
+        own_mask = first.attrs.get("mask", "none")
+        self.param.sample.bounds = (0, n_batch - 1)
+        self.param.query.bounds = (0, first.sizes["query"] - 1)
+        self.param.head.objects = list(range(n_heads)) + ["mean"]
+        self.param.mask.objects = masks
+        self.param.enabled_heads.objects = list(range(n_heads))
+        with param.parameterized.discard_events(self):
+            self.mask = own_mask if own_mask in masks else masks[0]
+            self.enabled_heads = list(range(n_heads))
+            if "show_positional" not in params:
+                self.show_positional = uses_sinusoidal(first)
+        self.param.update(**late)
+        self._start = self.param.values()
+
+    def reset(self) -> None:
+        """Go back to the selection the state started with (every parameter)."""
+        start = {name: value for name, value in self._start.items() if name != "name"}
+        start["enabled_heads"] = list(start["enabled_heads"])
+        start["last_error"] = ""
+        self.param.update(**start)
+
+    @property
+    def trace(self) -> xr.Dataset:
+        """The Dataset every view reads: the shown layer of the trace."""
+        if self.layers is None:
+            return self._one_layer
+        return at_layer(self.layers, self.layer)
+
+    @property
+    def n_heads(self) -> int:
+        """Number of heads of the trace."""
+        return len(self.param.enabled_heads.objects)
+
+    @property
+    def selection(self) -> Selection:
+        """The current selection as a plain value (what the readouts and views take)."""
+        return Selection(
+            sample=self.sample,
+            head=self.head,
+            query=self.query,
+            mask=self.mask,
+            stage=self.stage,
+            enabled_heads=tuple(sorted(self.enabled_heads)),
+            layer=self.layer,
+        )
+
+    def toggle_head(self, head: int, on: bool) -> None:
+        """Keep ``head`` in the merge (``on``) or drop it from it."""
+        enabled = set(self.enabled_heads) | {head} if on else set(self.enabled_heads) - {head}
+        if sorted(enabled) != sorted(self.enabled_heads):
+            self.enabled_heads = sorted(enabled)

@@ -1,0 +1,1 @@
+"""Watching any PyTorch model compute its attention, and turning what it computed into traces."""

@@ -1,0 +1,260 @@
+"""The demo trace: one attention layer of the trained NILMFormer on held-out household days.
+
+:func:`demo` loads the weights shipped in ``attnpanel/nilm/data/nilmformer.pt``, generates
+32 held-out 8-hour windows (their own seed and dates, never seen in training), runs the model and
+returns :func:`attnpanel.trace` of one encoder layer's attention on the very input that
+layer sees, plus the timestamps, the aggregate, the appliance ground truth and the
+model's disaggregation (see ``docs/demo.md``). :func:`head_statistics` summarises what
+each head attends to.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+
+from attnpanel.nilm.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
+from attnpanel.traces.build import trace
+
+DEMO_LAYER = 2  # the default layer; docs/demo.md shows why
+LONG_DAYS = 45  # demo_long: 45 days at one minute, L = 64,800
+EVENT_APPLIANCES = ("kettle", "microwave", "washing_machine", "dishwasher")
+LOCAL_RADIUS = 15  # minutes; attention within this distance of the query counts as local
+EVENT_THRESHOLD = {"fridge": 50.0}  # W above which an appliance counts as running ...
+EVENT_THRESHOLD_DEFAULT = 300.0  # ... for the others: heaters, kettle, microwave, spin
+
+
+@functools.lru_cache(maxsize=2)
+def _model(path: Path):
+    # Loading is cheap but not free; the explorer may ask for several layers in a row.
+    # nilmformer is imported here so that `import attnpanel` does not load it, which
+    # keeps `python -m attnpanel.nilm.nilmformer` free of runpy's double-import warning.
+    from attnpanel.nilm.nilmformer import load_model
+
+    return load_model(path)
+
+
+def demo_windows(n_windows: int = 32, seed: int = HELDOUT_SEED) -> xr.Dataset:
+    """Held-out 8-hour windows: 06:00-14:00 and 14:00-22:00 of consecutive days.
+
+    Parameters
+    ----------
+    n_windows : int
+        How many windows (two per day).
+    seed : int
+        Seed of the power generator; the default is the held-out seed, never trained on.
+
+    Returns
+    -------
+    xarray.Dataset
+        As :func:`attnpanel.nilm.power.windows`, with dims ``window``, ``appliance``, ``position``.
+    """
+    if n_windows < 1:
+        raise ValueError(f"n_windows must be positive, got {n_windows}")
+    n_days = (n_windows + 1) // 2
+    ds = generate(n_days + 1, seed=seed, config=PowerConfig(start=HELDOUT_START))
+    cut = windows(ds, length=480, offset=6 * 60)  # starts at 06:00, 14:00, 22:00, ...
+    daytime = np.flatnonzero(np.arange(cut.sizes["window"]) % 3 != 2)[:n_windows]
+    return cut.isel(window=daytime).assign_coords(window=np.arange(n_windows))
+
+
+def demo(
+    layer: int = DEMO_LAYER,
+    n_windows: int = 32,
+    seed: int = HELDOUT_SEED,
+    weights: str | Path | None = None,
+) -> xr.Dataset:
+    """Trace of one attention layer of the trained demo NILMFormer on held-out windows.
+
+    Parameters
+    ----------
+    layer : int
+        Encoder layer to trace, ``0 .. n_layers - 1`` (negative counts from the end).
+    n_windows : int
+        Number of 480-step windows (the batch).
+    seed : int
+        Seed of the held-out household data.
+    weights : str or Path, optional
+        A model file from :func:`attnpanel.nilm.nilmformer.save_model`; default the shipped one.
+
+    Returns
+    -------
+    xarray.Dataset
+        A trace (``x, q, k, v, scores, weights, context, output, w_q, w_k, w_v, w_o``) with
+        ``weights`` of dims ``(batch, head, query, key)``, plus ``aggregate`` (batch,
+        position), ``appliance_power`` and ``predicted_power`` (batch, appliance, position)
+        in W, the ``time`` (batch, position) and ``appliance`` coordinates, and attrs
+        ``layer``, ``n_layers`` and ``source``.
+
+    Raises
+    ------
+    ValueError
+        For a layer the model does not have.
+    FileNotFoundError
+        When the shipped weights are missing.
+    """
+    return _traced(demo_windows(n_windows, seed), layer, weights, f"{n_windows} held-out windows")
+
+
+def demo_long(
+    days: int = LONG_DAYS,
+    layer: int = DEMO_LAYER,
+    seed: int = HELDOUT_SEED,
+    weights: str | Path | None = None,
+    dense: bool | None = None,
+) -> xr.Dataset:
+    """The demo model on one long sequence: ``days`` held-out days at one minute.
+
+    At the default 45 days, L = 64,800: the model runs its attention in bounded memory
+    (:func:`attnpanel.kernels.tiles.attention`) and the trace is virtual (each row's ``lse``
+    instead of the maps, :mod:`attnpanel.traces.virtual`) unless ``dense`` says otherwise. One
+    sample; otherwise as :func:`demo` (the aggregate, the appliance truth and the
+    model's prediction, clock times).
+    """
+    if int(days) != days or days < 1:
+        raise ValueError(f"days must be a positive integer, got {days!r}")
+    series = generate(int(days), seed=seed, config=PowerConfig(start=HELDOUT_START))
+    held = windows(series, length=int(days) * 24 * 60)
+    return _traced(held, layer, weights, f"{days} held-out days at one minute", dense)
+
+
+def _traced(held: xr.Dataset, layer: int, weights, what: str, dense: bool | None = None):
+    """The trace of one encoder layer of the demo model on the windows ``held``."""
+    from attnpanel.nilm.nilmformer import default_path, time_features
+
+    path = default_path() if weights is None else Path(weights)
+    model = _model(path.resolve())
+    n_layers = len(model.encoder)
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(f"layer must be in 0..{n_layers - 1} (or negative), got {layer}")
+    layer = layer % n_layers
+    time = held["time"].values  # (batch, position)
+    aggregate = torch.from_numpy(held["aggregate"].values)  # (B, L)
+    features = time_features(time)  # (B, C, L)
+    attention = model.encoder[layer].attention
+    seen = []
+    # One forward pass gives both the prediction and the input the traced layer sees.
+    hook = attention.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        predicted = model.predict(aggregate, features)  # (B, A, L) W
+    finally:
+        hook.remove()
+    source = f"NILMFormer demo ({path.name}), encoder layer {layer} of {n_layers}, {what}"
+    ds = trace(attention, seen[0], time=time, source=source, dense=dense)
+    dims = ("batch", "appliance", "position")
+    ds = ds.assign(
+        aggregate=(("batch", "position"), held["aggregate"].values),
+        appliance_power=(dims, held["appliance_power"].values),
+        predicted_power=(dims, predicted.numpy()),
+    )
+    ds = ds.assign_coords(appliance=held["appliance"].values)
+    ds["aggregate"].attrs["units"] = "W"
+    ds["appliance_power"].attrs["units"] = "W"
+    ds["predicted_power"].attrs["units"] = "W"
+    ds.attrs.update(layer=layer, n_layers=n_layers)
+    return ds
+
+
+def head_statistics(ds: xr.Dataset, radius: int = LOCAL_RADIUS) -> xr.Dataset:
+    """What each head attends to, from a demo trace.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace with ``weights``; event statistics also need ``appliance_power``.
+    radius : int
+        Keys within this many steps of the query count as local.
+
+    Returns
+    -------
+    xarray.Dataset
+        Per ``head``: ``distance`` (mean ``|query - key|`` weighted by attention, in steps),
+        ``entropy`` (mean row entropy, nats), ``entropy_ratio`` (that over the entropy of a
+        uniform row over the visible keys), ``local`` (mass within ``radius`` steps), and,
+        per ``head`` and ``appliance``, ``event_lift``: the share of attention mass on keys
+        where the appliance is on, over the share of such keys (1 = no preference),
+        averaged over the windows where it is on.
+    """
+    weights = np.asarray(ds["weights"].values, dtype=np.float32)  # (B, H, L, S)
+    batch, n_heads, length, n_keys = weights.shape
+    offset = np.abs(np.arange(length)[:, None] - np.arange(n_keys)[None, :])  # (L, S)
+    distance = np.einsum("bhls,ls->h", weights, offset.astype(np.float32)) / (batch * length)
+    local = np.einsum("bhls,ls->h", weights, (offset <= radius).astype(np.float32))
+    local /= batch * length
+    plogp = np.where(weights > 0, weights * np.log(np.where(weights > 0, weights, 1)), 0)
+    entropy = -plogp.sum(-1).mean((0, 2))
+    visible = n_keys - int(ds.attrs.get("mask") == "diagonal")
+    stats = xr.Dataset(
+        {
+            "distance": ("head", distance),
+            "entropy": ("head", entropy),
+            "entropy_ratio": ("head", entropy / np.log(visible)),
+            "local": ("head", local),
+        },
+        coords={"head": ds["head"].values},
+        attrs={"local_radius": radius, "uniform_entropy": float(np.log(visible))},
+    )
+    if "appliance_power" in ds:
+        mass_per_key = weights.mean(2)  # (B, H, S): attention each key receives per query
+        lifts = []
+        for name in ds["appliance"].values:
+            threshold = EVENT_THRESHOLD.get(str(name), EVENT_THRESHOLD_DEFAULT)
+            on = ds["appliance_power"].sel(appliance=name).values > threshold
+            used = on.any(-1)  # windows where it runs
+            mass = np.einsum("bhs,bs->bh", mass_per_key[used], on[used].astype(np.float32))
+            share = on[used].mean(-1)  # (b,)
+            lifts.append(mass.sum(0) / share.sum() if used.any() else np.full(n_heads, np.nan))
+        stats["event_lift"] = (("head", "appliance"), np.stack(lifts, axis=1))
+        stats = stats.assign_coords(appliance=ds["appliance"].values)
+    return stats
+
+
+CACHE_ENV = "ATTNPANEL_CACHE"  # where the stored long demo lives (default ~/.cache/attnpanel)
+
+
+def cache_folder(folder: str | Path | None = None) -> Path:
+    """The folder of stored demos: ``folder``, else ``$ATTNPANEL_CACHE``, else
+    ``~/.cache/attnpanel``."""
+    found = folder or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "attnpanel"
+    return Path(found).expanduser()
+
+
+def stored_long_demo(
+    days: int = LONG_DAYS,
+    folder: str | Path | None = None,
+    workers: int = 2,
+    progress=print,
+) -> Path:
+    """The long demo (:func:`demo_long`) stored as a zarr trace with the overviews of
+    every head under its own mask, built the first time and reused after.
+
+    At 45 days the build takes about 4 minutes on 2 cores (the trace, then 8 overviews on
+    a ``LocalCluster`` of ``workers`` processes); a server started later opens it at
+    once. An interrupted build leaves nothing that reads as complete (the trace is
+    written beside its place and moved in; each overview likewise).
+
+    Returns
+    -------
+    Path
+        The trace file; its overviews are in ``attnpanel.traces.overviews.folder_for(path)``.
+    """
+    from attnpanel.traces import io
+    from attnpanel.traces.overviews import Overviews, folder_for
+
+    path = cache_folder(folder) / f"demo-long-{int(days)}d.zarr"
+    if not path.exists():
+        progress(f"building the long demo ({days} days at one minute) into {path} ...")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        io.save(demo_long(days, dense=False), path)  # virtual at any length
+    ds = io.load(path)
+    overviews = Overviews(ds, folder_for(path))
+    todo = [entry for entry in overviews.entries() if not overviews.stored(entry)]
+    if todo:
+        progress(f"computing {len(todo)} overviews of the long demo ...")
+        overviews.build(todo, workers=workers)
+    return path

@@ -1,0 +1,1 @@
+"""Numbers the views show, read or recomputed from a trace: numpy and xarray, no plotting."""

@@ -1,0 +1,1 @@
+"""Everything that draws: Bokeh figures, HoloViews elements, colours, the offline HTML export."""

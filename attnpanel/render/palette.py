@@ -1,0 +1,48 @@
+"""The colours that tell heads apart, shared by the explorer and the offline export.
+
+A module of its own so that the export (which writes Bokeh directly) needs no HoloViews.
+"""
+
+from __future__ import annotations
+
+import colorcet
+
+from attnpanel.readouts.core import PREDICTED
+
+HIGHLIGHT = "#39ff14"  # the selected query: its row on every map, its marker on the curve
+# the appliance curves, in order
+APPLIANCE_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
+
+
+def curve_styles(labels) -> list[dict]:
+    """The line of each series of the top view, in order: the first (the aggregate) black
+    and thicker, each appliance its colour, its prediction dashed in the same colour."""
+    palette = ("black", *APPLIANCE_COLORS)
+    colors: dict[str, str] = {}
+    styles = []
+    for i, label in enumerate(labels):
+        name = label.removesuffix(PREDICTED)
+        color = colors.setdefault(name, palette[len(colors) % len(palette)])
+        dash = "dashed" if label.endswith(PREDICTED) else "solid"
+        styles.append(dict(line_color=color, line_width=1.6 if i == 0 else 1, line_dash=dash))
+    return styles
+
+
+HEAD_COLORS = (
+    "#0072b2",
+    "#e69f00",
+    "#009e73",
+    "#cc79a7",
+    "#56b4e9",
+    "#d55e00",
+    "#882255",
+    "#f0e442",
+)
+
+
+def head_color(head: int) -> str:
+    """Head ``head``'s colour: the 8 Okabe-Ito colours, then Glasbey's (distinct up to 256)."""
+    if head < len(HEAD_COLORS):
+        return HEAD_COLORS[head]
+    extra = colorcet.b_glasbey_category10[len(HEAD_COLORS) :]
+    return extra[(head - len(HEAD_COLORS)) % len(extra)]

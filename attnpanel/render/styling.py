@@ -1,0 +1,128 @@
+"""How the views look: HoloViews options, head colours and palettes.
+
+The views return plain data elements whose group and label say what they are; this
+module styles them once per plot (``.opts(*options())``), never on the update path.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import holoviews.plotting.bokeh  # noqa: F401  (registers the backend that .opts below needs)
+import numpy as np
+from bokeh.models import BasicTickFormatter
+
+from attnpanel.render.palette import HIGHLIGHT, head_color
+
+# The options below are Bokeh's: they apply when Bokeh is HoloViews' current backend (a
+# notebook user's ``.opts(*options())`` without ``hv.extension("bokeh")`` first).
+hv.Store.set_current_backend("bokeh")
+
+
+def head_colors(heads: np.ndarray, enabled=None) -> list[str]:
+    return [head_color(h) if enabled is None or h in enabled else "#c8c8c8" for h in heads]
+
+
+def head_cmap(head: int, enabled: bool = True, n: int = 256) -> list[str]:
+    """White to the head's colour (grey when off), ``n`` steps: a head's small-map palette."""
+    end = head_color(head) if enabled else "#8a8a8a"
+    rgb = np.array([int(end[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
+    steps = np.linspace(0.0, 1.0, n)[:, None]
+    colors = np.round(255 + steps * (rgb - 255)).astype(int)
+    return ["#{:02x}{:02x}{:02x}".format(*c) for c in colors]
+
+
+def options(width: int = 400, height: int = 160) -> list:
+    """The styling of every element the views make, to apply once with ``.opts(*options())``.
+
+    The views return plain data elements (group and label name what they are); styling is
+    applied once per plot rather than on every update, because ``.opts`` on each new element
+    costs milliseconds and grows HoloViews' option tree.
+    """
+    # Charts leave the mouse wheel to the page (a wheel over a bar chart zoomed it instead
+    # of scrolling); the maps keep it: a wheel zooms every linked map.
+    common = dict(title="{label}", toolbar="above", show_grid=True, active_tools=["pan"])
+    return [
+        hv.opts.Rectangles(
+            "Vector",
+            color="color",
+            line_color=None,
+            tools=["hover"],
+            yformatter=BasicTickFormatter(use_scientific=False),  # 0.007, not 7.000e-3
+            width=width,
+            height=height,
+            show_legend=False,
+            **common,
+        ),
+        hv.opts.VSpans("Lanes", color="#000000", alpha=0.06, line_color=None),
+        hv.opts.VLine("Marker", color=HIGHLIGHT, line_width=3, alpha=0.9),
+        hv.opts.HSpan(
+            "Marker", color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5
+        ),
+        hv.opts.Curve("Reference", color="black", line_width=1.2, interpolation="steps-mid"),
+        hv.opts.Curve("Sequence", line_width=1, tools=["hover"], **common),
+        hv.opts.Image(
+            "Attention",
+            cmap="coolwarm",
+            clipping_colors={"NaN": "black"},
+            colorbar=True,
+            cformatter="%.3g",  # not 4.000e-3
+            tools=["hover"],
+            # cells are centred on whole positions: the one under the mouse, not 99.192
+            hover_tooltips=[("key", "$x{0}"), ("query", "$y{0}"), ("value", "@image{0.0000}")],
+            invert_yaxis=True,
+            title="{label}",
+            toolbar="above",
+        ),
+        hv.opts.Image(
+            "HeadMap",
+            clipping_colors={"NaN": "#222222"},
+            invert_yaxis=True,
+            xaxis=None,
+            yaxis=None,
+            toolbar=None,
+            title="{label}",
+        ),
+        hv.opts.Image("Weight", cmap="RdBu_r", invert_yaxis=True, tools=["hover"], title="{label}"),
+        hv.opts.HeatMap(
+            "Values",
+            cmap="RdBu_r",
+            tools=["hover"],
+            colorbar=True,
+            invert_yaxis=True,
+            title="{label}",
+            toolbar="above",
+        ),
+        hv.opts.Overlay(title="{label}", show_legend=False),
+    ]
+
+
+# A row whose items wrap onto the next line when the page is narrow. ``min-width: 0``: else
+# the row is as wide as its items side by side and widens the whole page instead.
+WRAP = ":host { flex-wrap: wrap; min-width: 0 !important; }"
+
+# Q, K and V each in a hue family of their own: a dark and a light shade, alternating by
+# head (the shaded lanes mark the heads too), so the three vectors never read alike.
+PROJECTION_FAMILIES = {
+    "q": ("#08519c", "#6baed6"),  # blues
+    "k": ("#a63603", "#fd8d3c"),  # oranges
+    "v": ("#006d2c", "#74c476"),  # greens
+}
+
+
+def family_colors(name: str, heads: np.ndarray) -> list[str]:
+    """Colours of the features of ``q``, ``k`` or ``v``: its family, shade by head parity."""
+    dark, light = PROJECTION_FAMILIES[name]
+    return [dark if int(h) % 2 == 0 else light for h in heads]
+
+
+WEIGHT_LOW = np.array([255, 255, 255], dtype=float)  # no weight: white
+WEIGHT_HIGH = np.array([178, 24, 43], dtype=float)  # the most-attended position: dark red
+
+
+def shade(weights: np.ndarray) -> list[str]:
+    """White to dark red, by each weight relative to the largest (token boxes, curve bands)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    top = float(np.nanmax(weights)) if weights.size and np.isfinite(weights).any() else 0.0
+    level = np.nan_to_num(weights / top) if top > 0 else np.zeros_like(weights)
+    rgb = np.round(WEIGHT_LOW + level[:, None] * (WEIGHT_HIGH - WEIGHT_LOW)).astype(int)
+    return ["#{:02x}{:02x}{:02x}".format(*c) for c in rgb]

@@ -1,0 +1,38 @@
+"""The trace's contract: the dims of every variable, the mask truth, the stages.
+
+One ``xarray.Dataset`` per attention layer (see ``docs/trace.md``). Attention-shaped
+arrays have dims ``(batch, head, query, key)``; per-timestep vectors ``(batch,
+position, feature)``; per-head vectors ``(batch, head, position, head_dim)``; a
+multi-layer trace puts ``layer`` in front.
+"""
+
+from __future__ import annotations
+
+ATTENTION_DIMS = ("batch", "head", "query", "key")
+EXPECTED_DIMS = {  # in pipeline order
+    "x": ("batch", "position", "feature"),
+    "q": ("batch", "head", "position", "head_dim"),
+    "k": ("batch", "head", "position", "head_dim"),
+    "v": ("batch", "head", "position", "head_dim"),
+    "scores": ATTENTION_DIMS,
+    "weights": ATTENTION_DIMS,
+    "lse": ("batch", "head", "query"),  # a virtual trace's rows (attnpanel.traces.virtual)
+    "context": ("batch", "head", "query", "head_dim"),
+    "output": ("batch", "position", "feature"),
+    "w_q": ("feature_out", "feature_in"),
+    "w_k": ("feature_out", "feature_in"),
+    "w_v": ("feature_out", "feature_in"),
+    "w_o": ("feature_out", "feature_in"),
+    "mask": ("query", "key"),
+    "padding": ("batch", "position"),
+}
+# Cross-attention traces index k and v by the key side's own positions.
+CROSS_DIMS = {
+    "k": ("batch", "head", "key", "head_dim"),
+    "v": ("batch", "head", "key", "head_dim"),
+}
+# The mask truth of a captured model: any ordered subset of the attention dims that holds
+# ``key`` (padding varies by (batch, key), T5's bias by (head, query, key), ...).
+MASK_TRUTH = ("sample_mask", "bias")
+STAGES = ("raw", "scaled", "masked", "softmax")
+ROW_SUM_TOLERANCE = 1e-3
