@@ -29,7 +29,7 @@ def random_stats(ds):
     """The same statistics for a freshly initialised layer on the same inputs."""
     torch.manual_seed(1)
     layer = MultiHeadSelfAttention(96, 8, mask="diagonal")
-    untrained = trace(layer, ds["x"].values).assign(appliance_power=ds["appliance_power"])
+    untrained = trace(layer, ds["x"].values).assign(truth=ds["truth"])
     return head_statistics(untrained)
 
 
@@ -39,12 +39,15 @@ def test_shape_dims_and_coords(ds):
     assert ds["time"].dims == ("batch", "position")
     assert ds["time"].dtype == np.dtype("datetime64[ns]")
     assert np.all(np.diff(ds["time"].values, axis=1) == np.timedelta64(1, "m"))
-    assert ds["aggregate"].dims == ("batch", "position")
-    for name in ("aggregate", "appliance_power", "predicted_power"):
-        assert ds[name].dtype == np.float32
-    for name in ("appliance_power", "predicted_power"):
-        assert ds[name].dims == ("batch", "appliance", "position")
-    assert list(ds["appliance"].values) == list(APPLIANCES)
+    # the reference series (docs/trace.md), in the demo's words
+    assert ds["signal"].dims == ("batch", "position")
+    for name in ("signal", "truth", "prediction"):
+        assert ds[name].dtype == np.float32 and ds[name].attrs["units"] == "W"
+    for name in ("truth", "prediction"):
+        assert ds[name].dims == ("batch", "series", "position")
+    assert list(ds["series"].values) == list(APPLIANCES)
+    assert ds["signal"].attrs["long_name"] == "aggregate power"
+    assert ds["truth"].attrs["long_name"] == "appliance power"
     for name in ("x", "q", "k", "v", "scores", "context", "output", "w_q", "w_k", "w_v", "w_o"):
         assert name in ds
     attrs = ds.attrs
@@ -67,16 +70,16 @@ def test_data_is_held_out_and_consistent(ds):
     # Held-out days come long after the 400 training days (and from another seed).
     assert ds["time"].values.min() > training["time"].values[0] + np.timedelta64(400, "D")
     held = demo_windows(32)
-    np.testing.assert_array_equal(ds["aggregate"].values, held["aggregate"].values)
+    np.testing.assert_array_equal(ds["signal"].values, held["aggregate"].values)
     np.testing.assert_array_equal(ds["time"].values, held["time"].values)
     # The aggregate is the base load (at least 60 W) on top of the appliances.
-    assert np.all(ds["aggregate"] >= ds["appliance_power"].sum("appliance") + 59)
-    assert ds["predicted_power"].min() >= 0
+    assert np.all(ds["signal"] >= ds["truth"].sum("series") + 59)
+    assert ds["prediction"].min() >= 0
 
 
 def test_x_is_the_input_the_traced_layer_sees(ds):
     model = load_model()
-    aggregate = torch.from_numpy(ds["aggregate"].values[:2])
+    aggregate = torch.from_numpy(ds["signal"].values[:2])
     features = time_features(ds["time"].values[:2])
     seen = model.attention_input(aggregate, features, ds.attrs["layer"])
     np.testing.assert_allclose(ds["x"].values[:2], seen.detach().numpy(), atol=1e-5)
@@ -93,8 +96,8 @@ def test_layers_and_errors():
 
 
 def test_model_disaggregates_the_demo_windows(ds):
-    error = abs(ds["predicted_power"] - ds["appliance_power"]).mean(("batch", "position"))
-    baseline = ds["appliance_power"].mean(("batch", "position"))  # predicting zero
+    error = abs(ds["prediction"] - ds["truth"]).mean(("batch", "position"))
+    baseline = ds["truth"].mean(("batch", "position"))  # predicting zero
     assert bool((error < 0.6 * baseline).any())
 
 
@@ -127,17 +130,17 @@ def test_the_long_demo_is_a_virtual_trace_of_what_the_model_computed():
     ds = demo_long(days=2, dense=False)
     assert virtual.is_virtual(ds) and ds.sizes["query"] == ds.sizes["key"] == 2 * 1440
     assert ds.sizes["batch"] == 1 and ds["time"].dtype.kind == "M"
-    assert {"aggregate", "appliance_power", "predicted_power"} <= set(ds.data_vars)
+    assert {"signal", "truth", "prediction"} <= set(ds.data_vars)
     model = load_model()  # a model of its own, run on the trace's input
     attention = model.encoder[DEMO_LAYER].attention
     seen = {}
     hook = attention.register_forward_hook(lambda m, args, out: seen.update(x=args[0], out=out))
     try:
-        aggregate = torch.from_numpy(ds["aggregate"].values)
+        aggregate = torch.from_numpy(ds["signal"].values)
         predicted = model.predict(aggregate, time_features(ds["time"].values))
     finally:
         hook.remove()
-    np.testing.assert_allclose(ds["predicted_power"].values, predicted.numpy(), atol=1e-3)
+    np.testing.assert_allclose(ds["prediction"].values, predicted.numpy(), atol=1e-3)
     out = seen["out"][0] if isinstance(seen["out"], tuple) else seen["out"]
     np.testing.assert_allclose(ds["output"].values, out.numpy(), rtol=0, atol=1e-5)
     with torch.no_grad():
@@ -153,3 +156,21 @@ def test_the_long_demo_is_a_virtual_trace_of_what_the_model_computed():
     numerics.assert_kernels_agree(row, own[3, 1500:1501], logits=largest)
     window = ds["weights"].isel(batch=0, head=5, query=slice(0, 480), key=slice(2000, 2480))
     numerics.assert_kernels_agree(window, own[5, :480, 2000:2480], logits=largest)
+
+
+def test_a_trace_saved_with_the_old_names_reads_in_todays(ds, tmp_path):
+    """Demo traces saved before the reference-series contract (aggregate, appliance_power,
+    predicted_power over appliance) load with today's names and attributes."""
+    old = ds.isel(batch=slice(0, 2)).rename(
+        {"signal": "aggregate", "truth": "appliance_power", "prediction": "predicted_power"}
+    )
+    old = old.rename({"series": "appliance"})
+    for name in ("aggregate", "appliance_power", "predicted_power"):
+        old[name].attrs = {"units": "W"}
+    path = tmp_path / "old.nc"
+    attnpanel.save(old, path)
+    back = attnpanel.load(path)
+    assert {"signal", "truth", "prediction"} <= set(back.data_vars)
+    assert "aggregate" not in back and "appliance" not in back.dims
+    assert back["truth"].attrs["long_name"] == "appliance power"
+    np.testing.assert_array_equal(back["truth"].values, ds["truth"].values[:2])

@@ -28,16 +28,18 @@ def make_trace(n_batch=2):
         layer, torch.randn(n_batch, LENGTH, 96), time=time.astype("datetime64[ns]")
     )
     rng = np.random.default_rng(0)
-    ds["aggregate"] = (("batch", "position"), rng.random((n_batch, LENGTH)).astype(np.float32))
-    ds["appliance_power"] = (
-        ("batch", "appliance", "position"),
+    # reference series (docs/trace.md): an input signal, two channels' truth and prediction
+    ds["signal"] = (("batch", "position"), rng.random((n_batch, LENGTH)).astype(np.float32))
+    ds["signal"].attrs.update(long_name="aggregate power", units="W")
+    ds["truth"] = (
+        ("batch", "series", "position"),
         rng.random((n_batch, 2, LENGTH)).astype(np.float32),
     )
-    ds["predicted_power"] = (
-        ("batch", "appliance", "position"),
+    ds["prediction"] = (
+        ("batch", "series", "position"),
         rng.random((n_batch, 2, LENGTH)).astype(np.float32),
     )
-    return ds.assign_coords(appliance=["fridge", "kettle"])
+    return ds.assign_coords(series=["fridge", "kettle"])
 
 
 @pytest.fixture(scope="module")
@@ -183,17 +185,17 @@ def test_sample_change_moves_the_time_axis(explorer, trace):
     assert trace_time.ndim == 1  # shared timestamps here: same axis for both samples
     explorer.sample = 1
     curve = handles(explorer, "sequence", "Curve", "Sequence")["source"].data
-    np.testing.assert_allclose(curve["power"], trace["aggregate"].isel(batch=1))
+    np.testing.assert_allclose(curve["signal"], trace["signal"].isel(batch=1))
 
 
-def test_show_appliances_hides_their_curves(explorer):
+def test_show_reference_hides_their_curves(explorer):
     found = explorer.engine.plots("sequence")
-    appliance_keys = [k for k in found if k.group == "Sequence" and k.label != "aggregate"]
-    assert len(appliance_keys) == 4  # truth and prediction of each
-    explorer.show_appliances = False
-    assert not any(found[k][0]["glyph_renderer"].visible for k in appliance_keys)
-    explorer.show_appliances = True
-    assert all(found[k][0]["glyph_renderer"].visible for k in appliance_keys)
+    reference = [k for k in found if k.group == "Sequence" and k.label != "aggregate power"]
+    assert len(reference) == 4  # truth and prediction of each
+    explorer.show_reference = False
+    assert not any(found[k][0]["glyph_renderer"].visible for k in reference)
+    explorer.show_reference = True
+    assert all(found[k][0]["glyph_renderer"].visible for k in reference)
 
 
 def test_player_and_colormap(explorer):
@@ -375,7 +377,7 @@ def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, t
     assert glyph.line_color == fridge.line_color  # the same colour as its truth
     data = curves[predicted[1]][0]["source"].data
     np.testing.assert_array_equal(
-        data["power"], trace["predicted_power"].isel(batch=1, appliance=1).values
+        data["signal"], trace["prediction"].isel(batch=1, series=1).values
     )
 
 

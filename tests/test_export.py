@@ -8,6 +8,7 @@ import io
 import re
 import zlib
 
+import numerics
 import numpy as np
 import pytest
 import torch
@@ -282,9 +283,9 @@ def test_the_export_keeps_the_power_curve_and_a_query_selection(browser, artifac
                         .flatMap(l => l.items.map(i => i.label.value))};
             }"""
         )
-        np.testing.assert_allclose(curve["first"], ds["aggregate"].values[1], rtol=1e-6)
-        appliances = list(ds["appliance"].values)
-        assert curve["n"] == 1 + 2 * len(appliances)  # aggregate, truth, prediction
+        numerics.assert_same_numbers(curve["first"], ds["signal"].values[1])
+        channels = list(ds["series"].values)
+        assert curve["n"] == 1 + 2 * len(channels)  # signal, truth, prediction
         assert "fridge (predicted)" in curve["legend"]
 
         def band_and_rows():

@@ -377,7 +377,7 @@ def test_a_trace_without_its_input_shows_the_query_norm_without_a_pass_over_the_
     """A virtual trace holding neither the input nor the power: the sequence is each
     position's query norm (what 'attention received' would need is every cell)."""
     dense, lazy = padded_pair()
-    assert "x" not in lazy and "aggregate" not in lazy
+    assert "x" not in lazy and "signal" not in lazy
 
     def every_cell(*args, **kwargs):
         raise AssertionError("the sequence computed the lazy weights")

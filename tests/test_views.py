@@ -22,7 +22,8 @@ def trace():
     layer = attnpanel.MultiHeadSelfAttention(d_model=96, n_heads=8, mask="diagonal")
     time = np.datetime64("2025-06-02T06:00") + np.arange(LENGTH) * np.timedelta64(1, "m")
     ds = attnpanel.trace(layer, torch.randn(3, LENGTH, 96), time=time.astype("datetime64[ns]"))
-    ds["aggregate"] = (("batch", "position"), np.random.default_rng(0).random((3, LENGTH)))
+    ds["signal"] = (("batch", "position"), np.random.default_rng(0).random((3, LENGTH)))
+    ds["signal"].attrs.update(long_name="aggregate power", units="W")
     return ds
 
 
@@ -108,12 +109,13 @@ def test_query_and_position_markers(trace):
     assert views.position_from_x(trace, sel, float(ms)) == 9
 
 
-def test_sequence_curve_shows_aggregate_power(trace):
+def test_sequence_curve_shows_the_input_signal(trace):
     overlay = views.sequence_curve(trace, Selection(sample=1))
     curve = overlay.get(0)
     np.testing.assert_allclose(
-        curve.dimension_values("power"), trace["aggregate"].isel(batch=1).values
+        curve.dimension_values("signal"), trace["signal"].isel(batch=1).values
     )
+    assert curve.label == "aggregate power" and curve.vdims[0].unit == "W"
     assert curve.kdims[0].name == "time"
 
 

@@ -132,7 +132,7 @@ class LiveEngine:
             margin=0,
         )
         self.background = Background(self.indicator) if background else None
-        state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_appliances"])
+        state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_reference"])
 
     def on_render(self, callback: Callable) -> None:
         """Call ``callback(figure, element, handles)`` for every layer rendered from now."""
@@ -560,7 +560,7 @@ class LiveEngine:
                     figures[id(figure)] = (figure, (min(lo, extent[0]), max(hi, extent[1])))
                 else:
                     figures.setdefault(id(figure), (figure, None))
-        # Appliance curves switched off are hidden, but only by a redraw of the curves
+        # Reference curves switched off are hidden, but only by a redraw of the curves
         # themselves: the query marker shares their pane and must not hide them.
         redrawn_sequence = any(key.group == "Sequence" for key in present)
         for key, found in captured.items():

@@ -75,8 +75,10 @@ class ExplorerState(param.Parameterized):
     side_by_side = param.Boolean(
         default=False, doc="Show the matrix without a mask beside the masked one."
     )
-    show_appliances = param.Boolean(
-        default=True, doc="Overlay each appliance's ground truth on the top view."
+    show_reference = param.Boolean(
+        default=True,
+        doc="Overlay the reference series (each channel's truth and the model's prediction) "
+        "on the input signal of the top view.",
     )
     show_positional = param.Boolean(
         default=False,

@@ -19,12 +19,16 @@ import torch
 import xarray as xr
 
 from attnpanel.nilm.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
+from attnpanel.traces import upgrades
 from attnpanel.traces.build import trace
 
 DEMO_LAYER = 2  # the default layer; docs/demo.md shows why
 LONG_DAYS = 45  # demo_long: 45 days at one minute, L = 64,800
 EVENT_APPLIANCES = ("kettle", "microwave", "washing_machine", "dishwasher")
 LOCAL_RADIUS = 15  # minutes; attention within this distance of the query counts as local
+AGGREGATE_ATTRS = {"long_name": "aggregate power", "units": "W"}
+TRUTH_ATTRS = {"long_name": "appliance power", "units": "W"}
+PREDICTED_ATTRS = {"long_name": "predicted appliance power", "units": "W"}
 EVENT_THRESHOLD = {"fridge": 50.0}  # W above which an appliance counts as running ...
 EVENT_THRESHOLD_DEFAULT = 300.0  # ... for the others: heaters, kettle, microwave, spin
 
@@ -86,10 +90,11 @@ def demo(
     -------
     xarray.Dataset
         A trace (``x, q, k, v, scores, weights, context, output, w_q, w_k, w_v, w_o``) with
-        ``weights`` of dims ``(batch, head, query, key)``, plus ``aggregate`` (batch,
-        position), ``appliance_power`` and ``predicted_power`` (batch, appliance, position)
-        in W, the ``time`` (batch, position) and ``appliance`` coordinates, and attrs
-        ``layer``, ``n_layers`` and ``source``.
+        ``weights`` of dims ``(batch, head, query, key)``, plus the reference series
+        (``docs/trace.md``): the aggregate power as ``signal`` (batch, position), each
+        appliance's true and predicted power as ``truth`` and ``prediction`` (batch, series,
+        position), in W; the ``time`` (batch, position) and ``series`` (the appliances)
+        coordinates, and attrs ``layer``, ``n_layers`` and ``source``.
 
     Raises
     ------
@@ -146,18 +151,40 @@ def _traced(held: xr.Dataset, layer: int, weights, what: str, dense: bool | None
         hook.remove()
     source = f"NILMFormer demo ({path.name}), encoder layer {layer} of {n_layers}, {what}"
     ds = trace(attention, seen[0], time=time, source=source, dense=dense)
-    dims = ("batch", "appliance", "position")
-    ds = ds.assign(
-        aggregate=(("batch", "position"), held["aggregate"].values),
-        appliance_power=(dims, held["appliance_power"].values),
-        predicted_power=(dims, predicted.numpy()),
-    )
-    ds = ds.assign_coords(appliance=held["appliance"].values)
-    ds["aggregate"].attrs["units"] = "W"
-    ds["appliance_power"].attrs["units"] = "W"
-    ds["predicted_power"].attrs["units"] = "W"
+    ds = ds.assign(reference_series(held["aggregate"], held["appliance_power"], predicted))
     ds.attrs.update(layer=layer, n_layers=n_layers)
     return ds
+
+
+def reference_series(aggregate: xr.DataArray, appliances: xr.DataArray, predicted) -> dict:
+    """The demo's reference series in the trace's terms: the aggregate power is the
+    ``signal``, each appliance a ``series`` with its true and its ``predicted`` power."""
+    dims = ("batch", "series", "position")
+    names = {"series": appliances["appliance"].values}
+    return {
+        "signal": xr.DataArray(
+            np.asarray(aggregate), dims=("batch", "position"), attrs=AGGREGATE_ATTRS
+        ),
+        "truth": xr.DataArray(np.asarray(appliances), dims=dims, coords=names, attrs=TRUTH_ATTRS),
+        "prediction": xr.DataArray(
+            np.asarray(predicted), dims=dims, coords=names, attrs=PREDICTED_ATTRS
+        ),
+    }
+
+
+@upgrades.register
+def named_reference_series(ds: xr.Dataset) -> xr.Dataset:
+    """A demo trace saved before the reference-series contract (``aggregate``,
+    ``appliance_power``, ``predicted_power`` over ``appliance``) in today's names."""
+    if "aggregate" not in ds or "appliance_power" not in ds:
+        return ds
+    renamed = ds.rename({"aggregate": "signal", "appliance_power": "truth", "appliance": "series"})
+    if "predicted_power" in renamed:
+        renamed = renamed.rename({"predicted_power": "prediction"})
+        renamed["prediction"].attrs.update(PREDICTED_ATTRS)
+    renamed["signal"].attrs.update(AGGREGATE_ATTRS)
+    renamed["truth"].attrs.update(TRUTH_ATTRS)
+    return renamed
 
 
 def head_statistics(ds: xr.Dataset, radius: int = LOCAL_RADIUS) -> xr.Dataset:
@@ -166,7 +193,7 @@ def head_statistics(ds: xr.Dataset, radius: int = LOCAL_RADIUS) -> xr.Dataset:
     Parameters
     ----------
     ds : xarray.Dataset
-        A trace with ``weights``; event statistics also need ``appliance_power``.
+        A trace with ``weights``; event statistics also need the appliances' ``truth``.
     radius : int
         Keys within this many steps of the query count as local.
 
@@ -199,18 +226,18 @@ def head_statistics(ds: xr.Dataset, radius: int = LOCAL_RADIUS) -> xr.Dataset:
         coords={"head": ds["head"].values},
         attrs={"local_radius": radius, "uniform_entropy": float(np.log(visible))},
     )
-    if "appliance_power" in ds:
+    if "truth" in ds:
         mass_per_key = weights.mean(2)  # (B, H, S): attention each key receives per query
         lifts = []
-        for name in ds["appliance"].values:
+        for name in ds["series"].values:
             threshold = EVENT_THRESHOLD.get(str(name), EVENT_THRESHOLD_DEFAULT)
-            on = ds["appliance_power"].sel(appliance=name).values > threshold
+            on = ds["truth"].sel(series=name).values > threshold
             used = on.any(-1)  # windows where it runs
             mass = np.einsum("bhs,bs->bh", mass_per_key[used], on[used].astype(np.float32))
             share = on[used].mean(-1)  # (b,)
             lifts.append(mass.sum(0) / share.sum() if used.any() else np.full(n_heads, np.nan))
         stats["event_lift"] = (("head", "appliance"), np.stack(lifts, axis=1))
-        stats = stats.assign_coords(appliance=ds["appliance"].values)
+        stats = stats.assign_coords(appliance=ds["series"].values)
     return stats
 
 

@@ -297,33 +297,45 @@ class SequenceSeries:
 
     xs: np.ndarray  # timestamps where the trace has ``time``, else positions
     xname: str  # "time" or "position"
-    yname: str  # "power", "norm" or "attention"
+    yname: str  # "signal", "norm" or "attention"
     ylabel: str
     unit: str | None
-    series: list  # [(label, values)], the aggregate (or the only series) first
+    series: list  # [(label, values)], the signal (or the only series) first
     title: str
 
 
-def sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True):
+def reference_name(ds: xr.Dataset) -> str:
+    """What the trace's reference series are, in its own words (their ``long_name``)."""
+    for variable in ("truth", "prediction"):
+        if variable in ds and "long_name" in ds[variable].attrs:
+            return str(ds[variable].attrs["long_name"])
+    return "reference series"
+
+
+def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True):
     """The input sequence of the selected sample: a :class:`SequenceSeries`.
 
-    The household aggregate power (with each appliance's ground truth and the model's
-    prediction, ``predicted_power``, when asked and present) for a NILM trace; otherwise
-    the norm of the input vector ``x`` per position; for a trace with only weights, the
-    attention each position receives (mean over heads and queries), or for a virtual
-    trace (whose weights are computed, not held) the norm of its query vectors.
+    The trace's input ``signal`` (with each reference series' ``truth`` and the model's
+    ``prediction``, when asked and present: see ``REFERENCE_SERIES`` in
+    :mod:`attnpanel.traces.schema`); otherwise the norm of the input vector ``x`` per
+    position; for a trace with only weights, the attention each position receives (mean
+    over heads and queries), or for a virtual trace (whose weights are computed, not held)
+    the norm of its query vectors.
     """
     xs, xname = position_axis(ds, sel)
-    if "aggregate" in ds:
-        series = [("aggregate", ds["aggregate"].isel(batch=sel.sample).values)]
-        for variable, suffix in (("appliance_power", ""), ("predicted_power", PREDICTED)):
-            if not show_appliances or variable not in ds:
+    if "signal" in ds:
+        signal = ds["signal"]
+        name = str(signal.attrs.get("long_name", "signal"))
+        series = [(name, signal.isel(batch=sel.sample).values)]
+        for variable, suffix in (("truth", ""), ("prediction", PREDICTED)):
+            if not show_reference or variable not in ds:
                 continue
-            per_appliance = ds[variable].isel(batch=sel.sample)
-            for i, name in enumerate(per_appliance["appliance"].values):
-                series.append((f"{name}{suffix}", per_appliance.isel(appliance=i).values))
-        title = f"sample {sel.sample}: aggregate power (click to pick the query)"
-        return SequenceSeries(xs, xname, "power", "power", "W", series, title)
+            channels = ds[variable].isel(batch=sel.sample)
+            for i, channel in enumerate(channels["series"].values):
+                series.append((f"{channel}{suffix}", channels.isel(series=i).values))
+        title = f"sample {sel.sample}: {name} (click to pick the query)"
+        unit = signal.attrs.get("units")
+        return SequenceSeries(xs, xname, "signal", name, unit, series, title)
     if "x" in ds:
         norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
         title = f"sample {sel.sample}: input vector norm per position"

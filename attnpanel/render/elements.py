@@ -17,7 +17,7 @@ class PlotKey(NamedTuple):
 
     kind: str  # the HoloViews element type: "Image", "Rectangles", "Curve", "Overlay" ...
     group: str  # the element's group: "Attention", "HeadMap", "Vector", "Sequence" ...
-    label: str = ""  # only for sequence curves (one per appliance); else ""
+    label: str = ""  # only for sequence curves (one per series); else ""
 
     @classmethod
     def of(cls, element) -> PlotKey:

@@ -405,10 +405,10 @@ def export_html(
 ) -> Path:
     """Write one sample's attention maps as a standalone HTML file that works offline.
 
-    Above the maps, the sample's input sequence (the household power with each appliance's
-    truth and prediction for a NILM trace) with the selected query's weights behind it; a
-    query slider (or a click on the large map) moves the query, whose row is marked on
-    every map.
+    Above the maps, the sample's input sequence (the input signal with each reference
+    series' truth and prediction, where the trace holds them) with the selected query's
+    weights behind it; a query slider (or a click on the large map) moves the query, whose
+    row is marked on every map.
 
     A virtual trace (:func:`attnpanel.traces.virtual.is_virtual`) is drawn from its overviews:
     each pixel the maximum weight of its cells (a single sharp key is never averaged
@@ -536,7 +536,7 @@ def _sequence_figure(
 ):
     """The sample's input sequence with the query's weights behind it, or ``(None, {...})``
     for a trace whose keys are not the sequence's positions (cross-attention). (A virtual
-    trace with neither power nor an input ``x`` shows its query norm:
+    trace with neither a signal nor an input ``x`` shows its query norm:
     :func:`attnpanel.readouts.core.sequence_series`.)
 
     A curve of more than ``2 x CURVE_BINS`` points is stored by each bin's minimum and

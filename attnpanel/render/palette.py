@@ -10,14 +10,14 @@ import colorcet
 from attnpanel.readouts.core import PREDICTED
 
 HIGHLIGHT = "#39ff14"  # the selected query: its row on every map, its marker on the curve
-# the appliance curves, in order
-APPLIANCE_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
+# the reference series' curves (truth solid, prediction dashed), in order
+SERIES_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
 
 
 def curve_styles(labels) -> list[dict]:
-    """The line of each series of the top view, in order: the first (the aggregate) black
-    and thicker, each appliance its colour, its prediction dashed in the same colour."""
-    palette = ("black", *APPLIANCE_COLORS)
+    """The line of each series of the top view, in order: the first (the input signal) black
+    and thicker, each reference series its colour, its prediction dashed in the same colour."""
+    palette = ("black", *SERIES_COLORS)
     colors: dict[str, str] = {}
     styles = []
     for i, label in enumerate(labels):

@@ -97,22 +97,22 @@ def query_marker(ds: xr.Dataset, sel: Selection) -> hv.HSpan:
     return hv.HSpan(sel.query - 0.5, sel.query + 0.5, group="Marker")
 
 
-def _sequence_series(ds: xr.Dataset, sel: Selection, show_appliances: bool = True):
+def _sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True):
     """What the top view plots: ``(xs, xdim, ydim, [(label, values)], title)``."""
-    found = core.sequence_series(ds, sel, show_appliances)
+    found = core.sequence_series(ds, sel, show_reference)
     ydim = hv.Dimension(found.yname, label=found.ylabel, unit=found.unit)
     return found.xs, hv.Dimension(found.xname), ydim, found.series, found.title
 
 
-def sequence_curve(ds: xr.Dataset, sel: Selection, show_appliances: bool = True) -> hv.Overlay:
+def sequence_curve(ds: xr.Dataset, sel: Selection, show_reference: bool = True) -> hv.Overlay:
     """The input sequence of the selected sample over its positions (group ``Sequence``).
 
-    The household aggregate power (with each appliance's ground truth and the model's
-    prediction, ``predicted_power``, when asked and present) for a NILM trace; otherwise
+    The trace's input ``signal`` (with each reference series' truth and the model's
+    prediction, when asked and present); otherwise
     the norm of the input vector ``x`` per position; for a trace with only weights, the
     attention each position receives (mean over heads and queries).
     """
-    xs, xdim, ydim, series, title = _sequence_series(ds, sel, show_appliances)
+    xs, xdim, ydim, series, title = _sequence_series(ds, sel, show_reference)
     curves = [
         hv.Curve((xs, values), xdim, ydim, group="Sequence", label=label, datatype=FAST_DATATYPE)
         for label, values in series

@@ -25,7 +25,16 @@ EXPECTED_DIMS = {  # in pipeline order
     "w_o": ("feature_out", "feature_in"),
     "mask": ("query", "key"),
     "padding": ("batch", "position"),
+    # reference series over the input (REFERENCE_SERIES): optional, drawn on the top view
+    "signal": ("batch", "position"),
+    "truth": ("batch", "series", "position"),
+    "prediction": ("batch", "series", "position"),
 }
+# What a model's input and output mean beyond its tensors: the input ``signal`` drawn at the
+# top of the page (a power curve, a price series), and named channels over the same
+# positions (``series``: what a model disaggregates or forecasts, labels), their ``truth``
+# and the model's ``prediction``. Each may carry ``long_name`` and ``units`` attributes.
+REFERENCE_SERIES = ("signal", "truth", "prediction")
 # Cross-attention traces index k and v by the key side's own positions.
 CROSS_DIMS = {
     "k": ("batch", "head", "key", "head_dim"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import panel as pn
 
 from attnpanel.app.sections.base import Section
-from attnpanel.readouts.core import layer_names
+from attnpanel.readouts.core import layer_names, reference_name
 from attnpanel.traces.schema import STAGES
 
 STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked", "softmax": "softmax"}
@@ -78,10 +78,10 @@ class Controls(Section):
         widgets["side_by_side"] = pn.widgets.Checkbox.from_param(
             state.param.side_by_side, name="masked and unmasked side by side"
         )
-        widgets["show_appliances"] = pn.widgets.Checkbox.from_param(
-            state.param.show_appliances,
-            name="show appliance truth",
-            visible="appliance_power" in state.trace,
+        widgets["show_reference"] = pn.widgets.Checkbox.from_param(
+            state.param.show_reference,
+            name=f"show {reference_name(state.trace)}",
+            visible="truth" in state.trace or "prediction" in state.trace,
         )
         widgets["show_positional"] = pn.widgets.Checkbox.from_param(
             state.param.show_positional, name="positional encoding"
@@ -120,7 +120,7 @@ class Controls(Section):
                         "show_projection",
                         "show_merge",
                         "side_by_side",
-                        "show_appliances",
+                        "show_reference",
                         "show_positional",
                         "show_head_average",
                     )

@@ -161,7 +161,7 @@ class LongSequence(Section):
     def build(self):
         state = self.state
         shown = self.engine.add(
-            "sequence view", self.curves, ["sample", "show_appliances"], "sequence"
+            "sequence view", self.curves, ["sample", "show_reference"], "sequence"
         )
         marker = self.engine.add(
             "position marker",
@@ -171,7 +171,7 @@ class LongSequence(Section):
             title=False,
             first=True,
         )
-        layer_style = sequence_styles(shown, state.show_appliances)
+        layer_style = sequence_styles(shown, state.show_reference)
         style = dict(
             responsive=True,
             height=SEQUENCE_HEIGHT,
@@ -199,7 +199,7 @@ class LongSequence(Section):
     def curves(self, sel) -> hv.Overlay:
         """The sample's curves over the visible positions, each cut to
         :data:`CURVE_BINS` columns by its minimum and maximum (:func:`windows.envelope`)."""
-        found = core.sequence_series(self.trace, sel, show_appliances=True)
+        found = core.sequence_series(self.trace, sel, show_reference=True)
         shown = visible(self.x_range, len(found.xs))
         positions = np.arange(shown.start, shown.stop, dtype=np.float32)
         ydim = hv.Dimension(found.yname, label=found.ylabel, unit=found.unit)

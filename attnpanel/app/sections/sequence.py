@@ -15,12 +15,12 @@ CURVE_HEIGHT = 230
 TOKEN_STRIP_HEIGHT = 120
 
 
-def sequence_styles(curves, show_appliances: bool) -> dict:
-    """Each curve's line by its label; the appliance curves (all but the first) hidden
-    unless ``show_appliances``."""
+def sequence_styles(curves, show_reference: bool) -> dict:
+    """Each curve's line by its label; the reference series (all but the first) hidden
+    unless ``show_reference``."""
     labels = [curve.label for curve in curves]
     return {
-        label: dict(line, visible=i == 0 or show_appliances)
+        label: dict(line, visible=i == 0 or show_reference)
         for i, (label, line) in enumerate(zip(labels, curve_styles(labels), strict=True))
     }
 
@@ -54,17 +54,15 @@ class InputSequence(Section):
         )
         shown = self.engine.add(
             "sequence view",
-            lambda sel: views.sequence_curve(
-                self.trace, sel, show_appliances=state.show_appliances
-            ),
-            ["sample", "show_appliances"],
+            lambda sel: views.sequence_curve(self.trace, sel, show_reference=state.show_reference),
+            ["sample", "show_reference"],
             "sequence",
         )
-        # Every appliance curve is drawn once; switching them off hides their renderers.
+        # Every reference curve is drawn once; switching them off hides their renderers.
         curves = (
             shown
-            if state.show_appliances
-            else views.sequence_curve(self.trace, state.selection, show_appliances=True)
+            if state.show_reference
+            else views.sequence_curve(self.trace, state.selection, show_reference=True)
         )
         marker = self.engine.add(
             "position marker",
@@ -74,7 +72,7 @@ class InputSequence(Section):
             title=False,
             first=True,
         )
-        layer_style = sequence_styles(curves, state.show_appliances)
+        layer_style = sequence_styles(curves, state.show_reference)
         plot = hv.Overlay([band, *curves, marker], label=curves.label)
         style = dict(
             height=CURVE_HEIGHT,
