@@ -23,7 +23,6 @@ MAX_CLASS_LINES = 300
 OVERSIZE_MODULES = {
     "attnpanel/nilm/nilmformer.py": 632,
     "attnpanel/app/engine.py": 644,
-    "attnpanel/cli.py": 677,
     "attnpanel/render/export.py": 777,
     "attnpanel/capturing/capture.py": 803,
     "attnpanel/capturing/intercept.py": 860,

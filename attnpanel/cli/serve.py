@@ -1,0 +1,106 @@
+"""``attnpanel serve``: the explorer on a saved trace, or on the demo."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+from attnpanel.cli.common import (
+    CommandError,
+    load_trace,
+    port,
+    positive,
+    procs,
+    say,
+    stored_overviews,
+)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo."""
+    import panel as pn
+    import xarray as xr
+
+    from attnpanel.app import serving
+    from attnpanel.app.explore import explore
+    from attnpanel.app.explorer import AttentionExplorer, notify_errors
+    from attnpanel.traces import virtual
+
+    options = {}
+    if args.trace and args.demo:
+        raise CommandError("give a trace or --demo, not both")
+    if args.demo == "long":
+        from attnpanel.nilm.demo import stored_long_demo
+
+        path = stored_long_demo(days=args.days, folder=args.cache, progress=say)
+        capture = load_trace(str(path))
+    elif args.trace:
+        path = args.trace
+        capture = load_trace(path)
+    else:
+        from attnpanel.nilm.demo import demo
+
+        path, capture = None, demo()
+    if path is not None and isinstance(capture, xr.Dataset):
+        # a virtual trace's overviews, stored beside it, read once and shared by every session
+        overviews = stored_overviews(capture, path)
+        if overviews is not None:
+            options["overviews"] = overviews
+    serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
+
+    if isinstance(capture, xr.Dataset) and not virtual.is_virtual(capture):
+        # built while the server is idle (the explorers of a virtual trace or of groups
+        # draw their maps on worker threads of their own)
+        explorer = partial(AttentionExplorer.built, capture, **options)
+        build = partial(serving.built_ahead, "serve", explorer)
+    else:
+        build = partial(explore, capture, **options)
+
+    def session():
+        serving.release_on_close()
+        return build()  # returned, not also .servable(): one explorer per page
+
+    pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
+    serving.skip_document_validation()  # the page is validated once, by the tests
+    if args.num_procs != 1:
+        # forked after the trace is loaded: the workers share its pages until one writes
+        serving.workers_die_with_parent()
+    pn.serve(
+        {"attnpanel": session},
+        port=args.port,
+        address=args.address,
+        show=False,
+        title="attnpanel",
+        num_procs=args.num_procs,
+    )
+
+
+def add_parser(sub) -> None:
+    """Add the command and its options to the ``attnpanel`` parser's subcommands."""
+    serve = sub.add_parser("serve", help="serve the explorer on a trace (or the demo)")
+    serve.add_argument("trace", nargs="?", help="a saved trace (.nc or .zarr); default: the demo")
+    serve.add_argument("--port", type=port, default=5006, help="port, 1-65535 (default 5006)")
+    serve.add_argument("--address", default="localhost", help="address to bind (default localhost)")
+    serve.add_argument(
+        "--num-procs",
+        type=procs,
+        default=1,
+        help="worker processes on the one port (0: one per core; default 1); they stop "
+        "with the server",
+    )
+    serve.add_argument(
+        "--demo",
+        choices=("short", "long"),
+        help="short: 32 windows of 8 hours (the default without a trace); long: one "
+        "household over --days days at one minute (L = 64,800 at 45), a virtual trace built "
+        "once (about 4 minutes on 2 cores) and stored with its overviews in --cache",
+    )
+    serve.add_argument(
+        "--days", type=positive, default=45, help="days of the long demo (default 45)"
+    )
+    serve.add_argument(
+        "--cache",
+        default=None,
+        help="folder of the stored long demo (default $ATTNPANEL_CACHE or ~/.cache/attnpanel)",
+    )
+    serve.set_defaults(func=run)

@@ -1,0 +1,225 @@
+"""``attnpanel trace``: a trace from a layer checkpoint on an input, or from a local
+Hugging Face model on a text."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from attnpanel.cli.common import CommandError, check_output, first_line, say
+
+
+def _read_array(path: Path):
+    import numpy as np
+    import torch
+
+    if not path.exists():
+        raise CommandError(f"no input file at {path}")
+    if path.suffix == ".npy":
+        try:
+            return torch.from_numpy(np.load(path, allow_pickle=False))
+        except ValueError as error:
+            raise CommandError(f"cannot read {path} as a numpy array: {error}") from error
+    if path.suffix == ".pt":
+        try:
+            value = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as error:
+            raise CommandError(f"cannot read {path} as a tensor file: {error}") from error
+        if not isinstance(value, torch.Tensor):
+            raise CommandError(f"{path} holds a {type(value).__name__}, not a tensor")
+        return value
+    raise CommandError(f"unknown input format {path.suffix!r}: use .npy or .pt")
+
+
+def _read_layer(path: Path, n_heads: int | None, mask: str | None):
+    import torch
+
+    from attnpanel.kernels.attention import MultiHeadSelfAttention
+
+    if not path.exists():
+        raise CommandError(f"no checkpoint at {path}")
+    try:
+        checkpoint = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as error:
+        raise CommandError(f"cannot read {path} as a weights-only checkpoint: {error}") from error
+    if not isinstance(checkpoint, dict):
+        raise CommandError(f"{path} holds a {type(checkpoint).__name__}, not a state dict")
+    config = dict(checkpoint.get("config", {}))
+    state = checkpoint.get("state_dict", checkpoint)
+    if "wq.weight" not in state:
+        keys = ", ".join(list(state)[:6])
+        raise CommandError(
+            f"{path} has no 'wq.weight' (keys: {keys}); "
+            "expected a MultiHeadSelfAttention state dict"
+        )
+    config.setdefault("d_model", state["wq.weight"].shape[1])
+    config["bias"] = "wq.bias" in state
+    if n_heads is not None:
+        config["n_heads"] = n_heads
+    if "n_heads" not in config:
+        raise CommandError(f"{path} does not record n_heads: pass --heads")
+    if mask is not None:
+        config["mask"] = mask
+    try:
+        layer = MultiHeadSelfAttention(**config)
+        layer.load_state_dict(state)
+    except (ValueError, RuntimeError, TypeError) as error:
+        raise CommandError(
+            f"cannot build the layer from {path}: {str(error).splitlines()[0]}"
+        ) from error
+    return layer
+
+
+def _model_inputs(model, tokenizer, texts: list[str]) -> dict:
+    """The tokenized texts as the keyword inputs ``model.forward`` takes.
+
+    A batch of several texts is padded on the right. An encoder-decoder model also gets
+    the same token ids (and padding mask) as its decoder input.
+    """
+    import inspect
+
+    if len(texts) > 1 and tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"  # no fully masked query row under a causal mask
+    try:
+        encoded = dict(tokenizer(texts, return_tensors="pt", padding=len(texts) > 1))
+    except (ValueError, TypeError) as error:
+        raise CommandError(f"cannot tokenize the text: {first_line(error)}") from error
+    parameters = inspect.signature(model.forward).parameters
+    named = {
+        name
+        for name, p in parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    }
+    if "input_ids" not in named:
+        raise CommandError(
+            f"{type(model).__name__} takes no input_ids: --text works for text models only"
+        )
+    inputs = {key: value for key, value in encoded.items() if key in named}
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = inputs["input_ids"]
+        if "attention_mask" in inputs and "decoder_attention_mask" in named:
+            inputs["decoder_attention_mask"] = inputs["attention_mask"]
+    return inputs
+
+
+def _trace_hugging_face(model_dir: Path, texts: list[str]):
+    """Capture every attention computation of a local Hugging Face model on some texts."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory, never the hub
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    from attnpanel.capturing.capture import capture
+
+    if not model_dir.is_dir():
+        raise CommandError(f"no model directory at {model_dir}")
+    try:
+        model = AutoModel.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise CommandError(
+            f"cannot load a Hugging Face model from {model_dir}: {first_line(error)}"
+        ) from error
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise CommandError(
+            f"cannot load a tokenizer from {model_dir} (--text needs one saved beside the "
+            f"model): {first_line(error)}"
+        ) from error
+    inputs = _model_inputs(model, tokenizer, texts)
+    try:
+        return capture(model, **inputs, tokens=tokenizer)
+    except ValueError as error:  # CaptureError included
+        raise CommandError(first_line(error)) from error
+    except (RuntimeError, TypeError, IndexError) as error:
+        raise CommandError(
+            f"{type(model).__name__} failed on the text: {first_line(error)}"
+        ) from error
+
+
+def _written(capture) -> list[str]:
+    """What a saved capture holds: its shape, or each group's layer count and shape."""
+    import xarray as xr
+
+    from attnpanel.traces.layers import groups
+
+    if isinstance(capture, xr.Dataset):
+        return [str(dict(capture["weights"].sizes))]
+    found = groups(capture)
+    lines = [f"{len(found)} groups"]
+    for group, ds in found.items():
+        count = ds.sizes.get("layer", 1)
+        sizes = {d: n for d, n in ds["weights"].sizes.items() if d != "layer"}
+        lines.append(f"  {group}: {count} layer{'s' if count != 1 else ''} {sizes}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> None:
+    """Compute a trace (a layer checkpoint on an input array, or a model on a text) and save it."""
+    from tqdm import tqdm
+
+    from attnpanel.traces.build import trace
+    from attnpanel.traces.io import save
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise CommandError("give either --checkpoint and --input, or --model and --text")
+    check_output(args.output, args.force)  # refused before minutes of work, not after
+    with tqdm(total=2, desc="trace", unit="step", disable=None) as progress:
+        if args.model is not None:
+            if not args.text:
+                raise CommandError("--model needs --text")
+            capture = _trace_hugging_face(Path(args.model), args.text)
+        else:
+            if args.input is None:
+                raise CommandError("--checkpoint needs --input")
+            layer = _read_layer(Path(args.checkpoint), args.heads, args.mask)
+            x = _read_array(Path(args.input))
+            if x.dim() == 2:
+                x = x[None]
+            try:
+                capture = trace(layer, x, source=f"{args.checkpoint} on {args.input}")
+            except ValueError as error:
+                raise CommandError(str(error).splitlines()[0]) from error
+        progress.update()
+        try:
+            written = save(capture, args.output, overwrite=args.force)
+        except (ValueError, OSError) as error:
+            raise CommandError(first_line(error)) from error
+        progress.update()
+    lines = _written(capture)
+    say(f"wrote {written}: {lines[0]}")
+    for line in lines[1:]:
+        say(line)
+
+
+def add_parser(sub) -> None:
+    """Add the command and its options to the ``attnpanel`` parser's subcommands."""
+    trace = sub.add_parser(
+        "trace",
+        help="compute a trace: a layer checkpoint on an input, or a model on a text",
+        description="Compute a trace and save it (.nc or .zarr). A Hugging Face model whose "
+        "attention has several kinds or shapes (an encoder-decoder such as BART or T5) is "
+        "saved as one group per kind, a DataTree.",
+    )
+    trace.add_argument("--checkpoint", help="MultiHeadSelfAttention state dict (.pt)")
+    trace.add_argument("--input", help="input array (batch, length, d_model): .npy or .pt")
+    trace.add_argument(
+        "--model",
+        help="a local Hugging Face model directory with its tokenizer (instead of --checkpoint); "
+        "read offline, never from the hub",
+    )
+    trace.add_argument(
+        "--text",
+        action="append",
+        help="the text to run the Hugging Face model on; repeat for a batch (padded on the "
+        "right). An encoder-decoder model (config.is_encoder_decoder) gets the same token ids "
+        "as decoder_input_ids",
+    )
+    trace.add_argument(
+        "-o", "--output", required=True, help="where to save the trace (.nc or .zarr)"
+    )
+    trace.add_argument("--force", action="store_true", help="replace an existing trace at --output")
+    trace.add_argument("--heads", type=int, help="number of heads, if the checkpoint lacks it")
+    trace.add_argument("--mask", choices=["none", "diagonal", "causal"], help="override the mask")
+    trace.set_defaults(func=run)
