@@ -152,7 +152,7 @@ def test_a_window_larger_than_the_exact_limit_is_cut_from_the_overview_then_refi
     weights = dense["weights"].isel(batch=0, head=0).values
     blocked = _blocked("diagonal", LENGTH)
     whole = _pixel_max(weights, 480, 480, blocked)
-    found = explorer.virtual_map(explorer.selection)
+    found = explorer.source.virtual_map(explorer.selection)
     quick, _ = found.raster(480, 480, window)
     # the overview's pixels over the window: each still the max of its own cells
     _agree(quick, whole[: quick.shape[0], : quick.shape[1]], dense)

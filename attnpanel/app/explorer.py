@@ -1,8 +1,9 @@
 """The attention explorer: the state, the engine and one small section per part of the page.
 
-``AttentionExplorer(trace)`` *is* the explorer's state (:class:`~attnpanel.app.state.ExplorerState`:
-sample, layer, head, query, mask, stage, enabled heads ... as ``param`` parameters), so a
-notebook user or a test drives it with ``explorer.param.update(...)``. It composes:
+``AttentionExplorer(trace)`` is a :class:`~attnpanel.app.base.LayerExplorer`: it *is* the
+explorer's state (:class:`~attnpanel.app.state.ExplorerState`: sample, layer, head, query,
+mask, stage, enabled heads ... as ``param`` parameters), so a notebook user or a test
+drives it with ``explorer.param.update(...)``. It composes (through the base):
 
 - a :class:`~attnpanel.app.engine.LiveEngine`, which draws every registered view once into
   Bokeh models and then redraws the views a parameter change concerns in place;
@@ -19,10 +20,8 @@ import logging
 import traceback
 
 import panel as pn
-import xarray as xr
 
-from attnpanel.app.engine import LiveEngine
-from attnpanel.app.linked import LinkedMaps
+from attnpanel.app.base import LayerExplorer
 from attnpanel.app.sections import (
     AttentionMatrix,
     Controls,
@@ -38,7 +37,6 @@ from attnpanel.app.sections import (
     TopAttended,
     ValueAggregation,
 )
-from attnpanel.app.state import ExplorerState
 from attnpanel.render.styling import WRAP
 from attnpanel.util import untrusted
 
@@ -52,7 +50,7 @@ URL_PARAMS = {
 }
 
 
-class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
+class AttentionExplorer(LayerExplorer):
     """Explore every stage of one multi-head attention layer captured in a trace.
 
     Parameters
@@ -64,12 +62,10 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
         Initial values of the state's parameters (``sample``, ``head``, ``layer`` ...).
     """
 
-    def __init__(self, trace: xr.Dataset, **params):
-        super().__init__(trace, **params)
-        self.engine = LiveEngine(self)
-        self.linked = LinkedMaps(self.engine)
-        parts = dict(state=self, engine=self.engine)
-        self.sections = {
+    URL_PARAMS = URL_PARAMS
+
+    def make_sections(self, parts: dict) -> dict:
+        return {
             "controls": Controls(**parts),
             "walk": GuidedWalk(**parts),
             "sequence": InputSequence(**parts),
@@ -84,44 +80,10 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
             "merge": MergeOutput(**parts),
             "shapes": ShapeTable(**parts),
         }
-        self._layout = None
-        self._url_synced = False
 
-    @property
-    def widgets(self) -> dict:
-        """The page's controls by the parameter they drive (see ``Controls.widgets``)."""
-        return self.sections["controls"].widgets
-
-    def drawn(self, pane: str = "matrix", group: str = "Attention"):
-        """The image a pane's map holds now, as the browser draws it (see ``LiveEngine.drawn``)."""
-        return self.engine.drawn(pane, group)
-
-    def dynamic_map(self, name: str):
-        """A view of the page as a HoloViews ``DynamicMap`` driven by this explorer's state.
-
-        Compose it with your own HoloViews objects in a notebook; it follows
-        ``explorer.param.update(...)`` like the page does (see ``LiveEngine.dynamic_map``).
-
-        Parameters
-        ----------
-        name : str
-            The view's name: ``"attention matrix"``, ``"head 0 map"``, ``"aggregation
-            weights"``, ``"context vector"``, ``"head merge"``, ``"output"``, ...
-            (``[v.name for v in explorer.engine.views]``).
-
-        Returns
-        -------
-        holoviews.DynamicMap
-        """
-        self.__panel__()  # the sections register their views when they are laid out
-        return self.engine.dynamic_map(name)
-
-    def _build(self):
+    def page(self) -> list:
         s = self.sections
-        title = (str(self.trace.attrs.get("source", "")).strip() or "trace").splitlines()[0][:100]
-        return pn.Column(
-            pn.pane.Markdown(f"## attnpanel · {untrusted.markup(title)}", margin=(0, 10)),
-            self.engine.indicator,
+        return [
             s["controls"],
             s["walk"],
             s["sequence"],
@@ -139,50 +101,7 @@ class AttentionExplorer(ExplorerState, pn.viewable.Viewer):
             s["linked zoom"],
             s["merge"],
             s["shapes"],
-            sizing_mode="stretch_width",
-        )
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
-
-    @classmethod
-    def built(cls, trace: xr.Dataset, **params) -> AttentionExplorer:
-        """An explorer whose page is already laid out and drawn (see :meth:`lay_out`).
-
-        ``functools.partial(AttentionExplorer.built, trace)`` is what a server builds ahead
-        of its next session (``attnpanel.app.serving.built_ahead``).
-        """
-        explorer = cls(trace, **params)
-        explorer.lay_out()
-        return explorer
-
-    def lay_out(self) -> pn.viewable.Viewable:
-        """Build the page (every section draws its views) unless it is built; return it.
-
-        It needs no session: a server builds it ahead, and the session that shows it then
-        only mirrors its URL (:meth:`sync_url`), which redraws what the URL changed.
-        """
-        if self._layout is None:
-            self._layout = self._build()
-            self.engine.root = self._layout
-        return self._layout
-
-    def __panel__(self):
-        if not self._url_synced:
-            self._url_synced = True
-            with self.engine.drawing_now():  # the first page shows what the URL says
-                self.sync_url()
-        return self.lay_out()
-
-    def sync_url(self) -> None:
-        """Mirror the selection, the walk's step and the open sections in the page's URL.
-
-        A copied link then reopens the same view; outside a server this does nothing.
-        """
-        location = pn.state.location
-        if location is None:
-            return
-        location.sync(self, URL_PARAMS)
+        ]
 
     def save(
         self, path, sample: int | None = None, size: int | None = None, overwrite: bool = False

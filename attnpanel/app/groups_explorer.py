@@ -12,12 +12,12 @@ import panel as pn
 import param
 import xarray as xr
 
+from attnpanel.app.base import Explorer
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.traces import layers
-from attnpanel.util import untrusted
 
 
-class GroupsExplorer(pn.viewable.Viewer):
+class GroupsExplorer(Explorer):
     """Explore every group of a DataTree capture, one layer at a time.
 
     Parameters
@@ -85,9 +85,6 @@ class GroupsExplorer(pn.viewable.Viewer):
         self.layer = next(
             e.name for e in self._entries.values() if e.group == group and e.index == event.new
         )
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
 
     def __panel__(self):
         return self._layout

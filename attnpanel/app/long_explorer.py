@@ -12,17 +12,14 @@ pixels are computed from ``q``, ``k`` and ``lse``.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import panel as pn
-import torch
 import xarray as xr
 from bokeh.models import Range1d
 
 from attnpanel.app.background import served
-from attnpanel.app.engine import LiveEngine
-from attnpanel.app.linked import LinkedMaps
+from attnpanel.app.base import LayerExplorer
 from attnpanel.app.sections import LinkedZoom, ShapeTable
 from attnpanel.app.sections.long import (
     LongControls,
@@ -31,17 +28,16 @@ from attnpanel.app.sections.long import (
     QueryRow,
     WindowedMatrix,
 )
-from attnpanel.app.state import ExplorerState
+from attnpanel.app.sources import VirtualSource
 from attnpanel.readouts import windows
 from attnpanel.render.styling import WRAP
 from attnpanel.traces import virtual
 from attnpanel.traces.overviews import Overviews
-from attnpanel.util import untrusted
 
 URL_PARAMS = {name: name for name in ("sample", "head", "query", "mask")}
 
 
-class LongExplorer(ExplorerState, pn.viewable.Viewer):
+class LongExplorer(LayerExplorer):
     """Explore one attention layer of a virtual trace, at any length.
 
     Parameters
@@ -52,11 +48,14 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
     overviews : attnpanel.traces.overviews.Overviews, optional
         Where the maps' overviews are read; by default those stored in ``folder``.
     folder : path, optional
-        The overviews' folder (``attnpanel.traces.overviews.folder_for(trace_file)``); None keeps
-        the overviews computed by this page in memory.
+        The overviews' folder (``attnpanel.traces.overviews.folder_for(trace_file)``); None
+        keeps the overviews computed by this page in memory.
     **params
         Initial values of the state's parameters (``sample``, ``head``, ``query``, ``mask``).
     """
+
+    URL_PARAMS = URL_PARAMS
+    BACKGROUND = True  # maps never block the server
 
     def __init__(
         self,
@@ -72,52 +71,61 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
             )
         if params.get("head") == "mean":
             raise ValueError("a virtual trace is shown one head at a time: give a head number")
+        self._overviews, self._folder = overviews, folder
         super().__init__(trace, **params)
+
+    def make_sections(self, parts: dict) -> dict:
         self.param.head.objects = list(range(self.n_heads))
-        self.overviews = overviews or Overviews(
-            trace if self.layers is None else self.layers, folder
-        )
-        self.engine = LiveEngine(self, background=True)  # maps never block the server
-        self.linked = LinkedMaps(self.engine)
-        positions = self.trace.sizes["query"]
-        self.x_range = Range1d(-0.5, positions - 0.5)  # the sequence and the query's row
-        parts = dict(state=self, engine=self.engine)
-        self.sections = {
+        stack = self.trace if self.layers is None else self.layers
+        self.source = VirtualSource(self, self._overviews or Overviews(stack, self._folder))
+        self.x_range = Range1d(-0.5, self.trace.sizes["query"] - 0.5)  # sequence and row
+        reading = dict(source=self.source, **parts)
+        return {
             "controls": LongControls(**parts),
             "sequence": LongSequence(x_range=self.x_range, **parts),
-            "query row": QueryRow(x_range=self.x_range, **parts),
-            "matrix": WindowedMatrix(**parts),
-            "heads": LongHeads(linked=self.linked, **parts),
+            "query row": QueryRow(x_range=self.x_range, **reading),
+            "matrix": WindowedMatrix(**reading),
+            "heads": LongHeads(linked=self.linked, **reading),
             "linked zoom": LinkedZoom(linked=self.linked, **parts),
             "shapes": ShapeTable(**parts),
         }
-        self._layout = None
 
     @property
-    def widgets(self) -> dict:
-        """The page's controls by the parameter they drive."""
-        return self.sections["controls"].widgets
+    def overviews(self) -> Overviews:
+        """The overviews the maps are drawn from."""
+        return self.source.overviews
 
-    def row_lse(self, sel) -> torch.Tensor:
-        """Each row's ``lse`` of the selected sample under the selected mask, ``(1, H, L)``."""
-        return windows.row_lse(self.trace, sel.sample, sel.mask, self.cache, sel.layer)
-
-    def qk(self, sel) -> windows.SampleQK:
-        """The selected sample's ``q`` and ``k``, cut from the trace once."""
-        return windows.sample_qk(self.trace, sel.sample, self.cache, sel.layer)
-
-    def virtual_map(self, sel, head: int | None = None) -> windows.VirtualMap:
-        """The map of the selection (or of ``head``), for any window."""
-        return windows.VirtualMap(
-            self.trace,
-            self.overviews,
-            sel.sample,
-            int(sel.head if head is None else head),
-            sel.mask,
-            partial(self.row_lse, sel),  # only a window computed from q and k needs it
-            None if self.layers is None else sel.layer,
-            self.qk(sel),
+    def page(self) -> list:
+        s = self.sections
+        n = self.trace.sizes["query"]
+        side = int(windows.EXACT_CELLS**0.5)
+        about = pn.pane.Markdown(
+            f"A **virtual trace**: {n:,} positions, {self.n_heads} heads; no map is held. "
+            "Every map shows each pixel's *maximum* weight (a single sharp key is never "
+            "averaged away): the stored overview over the whole map; zoomed in, the window's "
+            "own pixels, computed from q, k and each row's log-sum-exp (at once up to "
+            f"{side:,} x {side:,} cells; a larger window shows the overview's blocks first, "
+            "then its own pixels once computed). A query's row is computed alone.",
+            sizing_mode="stretch_width",
+            styles={"font-size": "12px"},
+            margin=(0, 10),
         )
+        return [
+            about,
+            s["controls"],
+            s["sequence"],
+            s["query row"],
+            pn.Row(s["matrix"], s["heads"], sizing_mode="stretch_width", stylesheets=[WRAP]),
+            s["linked zoom"],
+            s["shapes"],
+        ]
+
+    def laid_out(self) -> None:
+        if served(pn.state.curdoc):
+            pn.state.on_session_destroyed(self._closed)
+
+    def _closed(self, _session_context) -> None:
+        self.engine.background.close()
 
     def save(self, path, sample: int | None = None, overwrite: bool = False):
         """Write a standalone HTML file that works offline: every head's map (its overview,
@@ -151,56 +159,3 @@ class LongExplorer(ExplorerState, pn.viewable.Viewer):
             overviews=self.overviews,
             layer=None if self.layers is None else self.layer,
         )
-
-    def drawn(self, pane: str = "matrix", group: str = "Attention"):
-        """The image a pane's map holds now, as the browser draws it."""
-        return self.engine.drawn(pane, group)
-
-    def _build(self):
-        s = self.sections
-        source = str(self.trace.attrs.get("source", "")).strip() or "trace"
-        n = self.trace.sizes["query"]
-        side = int(windows.EXACT_CELLS**0.5)
-        about = pn.pane.Markdown(
-            f"A **virtual trace**: {n:,} positions, {self.n_heads} heads; no map is held. "
-            "Every map shows each pixel's *maximum* weight (a single sharp key is never "
-            "averaged away): the stored overview over the whole map; zoomed in, the window's "
-            "own pixels, computed from q, k and each row's log-sum-exp (at once up to "
-            f"{side:,} x {side:,} cells; a larger window shows the overview's blocks first, "
-            "then its own pixels once computed). A query's row is computed alone.",
-            sizing_mode="stretch_width",
-            styles={"font-size": "12px"},
-            margin=(0, 10),
-        )
-        return pn.Column(
-            pn.pane.Markdown(
-                f"## attnpanel · {untrusted.markup(source.splitlines()[0][:100])}",
-                margin=(0, 10),
-            ),
-            self.engine.indicator,
-            about,
-            s["controls"],
-            s["sequence"],
-            s["query row"],
-            pn.Row(s["matrix"], s["heads"], sizing_mode="stretch_width", stylesheets=[WRAP]),
-            s["linked zoom"],
-            s["shapes"],
-            sizing_mode="stretch_width",
-        )
-
-    def _closed(self, _session_context) -> None:
-        self.engine.background.close()
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
-
-    def __panel__(self):
-        if self._layout is None:
-            location = pn.state.location
-            if location is not None:
-                location.sync(self, URL_PARAMS)
-            self._layout = self._build()
-            self.engine.root = self._layout
-            if served(pn.state.curdoc):
-                pn.state.on_session_destroyed(self._closed)
-        return self._layout

@@ -58,7 +58,7 @@ class HeadComparison(Section):
             pn.Row(
                 pn.Column(
                     pn.pane.Bokeh(grid.figure),
-                    self._toggles(),
+                    self.make_toggles(),
                     margin=0,
                     sizing_mode="stretch_width",
                     max_width=grid.figure.max_width + 10,
@@ -68,7 +68,7 @@ class HeadComparison(Section):
                 sizing_mode="stretch_width",
                 stylesheets=[WRAP],  # the average goes under the tiles when they fill a line
             ),
-            self._summary(),
+            self.make_summary(),
             sizing_mode="stretch_width",
         )
 
@@ -78,13 +78,13 @@ class HeadComparison(Section):
         rasters = [
             self.engine.add(
                 f"head {head} map",
-                partial(self._head_values, head),
+                partial(self.head_values, head),
                 ["sample", "mask"],
                 f"head {head}",
                 raster=(HEAD_MAP_SIZE, HEAD_MAP_SIZE),
                 group="HeadMap",
                 title=False,
-                refine=partial(self._head_refined, head),
+                refine=partial(self.head_refined, head),
             )
             for head in range(state.n_heads)
         ]
@@ -113,7 +113,7 @@ class HeadComparison(Section):
         grid.on_select(self.linked.select)
         shares = self.engine.add(
             "mass share",
-            self._mass_shares,
+            self.mass_shares,
             ["sample", "mask", "enabled_heads"],
             GRID_PANE,
             slow=True,  # a box on a long trace reads every cell in it
@@ -132,21 +132,25 @@ class HeadComparison(Section):
             self.grid.mark_box(self.linked.box)
             self.engine.redraw(lambda view: view.name == "mass share")
 
-    def _mass_shares(self, sel) -> linked.MassShares:
+    # Hooks a kind of page overrides (the long page: LongHeads): where the shares, the tiles,
+    # their exact versions, the toggles and the summary come from.
+    def mass_shares(self, sel) -> linked.MassShares:
+        """Each head's share of attention mass in the linked box."""
         return linked.mass_shares(self.trace, sel, self.cache, self.linked.box)
 
-    def _head_values(self, head: int, sel):
+    def head_values(self, head: int, sel):
+        """A head's tile: its map (or a map source) and its title."""
         return (
             core.attention_values(self.trace, sel.with_(head=head, stage="softmax"), self.cache),
             f"head {head}",
         )
 
-    def _head_refined(self, head: int, sel):
+    def head_refined(self, head: int, sel):
         """A slower, exact version of a head's tile to draw next, or None (here: never; a
         page whose tiles may first be cut from a coarser overview says otherwise)."""
         return None
 
-    def _toggles(self) -> pn.widgets.CheckButtonGroup:
+    def make_toggles(self) -> pn.widgets.CheckButtonGroup:
         """One button per head under its tile, in the head's colour while it is on."""
         n_heads = self.state.n_heads
         columns = self.grid.columns
@@ -165,7 +169,7 @@ class HeadComparison(Section):
     def _on_toggles(self, event) -> None:
         self.state.enabled_heads = sorted(event.new)
 
-    def _summary(self):
+    def make_summary(self):
         """Per head: mean attention distance, most-attended lag, entropy (a table)."""
         try:
             table = self.engine.add(

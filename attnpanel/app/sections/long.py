@@ -23,6 +23,7 @@ from functools import partial
 import holoviews as hv
 import numpy as np
 import panel as pn
+import param
 from bokeh.models import BasicTickFormatter, CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
@@ -32,6 +33,7 @@ from attnpanel.app.sections.controls import ImmediateIntSlider, ImmediateSelect,
 from attnpanel.app.sections.heads import HEAD_MAP_SIZE, HeadComparison
 from attnpanel.app.sections.matrix import MATRIX_SIZE, matrix_style
 from attnpanel.app.sections.sequence import sequence_styles
+from attnpanel.app.sources import VirtualSource
 from attnpanel.readouts import core, windows
 from attnpanel.render.elements import PlotKey
 
@@ -245,6 +247,8 @@ class QueryRow(Section):
     tens of milliseconds), under the input sequence on the same axis, with its heaviest
     keys marked and listed."""
 
+    source = param.ClassSelector(class_=VirtualSource, doc="The virtual trace's maps and rows.")
+
     title = "The selected query's weights over every key"
 
     def __init__(self, x_range, **params):
@@ -255,7 +259,7 @@ class QueryRow(Section):
     def row(self, sel) -> np.ndarray:
         """The selected query's weights over every key, float32 (blocked keys 0)."""
         return windows.query_row(
-            self.trace, sel.sample, int(sel.head), sel.query, sel.mask, self.state.qk(sel)
+            self.trace, sel.sample, int(sel.head), sel.query, sel.mask, self.source.qk(sel)
         )
 
     def weights(self, sel) -> hv.Overlay:
@@ -324,6 +328,8 @@ class WindowedMatrix(Section):
     """The large map of the selected head: the stored overview over the whole map,
     computed from q and k once zoomed under :data:`attnpanel.readouts.windows.EXACT_CELLS` cells."""
 
+    source = param.ClassSelector(class_=VirtualSource, doc="The virtual trace's maps and rows.")
+
     title = "Attention matrix (wheel to zoom every map; click a row to pick its query)"
 
     def __init__(self, **params):
@@ -333,12 +339,12 @@ class WindowedMatrix(Section):
 
     def values(self, sel):
         """``(map, title, colour-bar label)`` of the selected head for the engine."""
-        return self._values(self.state.virtual_map(sel), sel)
+        return self._values(self.source.virtual_map(sel), sel)
 
     def exact_values(self, sel):
         """The same for the window's own pixels, where :meth:`values` cut the overview
         coarser than the screen (None elsewhere): drawn next, once computed."""
-        found = self.state.virtual_map(sel).refined(MATRIX_SIZE, MATRIX_SIZE, self.engine.window)
+        found = self.source.virtual_map(sel).refined(MATRIX_SIZE, MATRIX_SIZE, self.engine.window)
         return None if found is None else self._values(found, sel)
 
     def _values(self, found, sel):
@@ -384,35 +390,37 @@ class LongHeads(HeadComparison):
     """Every head's map (from its overview, or its window's cells once zoomed), linked
     with the large map; a box drawn on a tile compares the heads' attention in it."""
 
+    source = param.ClassSelector(class_=VirtualSource, doc="The virtual trace's maps and rows.")
+
     title = "Every head: softmax weights, max per pixel (drag a box to compare the heads)"
 
-    def _head_values(self, head: int, sel):
-        return self.state.virtual_map(sel, head), f"head {head}"
+    def head_values(self, head: int, sel):
+        return self.source.virtual_map(sel, head), f"head {head}"
 
-    def _head_refined(self, head: int, sel):
-        found = self.state.virtual_map(sel, head)
+    def head_refined(self, head: int, sel):
+        found = self.source.virtual_map(sel, head)
         exact = found.refined(HEAD_MAP_SIZE, HEAD_MAP_SIZE, self.engine.window)
         return None if exact is None else (exact, f"head {head}")
 
-    def _mass_shares(self, sel) -> linked.MassShares:
+    def mass_shares(self, sel) -> linked.MassShares:
         def shares(queries, keys):
             return windows.mass_share(
                 self.trace,
                 sel.sample,
                 range(self.state.n_heads),
                 sel.mask,
-                self.state.row_lse(sel),
+                self.source.row_lse(sel),
                 queries,
                 keys,
-                self.state.qk(sel),
+                self.source.qk(sel),
             )
 
         return linked.mass_shares(self.trace, sel, self.cache, self.linked.box, shares)
 
-    def _toggles(self):
+    def make_toggles(self):
         return pn.Spacer(height=0, margin=0)  # no merge on this page: nothing to switch off
 
-    def _summary(self):
+    def make_summary(self):
         return pn.pane.Markdown(
             "Per-head summaries (distance, lag, entropy) read every cell of a sample; "
             "for a virtual trace they are not computed on the page.",

@@ -1,0 +1,147 @@
+"""What every explorer kind is, and what the kinds of one layer share.
+
+hvPlot's explorers share one base and each kind overrides a few hooks; so do these.
+:class:`Explorer` is any page of a capture (the dense one, the long one, the one of a
+DataTree's groups); :class:`LayerExplorer` is one layer's page: the state
+(:class:`~attnpanel.app.state.ExplorerState`), the live-update engine, the linked maps, the
+sections, the URL mirror and the page's frame. A kind declares what it adds:
+
+- :meth:`LayerExplorer.make_sections`: its sections, by name;
+- :meth:`LayerExplorer.page`: how they are laid out under the title;
+- ``URL_PARAMS`` (what a link reopens) and ``BACKGROUND`` (maps computed off the event loop);
+- :meth:`Explorer.save`: its offline HTML export.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import panel as pn
+import xarray as xr
+
+from attnpanel.app.engine import LiveEngine
+from attnpanel.app.linked import LinkedMaps
+from attnpanel.app.state import ExplorerState
+from attnpanel.util import untrusted
+
+
+class Explorer(pn.viewable.Viewer):
+    """A page of a capture: shown by Panel (served, in a notebook), saved as offline HTML."""
+
+    def save(self, path, sample: int | None = None, overwrite: bool = False, **options):
+        """Write a standalone HTML file that works offline; returns its path."""
+        raise NotImplementedError(f"{type(self).__name__} has no offline export")
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
+
+
+class LayerExplorer(ExplorerState, Explorer):
+    """One attention layer's page: the state, the engine, the linked maps and the sections.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The trace shown (a multi-layer one gets a layer selector).
+    **params
+        Initial values of the state's parameters (``sample``, ``head``, ``layer`` ...).
+    """
+
+    URL_PARAMS: ClassVar[dict[str, str]] = {}  # parameter -> query argument of the page URL
+    BACKGROUND: ClassVar[bool] = False  # compute maps on worker threads (LiveEngine)
+
+    def __init__(self, trace: xr.Dataset, **params):
+        super().__init__(trace, **params)
+        self.engine = LiveEngine(self, background=self.BACKGROUND)
+        self.linked = LinkedMaps(self.engine)
+        self.sections = self.make_sections(dict(state=self, engine=self.engine))
+        self._layout = None
+        self._url_synced = False
+
+    def make_sections(self, parts: dict) -> dict:
+        """The kind's sections by name, each built from ``parts`` (the state and engine)."""
+        raise NotImplementedError
+
+    def page(self) -> list:
+        """The kind's layout under the title and the busy indicator, from its sections."""
+        raise NotImplementedError
+
+    def laid_out(self) -> None:
+        """Called once when the page has been built (a kind's own wiring; nothing here)."""
+
+    @property
+    def widgets(self) -> dict:
+        """The page's controls by the parameter they drive (see ``Controls.widgets``)."""
+        return self.sections["controls"].widgets
+
+    @property
+    def title(self) -> str:
+        """The first line of the trace's ``source``, as the page's heading shows it."""
+        source = str(self.trace.attrs.get("source", "")).strip() or "trace"
+        return source.splitlines()[0][:100]
+
+    def drawn(self, pane: str = "matrix", group: str = "Attention"):
+        """The image a pane's map holds now, as the browser draws it (see ``LiveEngine.drawn``)."""
+        return self.engine.drawn(pane, group)
+
+    def dynamic_map(self, name: str):
+        """A view of the page as a HoloViews ``DynamicMap`` driven by this explorer's state.
+
+        Compose it with your own HoloViews objects in a notebook; it follows
+        ``explorer.param.update(...)`` like the page does (see ``LiveEngine.dynamic_map``).
+
+        Parameters
+        ----------
+        name : str
+            The view's name: ``"attention matrix"``, ``"head 0 map"``, ``"aggregation
+            weights"``, ``"context vector"``, ``"head merge"``, ``"output"``, ...
+            (``[v.name for v in explorer.engine.views]``).
+
+        Returns
+        -------
+        holoviews.DynamicMap
+        """
+        self.__panel__()  # the sections register their views when they are laid out
+        return self.engine.dynamic_map(name)
+
+    @classmethod
+    def built(cls, trace: xr.Dataset, **params) -> LayerExplorer:
+        """An explorer whose page is already laid out and drawn (see :meth:`lay_out`).
+
+        ``functools.partial(AttentionExplorer.built, trace)`` is what a server builds ahead
+        of its next session (``attnpanel.app.serving.built_ahead``).
+        """
+        explorer = cls(trace, **params)
+        explorer.lay_out()
+        return explorer
+
+    def lay_out(self) -> pn.viewable.Viewable:
+        """Build the page (every section draws its views) unless it is built; return it.
+
+        It needs no session: a server builds it ahead, and the session that shows it then
+        only mirrors its URL (:meth:`sync_url`), which redraws what the URL changed.
+        """
+        if self._layout is None:
+            heading = pn.pane.Markdown(
+                f"## attnpanel · {untrusted.markup(self.title)}", margin=(0, 10)
+            )
+            self._layout = pn.Column(
+                heading, self.engine.indicator, *self.page(), sizing_mode="stretch_width"
+            )
+            self.engine.root = self._layout
+            self.laid_out()
+        return self._layout
+
+    def __panel__(self):
+        if not self._url_synced:
+            self._url_synced = True
+            with self.engine.drawing_now():  # the first page shows what the URL says
+                self.sync_url()
+        return self.lay_out()
+
+    def sync_url(self) -> None:
+        """Mirror the parameters of ``URL_PARAMS`` in the page's URL (a link reopens the
+        view); outside a server this does nothing."""
+        location = pn.state.location
+        if location is not None:
+            location.sync(self, self.URL_PARAMS)
