@@ -225,7 +225,7 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
                            window.jupyterapp.commands.execute('notebook:run-cell'); }""",
             f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
             "from hostile import hostile_capture\n"
-            "from attnpanel.app.explorer import explore\n"
+            "from attnpanel import explore\n"
             "explore(hostile_capture())",
         )
         try:

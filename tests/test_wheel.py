@@ -26,9 +26,19 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def _run(*args, cwd, timeout=600, env=None) -> str:
+def _clean_env() -> dict:
+    """This process's environment without what would put a checkout before the wheel."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def _run(*args, cwd, timeout=600) -> str:
     done = subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        [str(a) for a in args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_clean_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -71,7 +81,19 @@ def installed(built, tmp_path_factory):
     )
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (purelib / "dependencies.pth").write_text("\n".join(sorted(ours)) + "\n")
-    _run(python, "-m", "pip", "install", "--no-deps", "--no-index", wheel, cwd=home)
+    # --ignore-installed: the editable install of this checkout is visible through the .pth
+    # line; it must be neither taken for the wheel nor uninstalled
+    _run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--ignore-installed",
+        wheel,
+        cwd=home,
+    )
     return python, home
 
 
@@ -120,7 +142,7 @@ def test_the_installed_command_serves_the_demo_page(installed):
             cwd=home,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=dict(os.environ, BOKEH_ALLOW_WS_ORIGIN=f"127.0.0.1:{port}"),
+            env=dict(_clean_env(), BOKEH_ALLOW_WS_ORIGIN=f"127.0.0.1:{port}"),
         )
         try:
             deadline = time.monotonic() + 240
