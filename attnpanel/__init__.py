@@ -1,6 +1,7 @@
 """attnpanel: an interactive explorer for multi-head self-attention at full resolution."""
 
-from attnpanel.capturing.capture import CaptureError, FusedQKV, capture
+from attnpanel.capturing.capture import FusedQKV, capture
+from attnpanel.capturing.intercept import CaptureError
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
 from attnpanel.nilm.demo import demo, head_statistics

@@ -24,8 +24,6 @@ OVERSIZE_MODULES = {
     "attnpanel/nilm/nilmformer.py": 632,
     "attnpanel/app/engine.py": 644,
     "attnpanel/render/export.py": 777,
-    "attnpanel/capturing/capture.py": 803,
-    "attnpanel/capturing/intercept.py": 860,
 }
 OVERSIZE_CLASSES = {"attnpanel/app/engine.py:LiveEngine": 477}
 

@@ -334,7 +334,7 @@ def test_own_layers_match_trace():
 def test_large_stacks_are_chunks_of_each_layer_not_copies(monkeypatch, tmp_path):
     """Above STACK_COPY_BYTES the layers' maps stay each layer's own array, as one dask
     chunk per layer: the same numbers, validated, saved and loaded like any trace."""
-    capture_module = importlib.import_module("attnpanel.capturing.capture")
+    capture_module = importlib.import_module("attnpanel.capturing.stacking")
     model, x = TwoLayers().eval(), torch.randn(2, 9, 16)
     copied = capture(model, x)
     monkeypatch.setattr(capture_module, "STACK_COPY_BYTES", 0)
@@ -609,7 +609,7 @@ def test_a_wrapped_transformers_model_needs_nothing_more():
 def test_layers_stack_their_mask_truth_over_the_union_of_dims():
     # a layer blocking padded keys per sample, one blocking cells per sample and head, and
     # one with only a shared causal mask: the stacked sample_mask holds each exactly
-    from attnpanel.capturing.capture import _stack
+    from attnpanel.capturing.stacking import _stack
     from attnpanel.kernels.masks import cached_mask
     from attnpanel.traces.build import trace_parts
 

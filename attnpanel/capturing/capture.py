@@ -10,9 +10,9 @@ and head, and the weights.
 
 What only a module knows is read from the module that ran the call: its input ``x``, its
 ``output`` and its projection matrices. Readers of projections register themselves with
-:func:`projection_reader`; a matrix is kept only when it reproduces the captured q, k or
-v (or the output), so a model that rotates q and k after the projection (rotary
-embeddings) gets no ``w_q`` rather than a wrong one.
+:func:`~attnpanel.capturing.projections.projection_reader`; a matrix is kept only when it
+reproduces the captured q, k or v (or the output), so a model that rotates q and k after
+the projection (rotary embeddings) gets no ``w_q`` rather than a wrong one.
 
 One capture gives one object: a Dataset whose ``layer`` dim stacks the calls, or, when the
 model has several kinds (encoder self-attention, decoder self-attention, cross-attention),
@@ -22,28 +22,20 @@ an ``xarray.DataTree`` with one group per kind.
 from __future__ import annotations
 
 import math
-import re
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import xarray as xr
 from torch import nn
 
-from attnpanel.capturing.intercept import AttentionCall, AttentionRecorder, spread_rows, tolerance
+from attnpanel.capturing import readers  # noqa: F401 - registers the attention readers
+from attnpanel.capturing.intercept import AttentionCall, AttentionRecorder, CaptureError
+from attnpanel.capturing.projections import call_tensors, read_projections
+from attnpanel.capturing.stacking import assemble, layer_sizes
 from attnpanel.kernels.masks import cached_mask
-from attnpanel.traces import virtual
 from attnpanel.traces.build import TraceParts, trace_parts
-from attnpanel.traces.schema import ATTENTION_DIMS
-from attnpanel.traces.stages import trace_mask
-from attnpanel.traces.validate import validate
-
-
-class CaptureError(ValueError):
-    """A model, module or input that :func:`capture` cannot trace exactly."""
 
 
 @dataclass(frozen=True)
@@ -160,12 +152,12 @@ def capture(
         except ValueError as error:
             raise CaptureError(f"module {name!r}: {error}") from error
     if labels is not None and not any("token" in t.coords for t in traces):
-        sizes = _sizes(traces[0])
+        sizes = layer_sizes(traces[0])
         raise CaptureError(
             f"module {names[0]!r}: tokens are {len(labels)} x {len(labels[0])} labels, but "
             f"its attention has {sizes['batch']} x {sizes['query']} positions"
         )
-    return _assemble(traces, names, calls, source, first)
+    return assemble(traces, names, calls, source, first)
 
 
 def _label(name: str) -> str:
@@ -316,197 +308,6 @@ def _token_labels(tokens, inputs, kwargs) -> list[list[str]] | None:
 
 # projections: what only the module knows
 
-ProjectionReader = Callable[[nn.Module], dict[str, torch.Tensor | None] | None]
-_PROJECTION_READERS: list[ProjectionReader] = []
-
-
-def projection_reader(reader: ProjectionReader) -> ProjectionReader:
-    """Register a reader ``module -> {"w_q": ..., "b_q": ..., "w_o": ...}`` (or None).
-
-    Weights follow ``nn.Linear.weight`` (``(out, in)``). What a reader returns is kept only
-    where it reproduces the captured q, k, v or output.
-    """
-    _PROJECTION_READERS.append(reader)
-    return reader
-
-
-SEPARATE = (
-    ("wq", "wk", "wv"),  # attnpanel, NILMFormer
-    ("query", "key", "value"),  # BERT, RoBERTa, MiniLM, ViT
-    ("q_proj", "k_proj", "v_proj"),  # BART, Llama, Mistral, Qwen2, PatchTST
-    ("q_lin", "k_lin", "v_lin"),  # DistilBERT
-    ("q", "k", "v"),  # T5
-)
-FUSED = ("c_attn", "qkv", "Wqkv", "qkv_proj", "query_key_value", "in_proj")
-OUTPUTS = ("wo", "o_proj", "out_proj", "out_lin", "o", "c_proj", "proj", "out")
-# Rows (spread over samples and positions, both ends included) on which a projection
-# matrix must reproduce q, k or v: a wrong matrix, or a position-dependent step such as
-# rotary embeddings, fails on any row but position 0.
-PROJECTION_ROWS = 16
-
-
-def _linear(module: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(weight (out, in), bias)`` of a Linear, or of a GPT-2 ``Conv1D`` (``(in, out)``)."""
-    weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        return None
-    bias = getattr(module, "bias", None)
-    bias = bias if isinstance(bias, torch.Tensor) else None
-    if type(module).__name__ == "Conv1D":
-        return weight.t(), bias
-    return (weight, bias) if isinstance(module, nn.Linear) else None
-
-
-@projection_reader
-def _separate_projections(module: nn.Module):
-    for names in SEPARATE:
-        found = [_linear(getattr(module, n, None)) for n in names]
-        if all(found):
-            return {
-                key: value
-                for role, (weight, bias) in zip("qkv", found, strict=True)
-                for key, value in ((f"w_{role}", weight), (f"b_{role}", bias))
-            }
-    return None
-
-
-@projection_reader
-def _fused_projection(module: nn.Module):
-    for name in FUSED:
-        found = _linear(getattr(module, name, None))
-        if found and found[0].shape[0] % 3 == 0:
-            weight, bias = found
-            parts = {f"w_{r}": w for r, w in zip("qkv", weight.chunk(3), strict=True)}
-            if bias is not None:
-                parts.update({f"b_{r}": b for r, b in zip("qkv", bias.chunk(3), strict=True)})
-            return parts
-    return None
-
-
-@projection_reader
-def _output_projection(module: nn.Module):
-    for name in OUTPUTS:
-        found = _linear(getattr(module, name, None))
-        if found:
-            return {"w_o": found[0], "b_o": found[1]}
-    return None
-
-
-def _per_head(weight: torch.Tensor, width: int, groups: int) -> torch.Tensor:
-    """``(H' E, ...)`` rows repeated for each of the ``groups`` query heads a head serves."""
-    if groups == 1:
-        return weight
-    rows = weight.reshape(-1, width, *weight.shape[1:])  # (H', E, ...)
-    return rows.repeat_interleave(groups, dim=0).reshape(-1, *weight.shape[1:])  # (H E, ...)
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
-    if a.shape != b.shape:
-        return False
-    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
-    return float((a.float() - b.float()).abs().max()) <= tolerance(dtype) * scale * 4
-
-
-def _tensors(args, kwargs) -> list[torch.Tensor]:
-    values = list(args) + list(kwargs.values())
-    return [t for t in values if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _batch_first(t: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
-    """``t`` as ``(B, L, D)`` when it is that or ``(L, B, D)``; else None."""
-    if t is None or t.dim() != 3:
-        return None
-    if t.shape[:2] == (batch, length):
-        return t
-    if t.shape[:2] == (length, batch):
-        return t.transpose(0, 1)
-    return None
-
-
-def _flat_rows(t: torch.Tensor, rows: torch.Tensor, position_dim: int = 1) -> torch.Tensor:
-    """Rows of ``t`` ``(B, ..., L, ...)`` numbered sample-major, ``(len(rows), ...)``.
-
-    ``(B, L, D)`` gives ``(n, D)``; ``(B, H, L, E)`` with ``position_dim=2`` gives
-    ``(n, H, E)``; nothing but the chosen rows is read.
-    """
-    length = t.shape[position_dim]
-    index = (rows // length, *[slice(None)] * (position_dim - 1), rows % length)
-    return t[index]
-
-
-def _projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
-    """x, output and the projection matrices that reproduce the call's q, k, v, output."""
-    found = dict(call.projections)
-    batch, heads, length, _ = call.q.shape
-    n_keys = call.k.shape[-2]
-    if module_call is None:
-        return {k: v for k, v in found.items() if v is not None}
-    module, args, kwargs, *rest = module_call
-    output = rest[0] if rest else None
-    inputs = _tensors(args, kwargs)
-    if "x" not in found:
-        found["x"] = next(
-            (t for t in map(lambda t: _batch_first(t, batch, length), inputs) if t is not None),
-            None,
-        )
-    if "output" not in found:
-        first = output[0] if isinstance(output, tuple | list) and output else output
-        found["output"] = _batch_first(
-            first if isinstance(first, torch.Tensor) else None, batch, length
-        )
-    if not call.projections:
-        for reader in _PROJECTION_READERS:
-            found.update(reader(module) or {})
-    keys = [t for t in map(lambda t: _batch_first(t, batch, n_keys), inputs) if t is not None]
-    kept = {name: found[name] for name in ("x", "output") if found.get(name) is not None}
-    x = kept.get("x")
-    # checked on an even spread of (sample, position) rows, as the softmax is
-    queries = spread_rows(batch * length, PROJECTION_ROWS)
-    key_rows = spread_rows(batch * n_keys, PROJECTION_ROWS)
-    targets = {"q": call.q, "k": call.k, "v": call.v}
-    for role, target in targets.items():
-        weight, bias = found.get(f"w_{role}"), found.get(f"b_{role}")
-        if weight is None or target is None:
-            continue
-        sources = (
-            [x] if role == "q" else ([] if call.cross else [x]) + [t for t in keys if t is not x]
-        )
-        for source in (s for s in sources if s is not None):
-            width = target.shape[-1]
-            if source.shape[-1] != weight.shape[1] or weight.shape[0] % width:
-                continue
-            if source.shape[:2] != (target.shape[0], target.shape[2]):
-                continue  # another sequence's length: it cannot be this one's source
-            rows = queries if role == "q" else key_rows
-            projected = F.linear(_flat_rows(source, rows), weight, bias)  # (n, H' E)
-            split = projected.unflatten(-1, (-1, width))  # (n, H', E)
-            groups = heads // split.shape[1] if heads % split.shape[1] == 0 else 1
-            if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
-                split = split.repeat_interleave(groups, dim=1)  # (n, H, E)
-            if _close(split, _flat_rows(target, rows, position_dim=2), call.dtype):
-                if role == "k" and source is not x:
-                    kept["cross"] = True  # keys projected from another sequence
-                # as k itself, the matrix is given per query head: (H E, D)
-                kept[f"w_{role}"] = _per_head(weight, width, groups)
-                if bias is not None:
-                    kept[f"b_{role}"] = _per_head(bias, width, groups)
-                if groups > 1:
-                    kept["kv_heads"] = split.shape[1] // groups
-                break
-    weight, bias = found.get("w_o"), found.get("b_o")
-    if weight is not None and call.context is not None and kept.get("output") is not None:
-        merged = _flat_rows(call.context, queries, position_dim=2).flatten(1)  # (n, H E)
-        if merged.shape[-1] == weight.shape[1]:
-            projected = F.linear(merged.to(weight.dtype), weight, bias)  # (n, D)
-            if _close(projected, _flat_rows(kept["output"], queries), call.dtype):
-                kept["w_o"] = weight
-                if bias is not None:
-                    kept["b_o"] = bias
-    return kept
-
-
-# from a call to a trace
-
 
 def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
     """The call with every tensor as ``(B, H, ...)``."""
@@ -538,10 +339,10 @@ def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
 def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> TraceParts:
     hint = None
     if module_call is not None:
-        first = next(iter(_tensors(module_call[1], module_call[2])), None)
+        first = next(iter(call_tensors(module_call[1], module_call[2])), None)
         hint = int(first.shape[0]) if first is not None and first.dim() >= 2 else None
     call = _four_dims(call, hint)
-    projections = _projections(call, module_call)
+    projections = read_projections(call, module_call)
     call.cross = call.cross or bool(projections.get("cross"))
     batch, _, length, _ = call.q.shape
     note = []
@@ -610,194 +411,4 @@ def _sample_padding(form, cross: bool) -> np.ndarray:
     return padding[:, 0].cpu().numpy()
 
 
-def _input_labels(ds: xr.Dataset, first: torch.Tensor | None) -> xr.Dataset:
-    """Labels read from the model's input: folded channels, image patches."""
-    if first is None or first.dim() < 2:
-        return ds
-    batch, length = ds.sizes["batch"], ds.sizes["query"]
-    inputs = int(first.shape[0])
-    if batch != inputs and batch % inputs == 0 and batch // inputs in first.shape[1:]:
-        # a channel-independent model (PatchTST) runs each channel as its own sequence,
-        # sample-major: attention batch n is sample n // C, channel n % C
-        channels = batch // inputs
-        index = np.arange(batch)
-        ds = ds.assign_coords(
-            sample=("batch", index // channels), channel=("batch", index % channels)
-        )
-        ds.attrs["batch_layout"] = f"{inputs} samples x {channels} channels, sample-major"
-    elif first.dim() == 4 and first.is_floating_point() and batch == inputs:
-        height, width = int(first.shape[-2]), int(first.shape[-1])
-        for special in (0, 1, 2):  # class and distillation tokens before the patches
-            rows = math.isqrt(max(length - special, 0) * height // max(width, 1))
-            columns = (length - special) // rows if rows else 0
-            if rows and rows * columns == length - special and height % rows == 0:
-                names = ["[CLS]", "[DIST]"][:special] + [
-                    f"patch {r},{c}" for r in range(rows) for c in range(columns)
-                ]
-                ds = ds.assign_coords(token=(("batch", "position"), np.array([names] * batch)))
-                ds.attrs["positions"] = f"{special} special + {rows} x {columns} image patches"
-                break
-    return ds
-
-
-# one object
-
-
-def _group(name: str, call: AttentionCall) -> str:
-    """``encoder.layers.3.self_attn`` -> ``encoder.layers.self_attn``."""
-    parts = [p for p in re.sub(r"\[\d+\]$", "", name).split(".") if not p.isdigit()]
-    return ".".join(parts) or "attention"
-
-
-def _sizes(parts: TraceParts) -> dict[str, int]:
-    sizes = {}
-    for dims, values in parts.data_vars.values():
-        dims = (dims,) if isinstance(dims, str) else dims
-        sizes.update(zip(dims, np.shape(values), strict=True))
-    return sizes
-
-
-def _signature(parts: TraceParts) -> tuple:
-    strip = {"source", "note"}
-    mask = parts.data_vars.get("mask")
-    return (
-        tuple(sorted(_sizes(parts).items())),
-        tuple(sorted((k, str(v)) for k, v in parts.attrs.items() if k not in strip)),
-        tuple(sorted(name for name in parts.data_vars if name not in _MASK_TRUTH)),
-        np.asarray(mask[1]).tobytes() if mask is not None else b"",
-    )
-
-
-def _assemble(traces, names, calls, source, first) -> xr.Dataset | xr.DataTree:
-    """Layers that agree in shape, mask and variables stack; each other kind is a group."""
-    kinds: dict[tuple, list[int]] = {}
-    for index, trace in enumerate(traces):
-        kinds.setdefault(_signature(trace), []).append(index)
-    datasets: dict[str, xr.Dataset] = {}
-    for members in kinds.values():
-        labels = list(dict.fromkeys(_group(names[i], calls[i]) for i in members))
-        label = labels[0] if len(labels) == 1 else f"{labels[0]}+{len(labels) - 1}"
-        while label in datasets:
-            label += "'"
-        stacked = _stack([traces[i] for i in members], [names[i] for i in members])
-        stacked.attrs["source"] = source
-        _validate(stacked, {names[i]: traces[i] for i in members}, label)
-        datasets[label] = stacked if "token" in stacked.coords else _input_labels(stacked, first)
-    if len(datasets) == 1:
-        return next(iter(datasets.values()))
-    tree = xr.DataTree.from_dict({f"/{label}": ds for label, ds in datasets.items()})
-    tree.attrs["source"] = source
-    return tree
-
-
-def _validate(stacked: xr.Dataset, layers: dict[str, TraceParts], label: str) -> None:
-    """The stack in memory, or each of its layers where the stack holds them as chunks."""
-    if virtual.is_virtual(stacked) or isinstance(stacked["weights"].data, np.ndarray):
-        try:
-            validate(stacked)
-        except ValueError as error:
-            raise CaptureError(f"layers {label!r}: {error}") from error
-        return
-    for name, parts in layers.items():  # in memory either way; torch reads each layer's arrays
-        try:
-            validate(parts.dataset())
-        except ValueError as error:
-            raise CaptureError(f"layer {name!r}: {error}") from error
-
-
-_MASK_TRUTH = ("sample_mask", "bias", "padding")
-STACK_COPY_BYTES = 64 * 2**20  # larger stacks of layers are chunked views, not copies
-
-
-def _layers(arrays: list[np.ndarray]):
-    """One array with a leading ``layer`` axis.
-
-    Large ones (every layer's attention maps) become a dask array with one chunk per
-    layer, each chunk the layer's own memory: nothing is copied, and a view of one layer
-    reads that layer's array.
-    """
-    if len(arrays) == 1:
-        return arrays[0][None]
-    if sum(a.nbytes for a in arrays) <= STACK_COPY_BYTES:
-        return np.stack(arrays)
-    import dask  # here: dask.array costs every `import attnpanel` 0.9 s (the CLI's `info`)
-    import dask.array
-
-    token = uuid.uuid4().hex  # dask.array.from_array would copy; a delayed literal does not
-    return dask.array.stack(
-        [
-            dask.array.from_delayed(
-                dask.delayed(a, name=f"attnpanel-layer-{index}-{token}"), a.shape, dtype=a.dtype
-            )
-            for index, a in enumerate(arrays)
-        ]
-    )
-
-
-def _stack(traces: list[TraceParts], names: list[str]) -> xr.Dataset:
-    """One Dataset with a ``layer`` dim; the mask truth is broadcast to the union of dims."""
-    first = traces[0]
-    data_vars = {}
-    for name, (dims, values) in first.data_vars.items():
-        if name in _MASK_TRUTH:
-            continue
-        if name == "mask":  # the same in every layer: the signature says so
-            data_vars[name] = (dims, values)
-            continue
-        layers = [t.data_vars[name][1] for t in traces]
-        data_vars[name] = (
-            ("layer", *((dims,) if isinstance(dims, str) else dims)),
-            _layers(layers),
-        )
-    for name in _MASK_TRUTH:
-        if any(name in t.data_vars for t in traces):
-            data_vars[name] = _stack_truth(traces, name)
-    attrs = {
-        key: value
-        for key, value in first.attrs.items()
-        if all(_same(t.attrs.get(key), value) for t in traces[1:])
-    }
-    coords = {**first.coords, "layer": np.array(names, dtype=str)}
-    return virtual.attach(xr.Dataset(data_vars, coords=coords, attrs=attrs))
-
-
-def _stack_truth(traces: list[TraceParts], name: str) -> tuple:
-    """``name`` of every layer over the union of the dims it varies along in any of them.
-
-    A layer without it has none of it: no padding, no bias, or only its shared mask.
-    """
-    sizes = _sizes(traces[0])
-    present = {d for t in traces if name in t.data_vars for d in t.data_vars[name][0]}
-    shared = {}  # layers without a sample_mask block only their shared (query, key) cells
-    if name == "sample_mask":
-        shared = {
-            i: trace_mask(t.dataset()) for i, t in enumerate(traces) if name not in t.data_vars
-        }
-        if any(cells is not None and bool(cells.any()) for cells in shared.values()):
-            present |= {"query", "key"}
-    order = ("batch", "position") if name == "padding" else ATTENTION_DIMS
-    dims = tuple(d for d in order if d in present)
-    shape = tuple(sizes[d] for d in dims)
-    layers = []
-    for index, t in enumerate(traces):
-        if name in t.data_vars:
-            own, values = t.data_vars[name]  # its dims, in the same order as dims
-            expand = [i for i, d in enumerate(dims) if d not in own]
-            values = np.expand_dims(values, expand) if expand else values
-        elif shared.get(index) is not None and bool(shared[index].any()):
-            values = (
-                shared[index]
-                .numpy()
-                .reshape(tuple(sizes[d] if d in ("query", "key") else 1 for d in dims))
-            )
-        else:
-            values = np.zeros((), np.float32 if name == "bias" else bool)
-        layers.append(np.broadcast_to(values, shape))
-    return ("layer", *dims), np.stack(layers)
-
-
-def _same(a, b) -> bool:
-    return bool(np.array_equal(a, b)) if isinstance(a, np.ndarray) else a == b
-
-
-__all__ = ["CaptureError", "FusedQKV", "capture", "projection_reader"]
+__all__ = ["CaptureError", "FusedQKV", "capture"]

@@ -26,20 +26,15 @@ Shapes use ``B`` batch, ``H`` heads, ``L`` queries, ``S`` keys and ``E`` head di
 
 from __future__ import annotations
 
-import inspect
-import itertools
 import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from attnpanel.kernels import masks as masks_module
-from attnpanel.kernels import precision, tiles
 from attnpanel.kernels.attention import attention_weights
 from attnpanel.traces import virtual
 
@@ -66,6 +61,10 @@ KEEPS = {
 }
 VIEWS = {"view", "reshape", "view_as", "reshape_as", "unsqueeze", "squeeze", "flatten"}
 STRUCTURE_ROWS = 1024  # rows of a model's mask compared with a mode at a time
+
+
+class CaptureError(ValueError):
+    """A model, module or input that :func:`capture` cannot trace exactly."""
 
 
 class UnsupportedAttention(ValueError):
@@ -111,7 +110,7 @@ class VirtualForm:
 
 
 @dataclass
-class _Scores:
+class Scores:
     """What is known of a tensor computed from a ``q . k`` product."""
 
     q: torch.Tensor  # (*lead, L, E)
@@ -124,7 +123,7 @@ class _Scores:
 
 
 @dataclass
-class _Weights:
+class Weights:
     """A softmax output on its way to ``weights @ v``."""
 
     call: AttentionCall
@@ -189,14 +188,18 @@ class AttentionRecorder(TorchFunctionMode):
     def module(self) -> str:
         return self.stack[-1][0] if self.stack else ""
 
-    def _open_call(self, call: AttentionCall) -> None:
+    # What a reader (attnpanel.capturing.readers) tells the recorder and asks of it.
+    def record_call(self, call: AttentionCall) -> None:
+        """Keep an attention call, attributed to the module running it."""
         self.calls.append(call)
         if self.stack:
             self.module_calls[id(call)] = self.stack[-1][1:]
 
     # lineage of tensors
 
-    def _get(self, t) -> object:
+    def lineage(self, t) -> object:
+        """What the recorder knows of where a tensor came from (a q . k product, scores,
+        weights), or None."""
         if not isinstance(t, torch.Tensor):
             return None
         entry = self._known.get(id(t))
@@ -208,7 +211,8 @@ class AttentionRecorder(TorchFunctionMode):
             return None
         return info
 
-    def _set(self, t: torch.Tensor, info) -> None:
+    def follow(self, t: torch.Tensor, info) -> None:
+        """Remember where ``t`` came from, for the operations that take it next."""
         self._known[id(t)] = (weakref.ref(t), info)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -224,16 +228,16 @@ class AttentionRecorder(TorchFunctionMode):
 
     def _follow(self, name: str, args, kwargs, result: torch.Tensor) -> None:
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        known = [(t, self._get(t)) for t in tensors]
+        known = [(t, self.lineage(t)) for t in tensors]
         known = [(t, info) for t, info in known if info is not None]
         if not known:
             if name in PRODUCTS:
                 self._product(name, args, result)
             return
         source, info = known[0]
-        if isinstance(info, _Weights):
+        if isinstance(info, Weights):
             self._follow_weights(name, args, source, info, result)
-        elif isinstance(info, _Scores):
+        elif isinstance(info, Scores):
             self._follow_scores(name, args, source, info, result)
 
     def _product(self, name: str, args, result: torch.Tensor) -> None:
@@ -241,9 +245,9 @@ class AttentionRecorder(TorchFunctionMode):
         if operands is None:
             return
         q, k = operands
-        self._set(result, _Scores(q, k, self.module))
+        self.follow(result, Scores(q, k, self.module))
 
-    def _follow_scores(self, name, args, source, info: _Scores, result) -> None:
+    def _follow_scores(self, name, args, source, info: Scores, result) -> None:
         same_cells = result.shape[-2:] == source.shape[-2:]
         if name in SOFTMAX or not same_cells:
             return  # a reduction or other shape: it does not carry the scores on
@@ -265,13 +269,13 @@ class AttentionRecorder(TorchFunctionMode):
                 return
         else:
             info = replace(info, unsupported=f"{name} between q.k and softmax")
-        self._set(result, info)
+        self.follow(result, info)
 
-    def _follow_weights(self, name, args, source, info: _Weights, result) -> None:
+    def _follow_weights(self, name, args, source, info: Weights, result) -> None:
         if name in PRODUCTS and info.call.context is None:
             _weights_times_values(name, args, source, info.call, result)
         elif name in KEEPS or (name in VIEWS and result.shape[-2:] == source.shape[-2:]):
-            self._set(result, info)
+            self.follow(result, info)
 
 
 class _Watch:
@@ -400,7 +404,7 @@ def _weights_times_values(name, args, source, call: AttentionCall, result) -> No
         call.v = call.context = None
 
 
-def _masking(name: str, args, source: torch.Tensor, info: _Scores) -> _Scores:
+def _masking(name: str, args, source: torch.Tensor, info: Scores) -> Scores:
     """The scores after an add, sub, masked_fill or where: what it added or blocked."""
     if name.startswith(("add", "sub")):
         other = args[1] if args[0] is source else args[0]
@@ -416,14 +420,14 @@ def _masking(name: str, args, source: torch.Tensor, info: _Scores) -> _Scores:
         mask, value = args[1], _scalar(args[2])
         if value is None or value > BLOCKING_BIAS:
             return replace(info, unsupported=f"masked_fill with {args[2]!r}, not a block")
-        return replace(info, blocked=_or(info.blocked, mask.bool()))
+        return replace(info, blocked=union(info.blocked, mask.bool()))
     condition, first, second = args[0], args[1], args[2]
     fill = second if first is source else first
     value = _scalar(fill)
     if value is None or value > BLOCKING_BIAS or source not in (first, second):
         return replace(info, unsupported="where() that does not block cells")
     keep = condition.bool()
-    return replace(info, blocked=_or(info.blocked, ~keep if first is source else keep))
+    return replace(info, blocked=union(info.blocked, ~keep if first is source else keep))
 
 
 def split_bias(additive: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -434,393 +438,22 @@ def split_bias(additive: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tenso
     return (blocked if bool(blocked.any()) else None), (bias if bool(bias.any()) else None)
 
 
-def _or(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+def union(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """The cells either mask blocks (None: nothing blocked)."""
     if a is None:
         return b
     return a if b is None else a | b
 
 
-def _row_slice(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+def row_slice(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
     if t is None or t.shape[-2] == 1:
         return t
     return t.index_select(-2, rows)
 
 
-def _recompute(q, k, scale, blocked, bias) -> torch.Tensor:
+def recompute(q, k, scale, blocked, bias) -> torch.Tensor:
     """float32 weights from q, k, the scale and the mask truth."""
     return attention_weights(q.float(), k.float(), blocked, scale, bias=bias)
-
-
-def _sdpa_arguments(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
-):
-    """The signature of ``F.scaled_dot_product_attention``, to bind a call's arguments."""
-
-
-_SDPA = inspect.signature(_sdpa_arguments)
-
-
-@reads("scaled_dot_product_attention")
-def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
-    result = func(*args, **kwargs)
-    bound = _SDPA.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
-    q, k, v = a["query"], a["key"], a["value"]
-    dtype = q.dtype
-    if k.shape[-3] != q.shape[-3] and q.dim() >= 3 and q.shape[-3] % k.shape[-3] == 0:
-        groups = q.shape[-3] // k.shape[-3]  # grouped-query attention
-        k = k.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
-        v = v.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
-    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        q, k = q.expand(*lead, *q.shape[-2:]), k.expand(*lead, *k.shape[-2:])
-        v = v.expand(*lead, *v.shape[-2:])
-    length, n_keys = q.shape[-2], k.shape[-2]
-    scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-    call = AttentionCall(recorder.module, "sdpa", q, k, float(scale), weights=None, dtype=dtype)
-    call.v, call.context = v, result
-    mask, causal = a["attn_mask"], a["is_causal"]
-    if a["dropout_p"]:
-        call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
-    elif recorder.records_weights(q.shape[:-2], length, n_keys):
-        blocked, bias = _mask_terms(mask, true_allows=True)
-        if causal:
-            causal_cells = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
-            blocked = _or(blocked, causal_cells)
-        call.blocked, call.bias = blocked, bias
-        call.weights = _recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
-        _check_output(call, _output_error(call.weights, v, result), "the weights from its")
-    else:
-        try:
-            if causal:
-                mode, padding = "causal", None  # torch refuses is_causal with a mask
-            else:
-                blocked = _blocked_only(mask, true_allows=True)
-                mode, padding = _structure(blocked, q.shape[:-2], length, n_keys)
-            call.virtual, context = _virtual_form(q, k, v, call.scale, mode, padding)
-        except UnsupportedAttention as error:
-            call.unsupported = str(error)
-        else:
-            error = float((context - result.to(context.dtype)).abs().max()) if v.numel() else 0.0
-            _check_output(call, error, "the row statistics of its")
-    recorder._open_call(call)
-    return result
-
-
-def _check_output(call: AttentionCall, error: float, what: str) -> None:
-    """The call is unsupported unless what was recorded reproduces its output."""
-    if not error <= tolerance(call.dtype) * max(1.0, float(call.v.abs().max())):  # NaN fails too
-        call.unsupported = (
-            f"{what} q, k and mask do not reproduce the output of its "
-            f"scaled_dot_product_attention call (max error {error:.3g})"
-        )
-
-
-def _mask_terms(mask: torch.Tensor | None, true_allows: bool):
-    """``(blocked, bias)`` of a mask argument: a bool one is True where allowed (SDPA's
-    ``attn_mask``) or where blocked (``nn.MultiheadAttention``'s), a float one additive."""
-    if mask is None:
-        return None, None
-    if mask.dtype == torch.bool:
-        return (~mask if true_allows else mask), None
-    return split_bias(mask)
-
-
-def _blocked_only(mask: torch.Tensor | None, true_allows: bool) -> torch.Tensor | None:
-    """The cells a mask argument blocks; an additive bias has no virtual form."""
-    blocked, bias = _mask_terms(mask, true_allows)
-    if bias is not None:
-        raise UnsupportedAttention(_HAS_BIAS)
-    return blocked
-
-
-_TOO_LARGE = (
-    "it is recorded as row statistics instead of weights (dense=False, or weights larger "
-    "than attnpanel.traces.virtual.DENSE_MAX_BYTES), which need a mask of a mode (none, diagonal, "
-    "causal) plus padded keys and no bias; capture it with dense=True (a shorter input if "
-    "its weights do not fit): "
-)
-_HAS_BIAS = _TOO_LARGE + "it adds a bias to the scores"
-
-
-def _structure(blocked, lead, length: int, n_keys: int) -> tuple[str, torch.Tensor | None]:
-    """A mask as a mode and padded keys ``(*lead, S)``, read block of rows by block.
-
-    ``blocked`` is broadcastable to ``(*lead, L, S)``; nothing of that size is made.
-
-    Raises
-    ------
-    UnsupportedAttention
-        When it blocks other cells, or its mode differs between samples or heads.
-    """
-    if blocked is None:
-        return "none", None
-    cells = blocked.reshape((1,) * (len(lead) + 2 - blocked.dim()) + tuple(blocked.shape))
-    own = cells.shape[:-2]  # the leading dims it varies along (1 where it broadcasts)
-    modes = ("none", "causal", "diagonal") if length == n_keys else ("none",)
-    padded = torch.zeros((*own, n_keys), dtype=torch.bool)
-    found = set()
-    for index in itertools.product(*map(range, own)):
-        one = cells[index]  # (L or 1, S or 1)
-        keys = one.all(dim=0).expand(n_keys)  # blocked for every query: padding
-        padded[index] = keys
-        mode = next((m for m in modes if _matches(one, m, keys, length)), None)
-        if mode is None:
-            raise UnsupportedAttention(_TOO_LARGE + "its mask blocks other cells")
-        found.add(mode)
-    if len(found) > 1:
-        raise UnsupportedAttention(
-            _TOO_LARGE + f"its mask is {' in some rows, '.join(sorted(found))} in others"
-        )
-    return found.pop(), (padded.expand(*lead, n_keys) if bool(padded.any()) else None)
-
-
-def _matches(cells: torch.Tensor, mode: str, keys: torch.Tensor, length: int) -> bool:
-    """Whether ``cells`` ``(L or 1, S or 1)`` block exactly ``mode`` plus ``keys``."""
-    n_keys = keys.numel()
-    if cells.shape[0] == 1:
-        return mode == "none"
-    structure = masks_module.Masking(mode)
-    for start in range(0, length, STRUCTURE_ROWS):
-        rows = slice(start, min(start + STRUCTURE_ROWS, length))
-        own = structure.blocked(rows, slice(0, n_keys), keys.device)
-        expected = keys.expand(rows.stop - start, n_keys)
-        expected = expected if own is None else own | expected
-        if not torch.equal(cells[rows].expand_as(expected), expected):
-            return False
-    return True
-
-
-def _exact_dtype(t: torch.Tensor) -> torch.dtype:
-    return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def _virtual_form(q, k, v, scale: float, mode: str, padding) -> tuple[VirtualForm, torch.Tensor]:
-    """The rows' lse and the context ``(*lead, L, E)`` through the bounded fused pass
-    (:func:`attnpanel.kernels.tiles.attention`); ``v`` None gives the lse alone."""
-    lead = q.shape[:-2]
-    count = math.prod(lead)
-    dtype = _exact_dtype(q)
-
-    def flat(t):  # (*lead, n, E) -> (count, 1, n, E): every leading index a sample of its own
-        return t.expand(*lead, *t.shape[-2:]).reshape(count, 1, *t.shape[-2:]).to(dtype)
-
-    key_padding = None if padding is None else padding.reshape(count, -1)
-    masking = masks_module.Masking(mode, key_padding=key_padding)
-    if v is None:
-        context, lse = None, tiles.log_sum_exp(flat(q), flat(k), masking, scale)
-    else:
-        context, lse = tiles.attention(flat(q), flat(k), flat(v), masking, scale)
-        context = context.reshape(*lead, *context.shape[-2:])
-    form = VirtualForm(lse.reshape(*lead, -1).float(), mode, padding)
-    return form, context
-
-
-def _output_error(weights: torch.Tensor, v: torch.Tensor, output: torch.Tensor) -> float:
-    """Largest difference of ``weights @ v`` from the kernel's output, on spread rows."""
-    if not v.numel() or not weights.numel():
-        return 0.0
-    rows = spread_rows(weights.shape[-2])
-    product = weights.index_select(-2, rows) @ v.float()  # (*lead, rows, E)
-    return float((product - output.index_select(-2, rows).float()).abs().max())
-
-
-_BOUNDED = inspect.signature(tiles.attention)
-
-
-@reads("attention")
-def _read_bounded(recorder: AttentionRecorder, func, args, kwargs):
-    """attnpanel's own attention at any length (:func:`attnpanel.kernels.tiles.attention`): q, k,
-    v, the mask and each row's ``lse``, whole."""
-    result = func(*args, **kwargs)
-    if func is not tiles.attention:
-        return result
-    bound = _BOUNDED.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
-    masking = a["masking"]
-    lead = torch.broadcast_shapes(a["q"].shape[:-2], a["k"].shape[:-2], a["v"].shape[:-2])
-    q, k, v = (a[name].expand(*lead, *a[name].shape[-2:]) for name in "qkv")
-    scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-    call = AttentionCall(recorder.module, "attnpanel", q, k, float(scale), None, dtype=q.dtype)
-    call.v, call.context = v, result[0]
-    length, n_keys = q.shape[-2], k.shape[-2]
-    if recorder.records_weights(lead, length, n_keys):
-        call.blocked = masking.blocked(slice(0, length), slice(0, n_keys), q.device)
-        call.bias = masking.bias_tile(slice(0, length), slice(0, n_keys))
-        call.weights = _recompute(q, k, call.scale, call.blocked, call.bias)
-    elif masking.bias is not None:
-        call.unsupported = _HAS_BIAS
-    else:
-        padding = masking.key_padding
-        if padding is not None:
-            padding = padding[:, None, :].expand(*lead, n_keys)
-        call.virtual = VirtualForm(result[1].reshape(*lead, length).float(), masking.mode, padding)
-    recorder._open_call(call)
-    return result
-
-
-_MHA = inspect.signature(F.multi_head_attention_forward)
-
-
-@reads("multi_head_attention_forward")
-def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
-    result = func(*args, **kwargs)
-    bound = _MHA.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
-    query, key, value = a["query"], a["key"], a["value"]
-    heads = a["num_heads"]
-    call = AttentionCall(recorder.module, "multi_head_attention_forward", query, key, 1.0, query)
-    call.dtype = query.dtype
-    if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
-        call.unsupported = "add_bias_kv, add_zero_attn or static keys add keys beyond the input"
-        recorder._open_call(call)
-        return result
-    unbatched = query.dim() == 2
-    seq_first = [t[:, None] if unbatched else t for t in (query, key, value)]  # (L, B, D)
-    xq, xk, xv = (t.transpose(0, 1) for t in seq_first)  # (B, L, D)
-    if a["use_separate_proj_weight"]:
-        w_q, w_k, w_v = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
-    else:
-        w_q, w_k, w_v = a["in_proj_weight"].chunk(3)
-    b_q = b_k = b_v = None
-    if a["in_proj_bias"] is not None:
-        b_q, b_k, b_v = a["in_proj_bias"].chunk(3)
-    q = _split(F.linear(xq, w_q, b_q), heads)  # (B, H, L, E)
-    k = _split(F.linear(xk, w_k, b_k), heads)  # (B, H, S, E)
-    v = _split(F.linear(xv, w_v, b_v), heads)  # (B, H, S, E)
-    batch, _, length, head_dim = q.shape
-    n_keys = k.shape[2]
-    call.q, call.k, call.v, call.scale = q, k, v, head_dim**-0.5
-    call.cross = not (query is key or (query.shape == key.shape and torch.equal(query, key)))
-    mask, padding = a["attn_mask"], a["key_padding_mask"]
-    if mask is not None and mask.dim() == 3:
-        mask = mask.view(batch, heads, length, n_keys)
-    if padding is not None:
-        padding = (padding[None] if unbatched else padding)[:, None, None, :]  # (B, 1, 1, S)
-    if recorder.records_weights(q.shape[:-2], length, n_keys):
-        call.blocked, call.bias = _mha_mask(mask, padding)
-        call.weights = _recompute(q, k, call.scale, call.blocked, call.bias)  # (B, H, L, S)
-        call.context = call.weights @ v.float()  # (B, H, L, E)
-    else:
-        try:
-            blocked = _blocked_only(mask, true_allows=False)
-            mode, blocked = _structure(blocked, q.shape[:-2], length, n_keys)
-            keys = _blocked_only(padding, true_allows=False)  # (B, 1, 1, S)
-            if keys is not None:
-                keys = keys[:, :, 0].expand(batch, heads, n_keys)
-                blocked = keys if blocked is None else blocked | keys
-            call.virtual, context = _virtual_form(q, k, v, call.scale, mode, blocked)
-            call.context = context.float()
-        except UnsupportedAttention as error:
-            call.unsupported = str(error)
-            recorder._open_call(call)
-            return result
-    merged = call.context.transpose(1, 2).reshape(batch, length, heads * head_dim)  # (B, L, D)
-    output = F.linear(merged, a["out_proj_weight"].float(), _float(a["out_proj_bias"]))
-    actual = result[0][:, None] if unbatched else result[0]
-    actual = actual.transpose(0, 1)  # (B, L, D)
-    call.projections = {
-        "x": xq,
-        "output": actual,
-        "w_q": w_q,
-        "w_k": w_k,
-        "w_v": w_v,
-        "w_o": a["out_proj_weight"],
-        "b_q": b_q,
-        "b_k": b_k,
-        "b_v": b_v,
-        "b_o": a["out_proj_bias"],
-    }
-    if a["dropout_p"] and a["training"]:
-        call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
-    else:
-        error = float((output - actual.float()).abs().max())
-        if not error <= tolerance(call.dtype) * max(1.0, float(actual.abs().max())):
-            call.unsupported = (
-                f"the weights from in_proj and the masks do not reproduce the output of "
-                f"multi_head_attention_forward (max error {error:.3g})"
-            )
-    recorder._open_call(call)
-    return result
-
-
-def _mha_mask(mask, padding) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(blocked, bias)`` of ``nn.MultiheadAttention``'s ``attn_mask`` and key padding."""
-    blocked, bias = _mask_terms(mask, true_allows=False)
-    extra_blocked, extra_bias = _mask_terms(padding, true_allows=False)
-    if extra_bias is not None:
-        bias = extra_bias if bias is None else bias + extra_bias
-    return _or(blocked, extra_blocked), bias
-
-
-def _float(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float()
-
-
-def _split(t: torch.Tensor, heads: int) -> torch.Tensor:
-    batch, length, width = t.shape
-    return t.reshape(batch, length, heads, width // heads).transpose(1, 2)  # (B, H, L, E)
-
-
-@reads("softmax")
-def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
-    result = func(*args, **kwargs)
-    logits = args[0] if args else kwargs.get("input")
-    info = recorder._get(logits)
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    if not isinstance(info, _Scores) or not isinstance(result, torch.Tensor):
-        return result
-    if dim is None or dim not in (-1, logits.dim() - 1):
-        return result
-    q, k = info.q, info.k
-    lead = logits.shape[:-2]
-    try:
-        q = q.reshape(*lead, *q.shape[-2:])  # (*lead, L, E)
-        k = k.reshape(*lead, *k.shape[-2:])  # (*lead, S, E)
-    except RuntimeError:
-        return result
-    call = AttentionCall(recorder.module, "softmax", q, k, info.scale, result.detach())
-    call.dtype = q.dtype
-    call.unsupported = info.unsupported
-    if not call.unsupported:
-        blocked, bias = info.blocked, None
-        if info.bias is not None:
-            extra, bias = split_bias(info.bias)
-            blocked = _or(blocked, extra)
-        call.blocked, call.bias = _lead(blocked, lead), _lead(bias, lead)
-        _check_softmax(call, result)
-    length, n_keys = result.shape[-2:]
-    if not call.unsupported and not recorder.records_weights(lead, length, n_keys):
-        _to_virtual(call)
-    recorder._open_call(call)
-    recorder._set(result, _Weights(call))
-    return result
-
-
-def _to_virtual(call: AttentionCall) -> None:
-    """Keep a checked softmax call's rows' lse instead of its weights (too large to hold)."""
-    try:
-        if call.bias is not None:
-            raise UnsupportedAttention(_HAS_BIAS)
-        lead, (length, n_keys) = call.q.shape[:-2], (call.q.shape[-2], call.k.shape[-2])
-        mode, padding = _structure(call.blocked, lead, length, n_keys)
-        call.virtual, _ = _virtual_form(call.q, call.k, None, call.scale, mode, padding)
-    except UnsupportedAttention as error:
-        call.unsupported = str(error)
-    else:
-        call.weights = call.blocked = None  # the model's own, not held beyond its use
-
-
-def _lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:
-    """A mask or bias broadcastable to ``(*lead, L, S)``, as the scores were viewed."""
-    if t is None or t.dim() <= 2:
-        return t
-    if t.shape[:-2].numel() == lead.numel() or t.dim() != len(lead) + 2:
-        return t.expand(*t.shape[:-2], *t.shape[-2:]).reshape(*lead, *t.shape[-2:])
-    return t
 
 
 def spread_rows(length: int, count: int = CHECKED_ROWS) -> torch.Tensor:
@@ -828,33 +461,3 @@ def spread_rows(length: int, count: int = CHECKED_ROWS) -> torch.Tensor:
     if length <= count:
         return torch.arange(length)
     return torch.linspace(0, length - 1, count).round().long().unique()
-
-
-def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
-    """The model's weights must follow from q, k, the scale and the mask truth.
-
-    Checked on an even spread of query rows (every row of a short sequence): a wrong
-    scale, bias or mask shows in any row, and the whole check costs a few percent of
-    the attention it checks.
-    """
-    rows = spread_rows(call.q.shape[-2])
-    blocked = _row_slice(call.blocked, rows)
-    bias = _row_slice(call.bias, rows)
-    q = call.q.index_select(-2, rows)
-    recomputed = _recompute(q, call.k, call.scale, blocked, bias)
-    difference = (recomputed - weights.index_select(-2, rows).float()).abs()
-    if blocked is not None:
-        empty = blocked.expand_as(difference).all(dim=-1, keepdim=True)
-        difference = difference.masked_fill(empty, 0.0)  # a padding row: what the model made of it
-    error = float(difference.max()) if difference.numel() else 0.0
-    # rounding grows with the logits (large in trained models): the derived bound, never less
-    # than the fixed floor that tells a wrong scale or mask from rounding
-    allowed = tolerance(call.dtype)
-    if call.dtype in precision.EPSILON:
-        logits = precision.max_logit(q, call.k, call.scale, blocked, bias)
-        allowed = max(allowed, precision.softmax_bound(call.dtype, logits))
-    if not error <= allowed:  # NaN fails too
-        call.unsupported = (
-            f"its softmax weights do not follow from q.k, scale {call.scale:.4g} and the "
-            f"additive terms (max error {error:.3g})"
-        )

@@ -1,0 +1,216 @@
+"""A module's own projection matrices, where they reproduce what its attention received.
+
+Readers registered with :func:`projection_reader` know the weight names of a kind of module
+(``wq/wk/wv``, ``query/key/value``, ``q_proj/k_proj/v_proj``, fused ``c_attn``/``qkv``/
+``Wqkv``, the output projection); a matrix is kept only when it reproduces the captured q, k,
+v (or the module's output) from the module's input on spread rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnpanel.capturing.intercept import AttentionCall, spread_rows, tolerance
+
+ProjectionReader = Callable[[nn.Module], dict[str, torch.Tensor | None] | None]
+
+
+_PROJECTION_READERS: list[ProjectionReader] = []
+
+
+def projection_reader(reader: ProjectionReader) -> ProjectionReader:
+    """Register a reader ``module -> {"w_q": ..., "b_q": ..., "w_o": ...}`` (or None).
+
+    Weights follow ``nn.Linear.weight`` (``(out, in)``). What a reader returns is kept only
+    where it reproduces the captured q, k, v or output.
+    """
+    _PROJECTION_READERS.append(reader)
+    return reader
+
+
+SEPARATE = (
+    ("wq", "wk", "wv"),  # attnpanel, NILMFormer
+    ("query", "key", "value"),  # BERT, RoBERTa, MiniLM, ViT
+    ("q_proj", "k_proj", "v_proj"),  # BART, Llama, Mistral, Qwen2, PatchTST
+    ("q_lin", "k_lin", "v_lin"),  # DistilBERT
+    ("q", "k", "v"),  # T5
+)
+
+
+FUSED = ("c_attn", "qkv", "Wqkv", "qkv_proj", "query_key_value", "in_proj")
+
+
+OUTPUTS = ("wo", "o_proj", "out_proj", "out_lin", "o", "c_proj", "proj", "out")
+
+
+# Rows (spread over samples and positions, both ends included) on which a projection
+# matrix must reproduce q, k or v: a wrong matrix, or a position-dependent step such as
+# rotary embeddings, fails on any row but position 0.
+PROJECTION_ROWS = 16
+
+
+def _linear(module: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(weight (out, in), bias)`` of a Linear, or of a GPT-2 ``Conv1D`` (``(in, out)``)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return None
+    bias = getattr(module, "bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) else None
+    if type(module).__name__ == "Conv1D":
+        return weight.t(), bias
+    return (weight, bias) if isinstance(module, nn.Linear) else None
+
+
+@projection_reader
+def _separate_projections(module: nn.Module):
+    for names in SEPARATE:
+        found = [_linear(getattr(module, n, None)) for n in names]
+        if all(found):
+            return {
+                key: value
+                for role, (weight, bias) in zip("qkv", found, strict=True)
+                for key, value in ((f"w_{role}", weight), (f"b_{role}", bias))
+            }
+    return None
+
+
+@projection_reader
+def _fused_projection(module: nn.Module):
+    for name in FUSED:
+        found = _linear(getattr(module, name, None))
+        if found and found[0].shape[0] % 3 == 0:
+            weight, bias = found
+            parts = {f"w_{r}": w for r, w in zip("qkv", weight.chunk(3), strict=True)}
+            if bias is not None:
+                parts.update({f"b_{r}": b for r, b in zip("qkv", bias.chunk(3), strict=True)})
+            return parts
+    return None
+
+
+@projection_reader
+def _output_projection(module: nn.Module):
+    for name in OUTPUTS:
+        found = _linear(getattr(module, name, None))
+        if found:
+            return {"w_o": found[0], "b_o": found[1]}
+    return None
+
+
+def _per_head(weight: torch.Tensor, width: int, groups: int) -> torch.Tensor:
+    """``(H' E, ...)`` rows repeated for each of the ``groups`` query heads a head serves."""
+    if groups == 1:
+        return weight
+    rows = weight.reshape(-1, width, *weight.shape[1:])  # (H', E, ...)
+    return rows.repeat_interleave(groups, dim=0).reshape(-1, *weight.shape[1:])  # (H E, ...)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    if a.shape != b.shape:
+        return False
+    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+    return float((a.float() - b.float()).abs().max()) <= tolerance(dtype) * scale * 4
+
+
+def _batch_first(t: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
+    """``t`` as ``(B, L, D)`` when it is that or ``(L, B, D)``; else None."""
+    if t is None or t.dim() != 3:
+        return None
+    if t.shape[:2] == (batch, length):
+        return t
+    if t.shape[:2] == (length, batch):
+        return t.transpose(0, 1)
+    return None
+
+
+def _flat_rows(t: torch.Tensor, rows: torch.Tensor, position_dim: int = 1) -> torch.Tensor:
+    """Rows of ``t`` ``(B, ..., L, ...)`` numbered sample-major, ``(len(rows), ...)``.
+
+    ``(B, L, D)`` gives ``(n, D)``; ``(B, H, L, E)`` with ``position_dim=2`` gives
+    ``(n, H, E)``; nothing but the chosen rows is read.
+    """
+    length = t.shape[position_dim]
+    index = (rows // length, *[slice(None)] * (position_dim - 1), rows % length)
+    return t[index]
+
+
+def read_projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
+    """x, output and the projection matrices that reproduce the call's q, k, v, output."""
+    found = dict(call.projections)
+    batch, heads, length, _ = call.q.shape
+    n_keys = call.k.shape[-2]
+    if module_call is None:
+        return {k: v for k, v in found.items() if v is not None}
+    module, args, kwargs, *rest = module_call
+    output = rest[0] if rest else None
+    inputs = call_tensors(args, kwargs)
+    if "x" not in found:
+        found["x"] = next(
+            (t for t in map(lambda t: _batch_first(t, batch, length), inputs) if t is not None),
+            None,
+        )
+    if "output" not in found:
+        first = output[0] if isinstance(output, tuple | list) and output else output
+        found["output"] = _batch_first(
+            first if isinstance(first, torch.Tensor) else None, batch, length
+        )
+    if not call.projections:
+        for reader in _PROJECTION_READERS:
+            found.update(reader(module) or {})
+    keys = [t for t in map(lambda t: _batch_first(t, batch, n_keys), inputs) if t is not None]
+    kept = {name: found[name] for name in ("x", "output") if found.get(name) is not None}
+    x = kept.get("x")
+    # checked on an even spread of (sample, position) rows, as the softmax is
+    queries = spread_rows(batch * length, PROJECTION_ROWS)
+    key_rows = spread_rows(batch * n_keys, PROJECTION_ROWS)
+    targets = {"q": call.q, "k": call.k, "v": call.v}
+    for role, target in targets.items():
+        weight, bias = found.get(f"w_{role}"), found.get(f"b_{role}")
+        if weight is None or target is None:
+            continue
+        sources = (
+            [x] if role == "q" else ([] if call.cross else [x]) + [t for t in keys if t is not x]
+        )
+        for source in (s for s in sources if s is not None):
+            width = target.shape[-1]
+            if source.shape[-1] != weight.shape[1] or weight.shape[0] % width:
+                continue
+            if source.shape[:2] != (target.shape[0], target.shape[2]):
+                continue  # another sequence's length: it cannot be this one's source
+            rows = queries if role == "q" else key_rows
+            projected = F.linear(_flat_rows(source, rows), weight, bias)  # (n, H' E)
+            split = projected.unflatten(-1, (-1, width))  # (n, H', E)
+            groups = heads // split.shape[1] if heads % split.shape[1] == 0 else 1
+            if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
+                split = split.repeat_interleave(groups, dim=1)  # (n, H, E)
+            if _close(split, _flat_rows(target, rows, position_dim=2), call.dtype):
+                if role == "k" and source is not x:
+                    kept["cross"] = True  # keys projected from another sequence
+                # as k itself, the matrix is given per query head: (H E, D)
+                kept[f"w_{role}"] = _per_head(weight, width, groups)
+                if bias is not None:
+                    kept[f"b_{role}"] = _per_head(bias, width, groups)
+                if groups > 1:
+                    kept["kv_heads"] = split.shape[1] // groups
+                break
+    weight, bias = found.get("w_o"), found.get("b_o")
+    if weight is not None and call.context is not None and kept.get("output") is not None:
+        merged = _flat_rows(call.context, queries, position_dim=2).flatten(1)  # (n, H E)
+        if merged.shape[-1] == weight.shape[1]:
+            projected = F.linear(merged.to(weight.dtype), weight, bias)  # (n, D)
+            if _close(projected, _flat_rows(kept["output"], queries), call.dtype):
+                kept["w_o"] = weight
+                if bias is not None:
+                    kept["b_o"] = bias
+    return kept
+
+
+def call_tensors(args, kwargs) -> list[torch.Tensor]:
+    values = list(args) + list(kwargs.values())
+    return [t for t in values if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+# from a call to a trace
