@@ -21,7 +21,6 @@ MAX_CLASS_LINES = 300
 # Modules and classes still over the limits, at their size today: the list may only shrink
 # (each entry fails once its file is split below the limit, or if it grows).
 OVERSIZE_MODULES = {
-    "attnpanel/nilm/nilmformer.py": 632,
     "attnpanel/app/engine.py": 644,
     "attnpanel/render/export.py": 777,
 }

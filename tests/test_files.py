@@ -15,7 +15,8 @@ import xarray as xr
 
 import attnpanel
 from attnpanel import cli
-from attnpanel.nilm.nilmformer import NILMFormer, NILMFormerConfig, default_path, main, save_model
+from attnpanel.nilm.nilmformer import NILMFormer, NILMFormerConfig, default_path, save_model
+from attnpanel.nilm.training import main
 from attnpanel.render.export import export_html
 from attnpanel.traces import io
 from attnpanel.util.files import write_safely

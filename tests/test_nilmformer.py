@@ -14,15 +14,12 @@ from attnpanel.nilm.nilmformer import (
     NILMFormer,
     NILMFormerConfig,
     default_path,
-    evaluate,
-    heldout_windows,
     load_model,
-    main,
     save_model,
     time_features,
-    train,
 )
 from attnpanel.nilm.power import APPLIANCES, generate, windows
+from attnpanel.nilm.training import evaluate, heldout_windows, main, train
 
 TINY = dict(d_model=16, n_heads=2, n_layers=1, window=64, dilations=[1, 2])
 

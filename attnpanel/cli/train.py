@@ -7,9 +7,9 @@ import argparse
 
 def run(args: argparse.Namespace) -> None:
     """Train the demo model on synthetic household power."""
-    from attnpanel.nilm import nilmformer
+    from attnpanel.nilm import training
 
-    nilmformer.main(args.rest)
+    training.main(args.rest)
 
 
 def add_parser(sub) -> None:

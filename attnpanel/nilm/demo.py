@@ -37,7 +37,7 @@ EVENT_THRESHOLD_DEFAULT = 300.0  # ... for the others: heaters, kettle, microwav
 def _model(path: Path):
     # Loading is cheap but not free; the explorer may ask for several layers in a row.
     # nilmformer is imported here so that `import attnpanel` does not load it, which
-    # keeps `python -m attnpanel.nilm.nilmformer` free of runpy's double-import warning.
+    # keeps `python -m attnpanel.nilm.training` free of runpy's double-import warning.
     from attnpanel.nilm.nilmformer import load_model
 
     return load_model(path)
