@@ -23,7 +23,7 @@ from attnpanel import (
     validate,
 )
 from attnpanel.kernels.masks import MASK_FILL
-from attnpanel.traces.schema import ATTENTION_DIMS, EXPECTED_DIMS
+from attnpanel.traces.schema import ATTENTION_DIMS, EXPECTED_DIMS, REFERENCE_SERIES
 from attnpanel.traces.stages import trace_mask
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -80,7 +80,8 @@ def test_every_stage_matches_torch_references(mode):
 def test_contract_dims_coords_and_attrs():
     _, _, ds = small_trace("causal")
     for name, dims in EXPECTED_DIMS.items():
-        if name not in ("mask", "padding", "lse"):  # custom masks, padding, virtual traces
+        # custom masks, padding, a virtual trace's lse and the reference series are optional
+        if name not in ("mask", "padding", "lse", *REFERENCE_SERIES):
             assert ds[name].dims == dims, name
     assert ds.weights.dims == ATTENTION_DIMS
     assert ds.attrs["d_model"] == 16
@@ -327,3 +328,16 @@ def test_a_padded_key_stays_blocked_under_every_mask_mode():
         cells = blocked_cells(ds, mode, batch=1).values
         assert cells[..., -3:].all(), mode
         assert (recompute_weights(ds, mode, batch=1).values[..., -3:] == 0).all(), mode
+
+
+def test_reference_series_are_checked_by_their_contract():
+    _, _, ds = small_trace("causal")
+    n_batch, length = ds.sizes["batch"], ds.sizes["query"]
+    good = ds.assign(
+        signal=(("batch", "position"), np.ones((n_batch, length), dtype=np.float32)),
+        truth=(("batch", "series", "position"), np.ones((n_batch, 2, length), np.float32)),
+    )
+    assert validate(good) is good
+    wrong = ds.assign(truth=(("batch", "position"), np.ones((n_batch, length), np.float32)))
+    with pytest.raises(ValueError, match="truth"):
+        validate(wrong)
