@@ -17,14 +17,8 @@ from pairs import padded_pair
 
 import attnpanel
 from attnpanel.cli import main
-from attnpanel.render.export import (
-    CURVE_BINS,
-    LEVELS,
-    MASKED,
-    MASKED_SHARE,
-    export_html,
-    export_maps,
-)
+from attnpanel.readouts.windows import CURVE_BINS
+from attnpanel.render.export import LEVELS, MASKED, MASKED_SHARE, export_html, export_maps
 from attnpanel.traces import overviews, virtual
 from attnpanel.traces.stages import attention_stage
 

@@ -42,13 +42,6 @@ from attnpanel.util import untrusted
 
 log = logging.getLogger(__name__)
 
-# The state mirrored in the page URL: parameter -> query argument (a link opens the view).
-URL_PARAMS = {
-    **{name: name for name in ("sample", "head", "query", "mask", "stage", "step")},
-    "show_projection": "projection",
-    "show_merge": "merge",
-}
-
 
 class AttentionExplorer(LayerExplorer):
     """Explore every stage of one multi-head attention layer captured in a trace.
@@ -62,7 +55,12 @@ class AttentionExplorer(LayerExplorer):
         Initial values of the state's parameters (``sample``, ``head``, ``layer`` ...).
     """
 
-    URL_PARAMS = URL_PARAMS
+    # the state mirrored in the page URL: parameter -> query argument (a link opens the view)
+    URL_PARAMS = {
+        **{name: name for name in ("sample", "head", "query", "mask", "stage", "step")},
+        "show_projection": "projection",
+        "show_merge": "merge",
+    }
 
     def make_sections(self, parts: dict) -> dict:
         return {

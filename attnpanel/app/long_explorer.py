@@ -34,8 +34,6 @@ from attnpanel.render.styling import WRAP
 from attnpanel.traces import virtual
 from attnpanel.traces.overviews import Overviews
 
-URL_PARAMS = {name: name for name in ("sample", "head", "query", "mask")}
-
 
 class LongExplorer(LayerExplorer):
     """Explore one attention layer of a virtual trace, at any length.
@@ -54,7 +52,7 @@ class LongExplorer(LayerExplorer):
         Initial values of the state's parameters (``sample``, ``head``, ``query``, ``mask``).
     """
 
-    URL_PARAMS = URL_PARAMS
+    URL_PARAMS = {name: name for name in ("sample", "head", "query", "mask")}
     BACKGROUND = True  # maps never block the server
 
     def __init__(

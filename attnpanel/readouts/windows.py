@@ -38,6 +38,7 @@ from attnpanel.traces.overviews import PIXELS, Entry, Overviews
 # 0.2 s on two cores); a smaller plot, its share of that (a 140 px head tile ~1,200^2):
 # larger windows are first cut from the overview, then refined.
 EXACT_CELLS = 2**24
+CURVE_BINS = 1600  # pixel columns a long curve is cut to (min and max of each), page and export
 EXACT_PIXELS = 480 * 480
 TOP_KEYS = 10  # the keys a query click lists
 

@@ -54,3 +54,7 @@ class Raster:
             group=self.group,
             label=self.label,
         )
+
+
+MAP_KEY = PlotKey("Image", "Attention")  # the large matrix (the dense and the long page)
+HEAD_MAP_KEY = PlotKey("Image", "HeadMap")  # a head's tile

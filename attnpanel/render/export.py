@@ -50,7 +50,7 @@ from bokeh.resources import Resources
 from attnpanel.kernels import tiles
 from attnpanel.readouts.core import Selection, sequence_series
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.readouts.windows import envelope
+from attnpanel.readouts.windows import CURVE_BINS, envelope
 from attnpanel.render.palette import HIGHLIGHT, curve_styles, head_color
 from attnpanel.traces import virtual
 from attnpanel.traces.overviews import PIXELS, Entry, Overviews
@@ -88,7 +88,6 @@ DISPLAY = 400  # frame of the large map, in pixels: the stored resolution
 # a virtual trace's maps: its overviews' side (what the explorer and `attnpanel overviews`
 # store), so that a stored trace exports without computing a map
 OVERVIEW_DISPLAY = PIXELS[0]
-CURVE_BINS = 1600  # a longer curve is stored by each bin's min and max (the long explorer's)
 
 
 def _palette(n: int = LEVELS + 1) -> list[str]:

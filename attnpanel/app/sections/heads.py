@@ -20,13 +20,12 @@ from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views, styling, views
-from attnpanel.render.elements import PlotKey
+from attnpanel.render.elements import HEAD_MAP_KEY, PlotKey
 from attnpanel.render.head_grid import GAP_PX, HeadGrid
 from attnpanel.render.palette import head_color
 from attnpanel.render.styling import WRAP
 
 HEAD_MAP_SIZE = 140
-HEAD_MAP_KEY = PlotKey("Image", "HeadMap")
 GRID_PANE = "head maps"  # the one figure holding every head's tile
 QUERY_BAND_KEY = PlotKey("HSpan", "Marker")
 SHARES_KEY = PlotKey("MassShares", "MassShare")

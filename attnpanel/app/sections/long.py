@@ -35,12 +35,11 @@ from attnpanel.app.sections.matrix import MATRIX_SIZE, matrix_style
 from attnpanel.app.sections.sequence import sequence_styles
 from attnpanel.app.sources import VirtualSource
 from attnpanel.readouts import core, windows
-from attnpanel.render.elements import PlotKey
+from attnpanel.readouts.windows import CURVE_BINS
+from attnpanel.render.elements import MAP_KEY
 
-MAP_KEY = PlotKey("Image", "Attention")
 SEQUENCE_HEIGHT = 220
 ROW_HEIGHT = 200
-CURVE_BINS = 1600  # pixel columns a long curve is cut to (min and max of each)
 REDRAW_AFTER_MS = 150  # the curves are redrawn for a new x range once it rests this long
 RECUT = ("sequence view", "query row")  # the views cut to the shared x range
 

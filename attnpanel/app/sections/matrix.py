@@ -16,10 +16,9 @@ from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
-from attnpanel.render.elements import PlotKey
+from attnpanel.render.elements import MAP_KEY
 
 MATRIX_SIZE = 480  # one pixel per cell at the demo length
-MAP_KEY = PlotKey("Image", "Attention")
 # Browser-side lookups of a position's clock time (the labels are data passed as args).
 TICK_CODE = "const i = Math.round(tick); return (i >= 0 && i < labels.length) ? labels[i] : '';"
 HOVER_CODE = (
