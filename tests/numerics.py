@@ -1,7 +1,7 @@
 """One rule for every numerical comparison of attention in the tests.
 
-Three kinds of comparison, each with its own tolerance (``attnpanel.kernels.precision`` derives the
-bound and says why):
+Three kinds of comparison, each with its own tolerance (``attnpanel.kernels.precision``
+derives the softmax bound and says why):
 
 * **Two kernels** (the model's own ``output_attentions`` against the captured weights, SDPA
   against eager, tiles against a dense softmax): :func:`assert_kernels_agree`, within
@@ -9,7 +9,8 @@ bound and says why):
   truth, ``kernels=1`` (:func:`assert_exact_weights`).
 * **The same numbers passed on** (drawn on the page, saved and loaded, cut into a window):
   :func:`assert_same_numbers`, equal up to one rounding to float32.
-* **float64 against float64**: ``FLOAT64_ATOL``.
+* **Sums of products computed twice** (projections, ``weights @ v``, outputs):
+  :func:`assert_products_agree`, ``2 * terms * eps`` of their magnitude.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import xarray as xr
 
 from attnpanel.kernels import precision
 from attnpanel.traces import layers, virtual
-from attnpanel.traces.stages import attention_stage, masked_cells
+from attnpanel.traces.stages import attention_stage, masked_cells, recompute_weights
 
-FLOAT64_ATOL = 1e-9
 LARGE = 2**26  # cells of q . k past which the logits' maximum is bounded, not computed
 FLOAT32 = np.float32
 
@@ -48,7 +48,7 @@ def trace_logits(capture, mask=None) -> float:
             k_norm = float(np.sqrt((ds["k"].astype("float64") ** 2).sum("head_dim")).max())
             largest = max(largest, ds.attrs["scale"] * q_norm * k_norm)
             continue
-        wide = ds.assign(q=ds["q"].astype("float64"), k=ds["k"].astype("float64"))
+        wide = _widened(ds)
         for sample in range(ds.sizes["batch"]):
             scaled = np.abs(attention_stage(wide, "scaled", batch=sample).values)  # (H, L, S)
             for head in range(ds.sizes["head"]):
@@ -60,14 +60,15 @@ def trace_logits(capture, mask=None) -> float:
     return largest
 
 
+def _widened(ds: xr.Dataset) -> xr.Dataset:
+    """A layer with q, k (and its bias) in float64: what the truth is computed from."""
+    wide = ds.assign(q=ds["q"].astype("float64"), k=ds["k"].astype("float64"))
+    return wide.assign(bias=ds["bias"].astype("float64")) if "bias" in ds else wide
+
+
 def float64_weights(ds: xr.Dataset) -> xr.DataArray:
     """The truth: a layer's weights recomputed in float64 from its own q, k and full mask."""
-    from attnpanel import recompute_weights
-
-    wide = ds.assign(q=ds["q"].astype("float64"), k=ds["k"].astype("float64"))
-    if "bias" in ds:
-        wide = wide.assign(bias=ds["bias"].astype("float64"))
-    return recompute_weights(wide, ds.attrs["mask"])
+    return recompute_weights(_widened(ds), ds.attrs["mask"])
 
 
 def real_rows(ds: xr.Dataset) -> np.ndarray:
