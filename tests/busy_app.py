@@ -8,10 +8,10 @@ is shown with the threshold at 0, as a trace whose maps take seconds would show 
 import panel as pn
 
 import attnpanel
-from attnpanel.app import engine, serving
+from attnpanel.app import scheduler, serving
 from attnpanel.app.explorer import AttentionExplorer, notify_errors
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
-engine.BUSY_AFTER_S = 0.0
+scheduler.BUSY_AFTER_S = 0.0
 trace = serving.shared_trace("demo", attnpanel.demo)
 AttentionExplorer(trace).servable(title="attnpanel busy")

@@ -207,7 +207,7 @@ def test_head_summary_table_redraws_with_the_mask(app, artifacts):
     """The per-head table shows the statistics of the shown sample and mask, and new ones
     after a mask switch (a table that kept drawing its first data once misled here)."""
     import attnpanel
-    from attnpanel.readouts.core import head_statistics
+    from attnpanel.readouts.core import head_patterns
 
     trace = attnpanel.demo()
 
@@ -215,9 +215,7 @@ def test_head_summary_table_redraws_with_the_mask(app, artifacts):
         sample = page.evaluate("attn.widget('Sample').value")  # as earlier tests left it
         sel = core.Selection(sample=sample, mask=mask, stage="softmax")
         weights = core.stage_heads(trace, sel)
-        return [
-            f"{d:.1f}" for d in np.round(head_statistics(np.nan_to_num(weights))["distance"], 1)
-        ]
+        return [f"{d:.1f}" for d in np.round(head_patterns(np.nan_to_num(weights))["distance"], 1)]
 
     page, console = app
     set_widget(page, "Mask", "diagonal")

@@ -104,9 +104,9 @@ def head_weights(trace, head: int, sample: int = 0) -> np.ndarray:
     weights = trace["weights"].values[sample, head].astype(np.float32).copy()
     mask = trace.attrs.get("mask", "none")
     if mask != "none":
-        from attnpanel.readouts.core import blocked_cells
+        from attnpanel.readouts.core import drawn_masked
 
-        blocked = blocked_cells(trace, mask)
+        blocked = drawn_masked(trace, mask)
         if blocked is not None:
             weights[blocked] = np.nan
     return weights

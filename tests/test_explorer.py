@@ -382,12 +382,12 @@ def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, t
 
 
 def test_head_summary_table_follows_sample_and_mask(explorer, trace):
-    from attnpanel.readouts.core import head_statistics
+    from attnpanel.readouts.core import head_patterns
 
     for change in (dict(), dict(sample=1, mask="causal")):
         explorer.param.update(**change)
         weights = core.stage_heads(trace, explorer.selection.with_(stage="softmax"))
-        expected = head_statistics(np.nan_to_num(weights))
+        expected = head_patterns(np.nan_to_num(weights))
         rows = table_rows(explorer, "head summary")  # as the page shows it
         distance = [float(row["distance (steps)"]) for row in rows]
         np.testing.assert_allclose(distance, np.round(expected["distance"], 1))
@@ -438,22 +438,22 @@ def test_the_busy_indicator_waits_for_changes_expected_to_be_slow(trace):
     """Only a change whose redraw is expected to take over BUSY_AFTER_S shows the busy
     indicator first; the expectation scales with the sample's attention cells and learns
     from the uncached changes the engine drew."""
-    from attnpanel.app import engine
+    from attnpanel.app import scheduler
 
     state = AttentionExplorer(trace.copy())  # a cache of its own: nothing drawn yet
     state.__panel__().get_root(Document())
-    live = state.engine
+    cost = state.engine.scheduler.cost
     cells = trace.sizes["head"] * trace.sizes["query"] * trace.sizes["key"]
-    assert live.expected_seconds() == pytest.approx(cells * engine.SECONDS_PER_CELL)
+    assert cost.expected_seconds() == pytest.approx(cells * scheduler.SECONDS_PER_CELL)
     # the demo (8 x 480 x 480) redraws in about 0.1 s: no indicator
-    assert 8 * 480 * 480 * engine.SECONDS_PER_CELL < engine.BUSY_AFTER_S
+    assert 8 * 480 * 480 * scheduler.SECONDS_PER_CELL < scheduler.BUSY_AFTER_S
     # 8 heads at L = 2,048: seconds, so the indicator goes out first
-    assert 8 * 2048 * 2048 * engine.SECONDS_PER_CELL > engine.BUSY_AFTER_S
-    live.seconds_per_cell = 1.0
-    assert live.expected_seconds() == cells
-    live.seconds_per_cell = engine.SECONDS_PER_CELL
+    assert 8 * 2048 * 2048 * scheduler.SECONDS_PER_CELL > scheduler.BUSY_AFTER_S
+    cost.seconds_per_cell = 1.0
+    assert cost.expected_seconds() == cells
+    cost.seconds_per_cell = scheduler.SECONDS_PER_CELL
     state.sample = 1  # not drawn yet: its redraw time is learnt
-    assert live.seconds_per_cell != engine.SECONDS_PER_CELL
-    learnt = live.seconds_per_cell
+    assert cost.seconds_per_cell != scheduler.SECONDS_PER_CELL
+    learnt = cost.seconds_per_cell
     state.sample = 0  # cached: nothing learnt
-    assert live.seconds_per_cell == learnt
+    assert cost.seconds_per_cell == learnt

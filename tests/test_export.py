@@ -14,14 +14,8 @@ import pytest
 import torch
 
 import attnpanel
-from attnpanel.render.export import (
-    DISPLAY,
-    LEVELS,
-    MASKED,
-    display_resolution,
-    export_html,
-    export_maps,
-)
+from attnpanel.render.export import export_html
+from attnpanel.render.export_maps import DISPLAY, LEVELS, MASKED, display_resolution, export_maps
 from attnpanel.traces.stages import attention_stage
 
 MAX_BYTES = 5_000_000  # 5 MB, the limit

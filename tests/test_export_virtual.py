@@ -18,7 +18,8 @@ from pairs import padded_pair
 import attnpanel
 from attnpanel.cli import main
 from attnpanel.readouts.windows import CURVE_BINS
-from attnpanel.render.export import LEVELS, MASKED, MASKED_SHARE, export_html, export_maps
+from attnpanel.render.export import export_html
+from attnpanel.render.export_maps import LEVELS, MASKED, MASKED_SHARE, export_maps
 from attnpanel.traces import overviews, virtual
 from attnpanel.traces.stages import attention_stage
 

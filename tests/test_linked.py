@@ -8,8 +8,8 @@ import xarray as xr
 from bokeh.document import Document
 
 from attnpanel.app import linked
-from attnpanel.app.engine import LINKED_GROUPS
 from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.app.registry import LINKED_GROUPS
 from attnpanel.readouts.raster import snap_window, window_raster
 from attnpanel.render import palette
 

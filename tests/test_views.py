@@ -162,7 +162,7 @@ def test_value_aggregation_is_the_trace_context(trace):
     expected = trace["context"].isel(batch=2, head=4, query=11)
     numerics.assert_products_agree(context, expected, terms=trace.sizes["key"])  # weights @ v
     top = views.top_values(trace, sel)
-    assert len(set(top.dimension_values("key"))) == views.TOP_KEYS
+    assert len(set(top.dimension_values("key"))) == views.TOP_VALUES
     best = int(np.argmax(weights))
     assert top.dimension_values("key")[0].startswith(f"{best}: ")
 
@@ -201,7 +201,7 @@ def test_head_map_and_palette(trace):
 
 
 def test_shape_table_lists_every_step_with_real_shapes(trace):
-    table = views.shape_table(trace)
+    table = views.shape_view(trace)
     steps = list(table.dimension_values("step"))
     assert steps == [
         "input",
@@ -241,7 +241,7 @@ def test_views_name_the_missing_variable(weights_only):
     # the trace's own weights still show
     values = core.attention_values(weights_only, sel)
     assert np.isnan(np.diag(values)).all()
-    assert "not in trace" in " ".join(views.shape_table(weights_only).dimension_values("shape"))
+    assert "not in trace" in " ".join(views.shape_view(weights_only).dimension_values("shape"))
 
 
 def test_layer_names_in_titles_tell_groups_apart():
@@ -296,7 +296,7 @@ def test_model_view_maps_read_like_the_matrix_query_0_on_top():
             y = layer - 0.5 + (pad // 2 + query + 0.5) / (length + pad)  # inverted: grows down
             x = -0.5 + (pad // 2 + 1 + 0.5) / (length + pad)  # head 0, key 1
             assert float(image[x, y]) == pytest.approx(float(weights[layer, 0, query, 1]))
-    style = next(o for o in model_views.options() if o.key == "Image.ModelView")
+    style = next(o for o in styling.options() if o.key == "Image.ModelView")
     assert style.kwargs["invert_yaxis"] is True  # layer 0 and each query 0 at the top
 
 
@@ -315,14 +315,14 @@ def test_clock_labels_name_each_position_by_its_time():
     assert clock_labels(xr.Dataset(coords={"position": np.arange(3)})) is None
 
 
-def test_head_statistics_match_a_direct_computation():
-    from attnpanel.readouts.core import head_statistics
+def test_head_patterns_match_a_direct_computation():
+    from attnpanel.readouts.core import head_patterns
 
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(3, 7, 7)) * 3
     logits[:, np.eye(7, dtype=bool)] = -np.inf  # a diagonal mask: zeros on the diagonal
     weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    stats = head_statistics(weights.astype(np.float32))
+    stats = head_patterns(weights.astype(np.float32))
     q, k = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
     for h in range(3):
         w = weights[h]
@@ -333,7 +333,7 @@ def test_head_statistics_match_a_direct_computation():
         assert stats["lag_share"][h] == counts.max() / 7
         entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(1).mean() / np.log(7)
         np.testing.assert_allclose(stats["entropy"][h], entropy, rtol=1e-5)
-    uniform = head_statistics(np.full((1, 4, 4), 0.25, dtype=np.float32))
+    uniform = head_patterns(np.full((1, 4, 4), 0.25, dtype=np.float32))
     np.testing.assert_allclose(uniform["entropy"], [1.0], rtol=1e-6)
 
 

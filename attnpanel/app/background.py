@@ -11,7 +11,7 @@ loop (``Document.add_next_tick_callback``, the one document method safe from ano
 thread), where it is drawn. A view asked again before its last result came back draws
 only the newest one, and a computation superseded while it runs stops at its next step
 (:mod:`attnpanel.util.cancel`) instead of holding a worker to its end. The page's busy
-indicator shows once work has been in flight for :data:`BUSY_AFTER_S`, with the number
+indicator shows once work has been in flight for :data:`IN_FLIGHT_BUSY_S`, with the number
 of views still computing, and goes when all are drawn. Outside a server (a notebook,
 the tests, the benchmarks) the same pool computes a change's views side by side and the
 call returns once they are drawn.
@@ -34,7 +34,7 @@ from attnpanel.util import cancel
 
 log = logging.getLogger(__name__)
 
-BUSY_AFTER_S = 0.3  # work still in flight after this long shows the busy indicator
+IN_FLIGHT_BUSY_S = 0.3  # work still in flight after this long shows the busy indicator
 THREADS = min(4, os.cpu_count() or 2)
 
 
@@ -134,12 +134,12 @@ class Background:
     def _started(self, doc) -> None:
         if self._in_flight == 0:
             self._since = time.monotonic()
-            doc.add_timeout_callback(partial(self._show, doc), 1000 * BUSY_AFTER_S)
+            doc.add_timeout_callback(partial(self._show, doc), 1000 * IN_FLIGHT_BUSY_S)
         self._in_flight += 1
 
     def _show(self, doc) -> None:
         waited = time.monotonic() - self._since
-        if self._in_flight and waited >= 0.9 * BUSY_AFTER_S:
+        if self._in_flight and waited >= 0.9 * IN_FLIGHT_BUSY_S:
             with set_curdoc(doc):
                 self.indicator.object = self._text()
                 self.indicator.visible = True

@@ -128,7 +128,7 @@ class LayerExplorer(ExplorerState, Explorer):
             self._layout = pn.Column(
                 heading, self.engine.indicator, *self.page(), sizing_mode="stretch_width"
             )
-            self.engine.root = self._layout
+            self.engine.scheduler.root = self._layout
             self.laid_out()
         return self._layout
 

@@ -114,7 +114,8 @@ class AttentionExplorer(LayerExplorer):
         sample : int, optional
             The sample to export; defaults to the one shown.
         size : int, optional
-            Display resolution of the stored maps (default ``attnpanel.render.export.DISPLAY``).
+            Display resolution of the stored maps (default
+            ``attnpanel.render.export_maps.DISPLAY``).
         overwrite : bool
             Replace an existing HTML page at ``path`` (nothing else is ever replaced).
 
@@ -122,7 +123,8 @@ class AttentionExplorer(LayerExplorer):
         -------
         Path
         """
-        from attnpanel.render.export import DISPLAY, export_html
+        from attnpanel.render.export import export_html
+        from attnpanel.render.export_maps import DISPLAY
 
         sample = self.sample if sample is None else sample
         title = f"attnpanel · {str(self.trace.attrs.get('source', '')).splitlines()[0][:80]}"

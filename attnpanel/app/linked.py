@@ -36,7 +36,8 @@ from bokeh.events import SelectionGeometry
 from bokeh.models import BoxAnnotation, BoxSelectTool, WheelZoomTool
 from panel.io.state import set_curdoc
 
-from attnpanel.app.engine import LINKED_GROUPS, LiveEngine
+from attnpanel.app.engine import LiveEngine
+from attnpanel.app.registry import LINKED_GROUPS
 from attnpanel.readouts import core
 from attnpanel.render import styling, views
 
@@ -125,8 +126,8 @@ def mass_shares(ds, sel: core.Selection, cache, box, shares=None) -> MassShares:
     """The per-head mass shares of a box (head colours, grey when off), or none.
 
     ``shares(rows, cols)``, given, computes them for the box's query and key slices (a
-    virtual trace, :func:`attnpanel.readouts.windows.mass_share`); by default they are read from
-    the sample's weights (:func:`mass_share`).
+    virtual trace, :func:`attnpanel.readouts.windows.streamed_mass_share`); by default they
+    are read from the sample's weights (:func:`mass_share`).
     """
     n_heads = ds.sizes["head"]
     colors = list(styling.head_colors(np.arange(n_heads), set(sel.enabled_heads) or None))

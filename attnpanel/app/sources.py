@@ -35,7 +35,7 @@ class VirtualSource:
     def row_lse(self, sel) -> torch.Tensor:
         """Each row's ``lse`` of the selected sample under the selected mask, ``(1, H, L)``."""
         state = self.state
-        return windows.row_lse(state.trace, sel.sample, sel.mask, state.cache, sel.layer)
+        return windows.sample_row_lse(state.trace, sel.sample, sel.mask, state.cache, sel.layer)
 
     def qk(self, sel) -> windows.SampleQK:
         """The selected sample's ``q`` and ``k``, cut from the trace once."""

@@ -241,7 +241,7 @@ class AttentionRecorder(TorchFunctionMode):
             self._follow_scores(name, args, source, info, result)
 
     def _product(self, name: str, args, result: torch.Tensor) -> None:
-        operands = _operands(name, args)
+        operands = product_operands(name, args)
         if operands is None:
             return
         q, k = operands
@@ -329,7 +329,7 @@ def _scalar(value) -> float | None:
     return None
 
 
-def _einsum_parts(args) -> tuple[list[str], str, list[torch.Tensor]] | None:
+def einsum_parts(args) -> tuple[list[str], str, list[torch.Tensor]] | None:
     equation, *operands = args
     if len(operands) == 1 and isinstance(operands[0], list | tuple):
         operands = list(operands[0])
@@ -342,7 +342,7 @@ def _einsum_parts(args) -> tuple[list[str], str, list[torch.Tensor]] | None:
     return inputs, output, operands
 
 
-def _operands(name: str, args) -> tuple[torch.Tensor, torch.Tensor] | None:
+def product_operands(name: str, args) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(q, k)`` as ``(*lead, L, E)`` and ``(*lead, S, E)`` from a ``q . k`` product."""
     if name in ("matmul", "bmm"):
         a, b = args[0], args[1]
@@ -352,7 +352,7 @@ def _operands(name: str, args) -> tuple[torch.Tensor, torch.Tensor] | None:
         q = a.expand(*lead, *a.shape[-2:])  # (*lead, L, E)
         k = b.expand(*lead, *b.shape[-2:]).transpose(-2, -1)  # (*lead, S, E)
         return q, k
-    parts = _einsum_parts(args)
+    parts = einsum_parts(args)
     if parts is None:
         return None
     (sub_a, sub_b), out, (a, b) = parts
@@ -382,7 +382,7 @@ def _weights_times_values(name, args, source, call: AttentionCall, result) -> No
             return
         v, context = args[1], result  # (*lead, S, E), (*lead, L, E)
     else:
-        parts = _einsum_parts(args)
+        parts = einsum_parts(args)
         if parts is None:
             return
         (sub_w, sub_v), out, (w, v) = parts

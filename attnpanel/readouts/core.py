@@ -175,7 +175,7 @@ def mask_mode(ds: xr.Dataset, sel: Selection) -> str:
     return ds.attrs.get("mask", "none") if sel.mask is None else sel.mask
 
 
-def blocked_cells(
+def drawn_masked(
     ds: xr.Dataset, mask: str | None = None, sample: int = 0, head: int | str | None = None
 ) -> np.ndarray | None:
     """The ``(query, key)`` cells drawn as masked for one sample and head, or None.
@@ -236,7 +236,7 @@ def attention_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
         else:
             values = heads[int(sel.head)].copy()
         if sel.stage in ("masked", "softmax"):
-            blocked = blocked_cells(ds, mask, sel.sample, sel.head)
+            blocked = drawn_masked(ds, mask, sel.sample, sel.head)
             if blocked is not None:
                 values[blocked] = np.nan
         return values
@@ -473,7 +473,7 @@ def uses_sinusoidal(ds: xr.Dataset) -> bool:
     return str(ds.attrs.get(POSITIONAL_ATTR, "")).lower() == "sinusoidal"
 
 
-def head_statistics(weights: np.ndarray) -> dict[str, np.ndarray]:
+def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
     """Where each head looks, over the queries of one sample.
 
     Parameters

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from attnpanel.readouts.core import head_statistics
+from attnpanel.readouts.core import head_patterns
 
 
 def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
@@ -99,7 +99,7 @@ def head_summary(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
         and the three keys that receive the most attention overall.
     """
     weights = np.asarray(ds["weights"].isel(batch=batch).values, dtype=np.float32)
-    stats = head_statistics(weights)
+    stats = head_patterns(weights)
     labels = _labels(ds, batch)
     records = []
     for head in range(weights.shape[0]):
@@ -131,7 +131,7 @@ def _labels(ds: xr.Dataset, batch: int) -> list[str]:
     return [str(i) for i in range(length)]
 
 
-def top_keys(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
+def top_key_table(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
     """For every query position, the key each head attends to most.
 
     Returns
@@ -171,5 +171,5 @@ def describe(ds: xr.Dataset, batch: int = 0, positions: bool | None = None) -> s
             f"entropy {row.entropy_vs_uniform:.2f} of uniform, most attended {row.most_attended}"
         )
     if positions or (positions is None and ds.sizes["query"] <= 64):
-        lines += ["", "most attended key per query position:", top_keys(ds, batch).to_string()]
+        lines += ["", "most attended key per query position:", top_key_table(ds, batch).to_string()]
     return "\n".join(lines)

@@ -351,7 +351,9 @@ def sample_qk(ds: xr.Dataset, sample: int, cache=None, layer: int = 0) -> Sample
     return cache.get(("qk", layer, sample), compute)
 
 
-def row_lse(ds: xr.Dataset, sample: int, mask: str, cache=None, layer: int = 0) -> torch.Tensor:
+def sample_row_lse(
+    ds: xr.Dataset, sample: int, mask: str, cache=None, layer: int = 0
+) -> torch.Tensor:
     """Each row's ``lse`` of one sample under ``mask``, ``(1, H, L)`` float64: the trace's
     own for its mode, else one pass of the fused kernel (kept in ``cache``, a
     :class:`attnpanel.readouts.core.StageCache`, when given)."""
@@ -379,7 +381,7 @@ def live_rows(masking: masks.Masking, queries: slice, keys: int) -> np.ndarray:
     return count > 0
 
 
-def mass_share(
+def streamed_mass_share(
     ds: xr.Dataset,
     sample: int,
     heads,

@@ -4,9 +4,9 @@ The views return plain HoloViews elements (their group and label say what they a
 Rendering one through HoloViews costs a session 40-70 ms of option lookups per plot, three
 seconds for the explorer's page; :func:`draw` makes the same Bokeh models directly (about
 15 ms a plot) and returns them as the plot handles the live-update engine writes into.
-Every element kind the explorer shows is drawn here; the look of each group
-(:data:`GROUP_STYLE`) shares its colours with :mod:`attnpanel.render.styling`, which styles the
-same elements for HoloViews (``DynamicMap``s in a notebook).
+Every element kind the explorer shows is drawn here; the look of each group comes from
+:data:`attnpanel.render.styling.LOOK`, the table that also styles the same elements for
+HoloViews (``DynamicMap``s in a notebook).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.palette import HIGHLIGHT
+from attnpanel.render.styling import LOOK
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
@@ -66,28 +66,6 @@ def box_handles():
 # nothing either (the top view's twelve 480-point layers: 148 ms a paint with WebGL, 12 ms
 # without).
 WEBGL_MIN_POINTS = 5_000
-# The look of each (element kind, group); colours shared with attnpanel.render.styling.
-GROUP_STYLE = {
-    ("Rectangles", "Vector"): dict(line_color=None),
-    ("Rectangles", "QueryWeights"): dict(line_color=None, fill_alpha=0.55),
-    ("Rectangles", "Tokens"): dict(line_color="#888888"),
-    ("Rectangles", "Selected"): dict(fill_alpha=0, line_color=HIGHLIGHT, line_width=4),
-    ("VSpans", "Lanes"): dict(fill_color="#000000", fill_alpha=0.06, line_color=None),
-    ("VLine", "Marker"): dict(line_color=HIGHLIGHT, line_width=3, line_alpha=0.9),
-    ("HSpan", "Marker"): dict(
-        fill_color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5
-    ),
-    ("Curve", "Reference"): dict(line_color="black", line_width=1.2),
-    ("Curve", "Sequence"): dict(line_width=1),
-    ("Curve", "QueryRow"): dict(line_color="#b2182b", line_width=1),
-    ("Scatter", "TopKeys"): dict(fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"),
-    ("Labels", "Tokens"): dict(text_font_size="11pt", text_color="black"),
-    ("Image", "Attention"): dict(cmap="coolwarm", nan_color="black"),
-    ("Image", "HeadMap"): dict(nan_color="#222222"),
-    ("Image", "Weight"): dict(cmap="RdBu_r", nan_color="white"),
-    ("Image", "ModelView"): dict(cmap="Greys", nan_color="white"),
-    ("HeatMap", "Values"): dict(cmap="RdBu_r"),
-}
 
 
 def _key(element):
@@ -236,7 +214,7 @@ def draw(
     legend_items = []
     shared = {} if box_handles is None else {"handles": box_handles}
     for layer in layers:
-        style = dict(GROUP_STYLE.get((type(layer).__name__, layer.group), {}))
+        style = dict(LOOK.get((type(layer).__name__, layer.group), {}))
         style.update((layer_style or {}).get(layer.label, {}))
         handles = _layer(fig, layer, style, cmap, clim, shared)
         handles["plot"] = fig

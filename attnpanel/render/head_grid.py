@@ -42,7 +42,7 @@ from attnpanel.render.palette import HIGHLIGHT
 
 EXTENT = ("left", "bottom", "right", "top")  # the shown window, in positions
 SHARES_NAME = "head maps shares"  # the source of the mass-share bars and their values
-BOX_NAME = "head maps box"  # the source of the box selection's outline on every tile
+BOX_SOURCE = "head maps box"  # the source of the box selection's outline on every tile
 NAME = "head maps"  # the figure's name in the page
 WINDOW_NAME = "head maps window"  # the source holding the window the tiles show
 GAP_PX = 8  # white space between two tiles
@@ -127,7 +127,7 @@ class HeadGrid:
         self.origins = np.array([self.origin(h) for h in range(n_heads)], dtype=float)
         self.tiles: list[dict] = [self._tile(h, palettes[h]) for h in range(n_heads)]
         self.query_band = ColumnDataSource(_quads(0))
-        self.box = ColumnDataSource(_quads(0), name=BOX_NAME)
+        self.box = ColumnDataSource(_quads(0), name=BOX_SOURCE)
         for source, style in ((self.query_band, QUERY_STYLE), (self.box, BOX_STYLE)):
             self.figure.renderers.append(
                 GlyphRenderer(

@@ -26,14 +26,13 @@ from attnpanel.readouts.core import (
     Selection,
     StageCache,
     attention_values,
-    blocked_cells,
+    drawn_masked,
     mask_mode,
     selected_weights,
     uses_sinusoidal,
 )
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
 from attnpanel.readouts.raster import raster_values
-from attnpanel.render.palette import HIGHLIGHT
 from attnpanel.render.styling import shade
 from attnpanel.render.views import FAST_DATATYPE
 
@@ -280,46 +279,8 @@ def head_average_values(
         values = np.array(head_average(one).values, dtype=np.float32)
         mask = ds.attrs.get("mask", "none")
         if mask != "none" or "sample_mask" in ds or "padding" in ds:
-            blocked = blocked_cells(ds, mask, sel.sample, "mean")
+            blocked = drawn_masked(ds, mask, sel.sample, "mean")
             if blocked is not None:
                 values[blocked] = np.nan
         return values
     return attention_values(ds, sel.with_(head="mean", stage="softmax", enabled_heads=None), cache)
-
-
-def options() -> list:
-    """Styling of the elements made here (apply once with ``.opts(*options())``)."""
-    return [
-        hv.opts.Rectangles(
-            "Tokens",
-            color="color",
-            line_color="#888888",
-            tools=["hover"],
-            show_grid=False,
-            yaxis=None,
-            toolbar=None,
-            title="{label}",
-        ),
-        hv.opts.Labels("Tokens", text_font_size="11pt", text_color="black"),
-        hv.opts.Rectangles("Selected", fill_alpha=0, line_color=HIGHLIGHT, line_width=4),
-        hv.opts.Image(
-            "ModelView",
-            cmap="Greys",
-            clipping_colors={"NaN": "white"},
-            invert_yaxis=True,
-            colorbar=True,
-            tools=["hover", "tap"],
-            title="{label}",
-            toolbar="above",
-        ),
-        hv.opts.Image(
-            "Positional",
-            cmap="RdBu_r",
-            colorbar=True,
-            invert_yaxis=True,
-            tools=["hover"],
-            title="{label}",
-            toolbar="above",
-        ),
-        hv.opts.Table("TopAttended", title="{label}"),
-    ]

@@ -18,6 +18,33 @@ from attnpanel.render.palette import HIGHLIGHT, head_color
 hv.Store.set_current_backend("bokeh")
 
 
+# The look of each (element kind, group), in Bokeh's property names: the one table both
+# drawing paths read, the served page's (attnpanel.render.figures.draw) and a notebook's
+# HoloViews elements (options() below translates it).
+LOOK = {
+    ("Rectangles", "Vector"): dict(line_color=None),
+    ("Rectangles", "QueryWeights"): dict(line_color=None, fill_alpha=0.55),
+    ("Rectangles", "Tokens"): dict(line_color="#888888"),
+    ("Rectangles", "Selected"): dict(fill_alpha=0, line_color=HIGHLIGHT, line_width=4),
+    ("VSpans", "Lanes"): dict(fill_color="#000000", fill_alpha=0.06, line_color=None),
+    ("VLine", "Marker"): dict(line_color=HIGHLIGHT, line_width=3, line_alpha=0.9),
+    ("HSpan", "Marker"): dict(
+        fill_color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5
+    ),
+    ("Curve", "Reference"): dict(line_color="black", line_width=1.2),
+    ("Curve", "Sequence"): dict(line_width=1),
+    ("Curve", "QueryRow"): dict(line_color="#b2182b", line_width=1),
+    ("Scatter", "TopKeys"): dict(fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"),
+    ("Labels", "Tokens"): dict(text_font_size="11pt", text_color="black"),
+    ("Image", "Attention"): dict(cmap="coolwarm", nan_color="black"),
+    ("Image", "HeadMap"): dict(nan_color="#222222"),
+    ("Image", "Weight"): dict(cmap="RdBu_r", nan_color="white"),
+    ("Image", "ModelView"): dict(cmap="Greys", nan_color="white"),
+    ("Image", "Positional"): dict(cmap="RdBu_r"),
+    ("HeatMap", "Values"): dict(cmap="RdBu_r"),
+}
+
+
 def head_colors(heads: np.ndarray, enabled=None) -> list[str]:
     return [head_color(h) if enabled is None or h in enabled else "#c8c8c8" for h in heads]
 
@@ -31,12 +58,22 @@ def head_cmap(head: int, enabled: bool = True, n: int = 256) -> list[str]:
     return ["#{:02x}{:02x}{:02x}".format(*c) for c in colors]
 
 
+def look(kind: str, group: str) -> dict:
+    """The look of one (element kind, group) as HoloViews style options (from :data:`LOOK`)."""
+    found = dict(LOOK.get((kind, group), {}))
+    if "nan_color" in found:
+        found["clipping_colors"] = {"NaN": found.pop("nan_color")}
+    return found
+
+
 def options(width: int = 400, height: int = 160) -> list:
     """The styling of every element the views make, to apply once with ``.opts(*options())``.
 
     The views return plain data elements (group and label name what they are); styling is
     applied once per plot rather than on every update, because ``.opts`` on each new element
-    costs milliseconds and grows HoloViews' option tree.
+    costs milliseconds and grows HoloViews' option tree. Colours and line widths come from
+    :data:`LOOK` (as the served page draws them); what is added here is HoloViews' own:
+    tools, titles, colour bars and axes.
     """
     # Charts leave the mouse wheel to the page (a wheel over a bar chart zoomed it instead
     # of scrolling); the maps keep it: a wheel zooms every linked map.
@@ -45,7 +82,6 @@ def options(width: int = 400, height: int = 160) -> list:
         hv.opts.Rectangles(
             "Vector",
             color="color",
-            line_color=None,
             tools=["hover"],
             yformatter=BasicTickFormatter(use_scientific=False),  # 0.007, not 7.000e-3
             width=width,
@@ -53,17 +89,10 @@ def options(width: int = 400, height: int = 160) -> list:
             show_legend=False,
             **common,
         ),
-        hv.opts.VSpans("Lanes", color="#000000", alpha=0.06, line_color=None),
-        hv.opts.VLine("Marker", color=HIGHLIGHT, line_width=3, alpha=0.9),
-        hv.opts.HSpan(
-            "Marker", color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5
-        ),
-        hv.opts.Curve("Reference", color="black", line_width=1.2, interpolation="steps-mid"),
-        hv.opts.Curve("Sequence", line_width=1, tools=["hover"], **common),
+        hv.opts.Curve("Reference", interpolation="steps-mid"),
+        hv.opts.Curve("Sequence", tools=["hover"], **common),
         hv.opts.Image(
             "Attention",
-            cmap="coolwarm",
-            clipping_colors={"NaN": "black"},
             colorbar=True,
             cformatter="%.3g",  # not 4.000e-3
             tools=["hover"],
@@ -75,24 +104,50 @@ def options(width: int = 400, height: int = 160) -> list:
         ),
         hv.opts.Image(
             "HeadMap",
-            clipping_colors={"NaN": "#222222"},
             invert_yaxis=True,
             xaxis=None,
             yaxis=None,
             toolbar=None,
             title="{label}",
         ),
-        hv.opts.Image("Weight", cmap="RdBu_r", invert_yaxis=True, tools=["hover"], title="{label}"),
+        hv.opts.Image("Weight", invert_yaxis=True, tools=["hover"], title="{label}"),
         hv.opts.HeatMap(
             "Values",
-            cmap="RdBu_r",
             tools=["hover"],
             colorbar=True,
             invert_yaxis=True,
             title="{label}",
             toolbar="above",
         ),
+        hv.opts.Rectangles(
+            "Tokens",
+            color="color",
+            tools=["hover"],
+            show_grid=False,
+            yaxis=None,
+            toolbar=None,
+            title="{label}",
+        ),
+        hv.opts.Image(
+            "ModelView",
+            invert_yaxis=True,
+            colorbar=True,
+            tools=["hover", "tap"],
+            title="{label}",
+            toolbar="above",
+        ),
+        hv.opts.Image(
+            "Positional",
+            colorbar=True,
+            invert_yaxis=True,
+            tools=["hover"],
+            title="{label}",
+            toolbar="above",
+            **look("Image", "Positional"),
+        ),
+        hv.opts.Table("TopAttended", title="{label}"),
         hv.opts.Overlay(title="{label}", show_legend=False),
+        *(getattr(hv.opts, kind)(group, **look(kind, group)) for kind, group in LOOK),
     ]
 
 

@@ -26,7 +26,7 @@ from attnpanel.readouts.core import (
     attention_values,
     enabled_set,
     head_contexts,
-    head_statistics,
+    head_patterns,
     matrix_title,
     merged_output,
     output_change_ratio,
@@ -48,7 +48,7 @@ from attnpanel.render.styling import (
     shade,
 )
 
-TOP_KEYS = 5
+TOP_VALUES = 5  # the values listed beside the context vector
 
 
 # Columns as a plain dict: building an element this way takes ~1.5 ms instead of ~8 ms
@@ -299,7 +299,7 @@ def aggregation_weights(
 
 
 def top_values(
-    ds: xr.Dataset, sel: Selection, cache: StageCache | None = None, top: int = TOP_KEYS
+    ds: xr.Dataset, sel: Selection, cache: StageCache | None = None, top: int = TOP_VALUES
 ) -> hv.HeatMap:
     """The value vectors of the ``top`` most-attended keys of the selected query."""
     weights = selected_weights(ds, sel, cache)
@@ -395,16 +395,16 @@ def head_map(
     )
 
 
-def head_summary(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> hv.Table:
+def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None) -> hv.Table:
     """Per head, where it looks in the selected sample under the selected mask.
 
     The mean attention distance (in steps, and in time for a trace with a regular clock),
     the most-attended lag with the share of queries whose top key is at it, and the mean
-    row entropy relative to uniform (:func:`attnpanel.readouts.core.head_statistics`), from the
+    row entropy relative to uniform (:func:`attnpanel.readouts.core.head_patterns`), from the
     softmax weights the explorer draws (recomputed for another mask than the trace's).
     """
     weights = stage_heads(ds, sel.with_(stage="softmax"), cache)
-    stats = head_statistics(np.nan_to_num(weights))
+    stats = head_patterns(np.nan_to_num(weights))
     step = time_step(ds, sel.sample)
     columns = {
         "head": np.array([f"head {h}" for h in range(len(weights))]),
@@ -443,7 +443,7 @@ def _duration(delta) -> str:
     return f"{seconds} s"
 
 
-def shape_table(ds: xr.Dataset, mask: str | None = None) -> hv.Table:
+def shape_view(ds: xr.Dataset, mask: str | None = None) -> hv.Table:
     """Every step of the layer with its operation and its real shape in this trace.
 
     The table of :func:`attnpanel.readouts.summary.shape_table` (also what ``attnpanel info``

@@ -187,7 +187,7 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
     Checks the dims of every known variable (an optional leading ``layer`` dim is allowed),
     that ``weights`` exists, that no float variable holds NaN or Inf, that weights are
     non-negative and that each row sums to 1. A virtual trace's lazy maps are not
-    computed: its ``lse`` is checked instead (:func:`attnpanel.traces.virtual.check`). All
+    computed: its ``lse`` is checked instead (:func:`attnpanel.traces.virtual.check_virtual`). All
     value checks of a dask-backed (lazy) trace run in one streaming pass, chunk by chunk,
     so it is never loaded whole; only when a check fails is the array searched again for
     the first offending location.
@@ -221,7 +221,7 @@ def validate(ds: xr.Dataset) -> xr.Dataset:
     )
     if lazy_maps:
         _check_finite(ds, floats, _every_extreme(ds, floats))
-        virtual.check(ds)
+        virtual.check_virtual(ds)
         return ds
     weights = ds["weights"]
     tolerance = max(ROW_SUM_TOLERANCE, 2 * float(np.finfo(weights.dtype).eps))

@@ -244,7 +244,7 @@ def _spot_rows(batch: int, heads: int, length: int) -> list[tuple[int, int, int]
     return [tuple(int(i) for i in np.unravel_index(n, (batch, heads, length))) for n in flat]
 
 
-def check(ds: xr.Dataset) -> None:
+def check_virtual(ds: xr.Dataset) -> None:
     """The checks of a virtual trace that :func:`attnpanel.traces.validate.validate` cannot run on
     its lazy maps without computing them all.
 
@@ -260,7 +260,7 @@ def check(ds: xr.Dataset) -> None:
     lse = ds[LSE]
     if "layer" in lse.dims:
         for i in range(ds.sizes["layer"]):
-            check(ds.isel(layer=i))
+            check_virtual(ds.isel(layer=i))
         return
     if lse.dims != LSE_DIMS:
         raise ValueError(f"lse has dims {lse.dims}, expected {LSE_DIMS}")

@@ -173,7 +173,7 @@ class HeadComparison(Section):
         try:
             table = self.engine.add(
                 "head summary",
-                lambda sel: views.head_summary(self.trace, sel, self.cache),
+                lambda sel: views.head_summary_view(self.trace, sel, self.cache),
                 ["sample", "mask"],
                 "head summary",
                 title=False,

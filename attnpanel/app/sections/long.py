@@ -403,7 +403,7 @@ class LongHeads(HeadComparison):
 
     def mass_shares(self, sel) -> linked.MassShares:
         def shares(queries, keys):
-            return windows.mass_share(
+            return windows.streamed_mass_share(
                 self.trace,
                 sel.sample,
                 range(self.state.n_heads),

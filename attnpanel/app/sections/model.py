@@ -14,7 +14,7 @@ import panel as pn
 
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts.core import Selection, layer_names
-from attnpanel.render import model_views
+from attnpanel.render import model_views, styling
 from attnpanel.render.elements import Raster
 
 MODEL_CELL = 96  # pixels per small map of the model view, at most
@@ -38,7 +38,7 @@ class TopAttended(Section):
 
     def _table(self):
         table = model_views.top_attended(self.trace, self.state.selection, self.cache)
-        return table.opts(*model_views.options()).opts(
+        return table.opts(*styling.options()).opts(
             width=520, height=min(520, 40 + 26 * self.trace.sizes["query"])
         )
 
@@ -137,7 +137,7 @@ class Positional(Section):
     def build(self):
         image = model_views.positional_encoding(self.trace)
         length, width = image.dimension_values(2, flat=False).shape
-        image = image.opts(*model_views.options()).opts(
+        image = image.opts(*styling.options()).opts(
             frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length))
         )
         return pn.Column(self.heading(), pn.pane.HoloViews(image, margin=(0, 5)), margin=0)

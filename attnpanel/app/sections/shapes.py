@@ -20,6 +20,6 @@ class ShapeTable(Section):
     title = "Shapes of every step"
 
     def build(self):
-        table = views.shape_table(self.trace, mask="selected above")
+        table = views.shape_view(self.trace, mask="selected above")
         style = dict(width=1000, height=320)
         return pn.Column(self.heading(), self.engine.render(table, "shapes", style=style))

@@ -66,7 +66,7 @@ def step_text(ds, sel: core.Selection, step: int, cache=None) -> str:
         )
     if step == 3:
         mask = core.mask_mode(ds, sel)
-        blocked = core.blocked_cells(ds, mask, sel.sample, head)
+        blocked = core.drawn_masked(ds, mask, sel.sample, head)
         n_blocked = 0 if blocked is None else int(np.asarray(blocked)[query].sum())
         return (
             # a mask name from a trace file is untrusted text
