@@ -1,6 +1,8 @@
 """attnpanel: an interactive explorer for multi-head self-attention at full resolution."""
 
+from attnpanel.capturing.ablation import AblationError, ablate, attention_heads
 from attnpanel.capturing.capture import FusedQKV, capture
+from attnpanel.capturing.importance import head_importance
 from attnpanel.capturing.intercept import CaptureError
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
@@ -14,11 +16,14 @@ from attnpanel.traces.stages import attention_stage, recompute_weights
 from attnpanel.traces.validate import validate
 
 __all__ = [
+    "AblationError",
     "AttentionExplorer",
     "CaptureError",
     "FusedQKV",
     "MultiHeadSelfAttention",
     "PowerConfig",
+    "ablate",
+    "attention_heads",
     "attention_stage",
     "build_mask",
     "build_trace",
@@ -27,6 +32,7 @@ __all__ = [
     "explore",
     "generate_power",
     "head_average",
+    "head_importance",
     "head_statistics",
     "load",
     "recompute_weights",

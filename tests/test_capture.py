@@ -632,3 +632,24 @@ def test_layers_stack_their_mask_truth_over_the_union_of_dims():
     for layer, b in enumerate(blocked):
         expected = np.broadcast_to(b.numpy(), (2, 3, 4, 4))
         assert np.array_equal(mask[layer], expected), layer
+
+
+def test_an_output_projection_in_a_sibling_module_is_read_from_the_linear_it_feeds():
+    """BERT's self-attention returns its merged heads; the output projection is its sibling
+    ``attention.output.dense``. Capture reads ``w_o`` and ``output`` from that Linear."""
+    import zoo
+
+    model, args, kwargs = zoo.case("bert_padding").build()
+    traces = attnpanel.capture(model, *args, **kwargs)
+    dense = model.get_submodule("encoder.layer.1.attention.output.dense")
+    seen = []
+    handle = dense.register_forward_hook(lambda _m, _a, out: seen.append(out.detach()))
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        handle.remove()
+    layer = traces.isel(layer=1)
+    np.testing.assert_array_equal(layer["w_o"].values, dense.weight.detach().numpy())
+    np.testing.assert_array_equal(layer["output"].values, seen[0].numpy())
+    assert "merged heads" in traces.attrs["note"]

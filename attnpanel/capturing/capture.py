@@ -148,7 +148,9 @@ def capture(
         module_call = recorder.module_calls.get(id(call))
         try:
             with torch.no_grad():
-                traces.append(_trace(call, module_call, labels, time, f"{source}: {name}"))
+                consumer = recorder.consumers.get(id(call))
+                parts = _trace(call, module_call, labels, time, f"{source}: {name}", consumer)
+                traces.append(parts)
         except ValueError as error:
             raise CaptureError(f"module {name!r}: {error}") from error
     if labels is not None and not any("token" in t.coords for t in traces):
@@ -336,13 +338,15 @@ def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
     return call
 
 
-def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> TraceParts:
+def _trace(
+    call: AttentionCall, module_call, tokens, time, source: str, consumer=None
+) -> TraceParts:
     hint = None
     if module_call is not None:
         first = next(iter(call_tensors(module_call[1], module_call[2])), None)
         hint = int(first.shape[0]) if first is not None and first.dim() >= 2 else None
     call = _four_dims(call, hint)
-    projections = read_projections(call, module_call)
+    projections = read_projections(call, module_call, consumer)
     call.cross = call.cross or bool(projections.get("cross"))
     batch, _, length, _ = call.q.shape
     note = []
@@ -352,6 +356,11 @@ def _trace(call: AttentionCall, module_call, tokens, time, source: str) -> Trace
     if time is not None and np.shape(time)[-1] != length:
         note.append(f"time left out: {np.shape(time)[-1]} timestamps for {length} positions")
         time = None
+    if projections.get("projected_by"):
+        note.append(
+            "w_o and output read from the Linear that takes the module's merged heads "
+            f"({type(module_call[0]).__name__}'s output projection is not its own)"
+        )
     missing = [f"w_{r}" for r in "qkv" if f"w_{r}" not in projections]
     if missing and call.via != "multi_head_attention_forward":
         note.append(

@@ -171,6 +171,11 @@ class AttentionRecorder(TorchFunctionMode):
         self.calls: list[AttentionCall] = []
         self.stack: list[tuple[str, nn.Module, tuple, dict]] = []  # running modules
         self.module_calls: dict[int, tuple] = {}  # id(call) -> (module, args, kwargs, output)
+        # id(call) -> [module, input, output, name] of the Linear that took the call's module's
+        # output as its input (BERT's attention.output.dense: the output projection that
+        # the module computing the attention leaves to its sibling)
+        self.consumers: dict[int, list] = {}
+        self.module_outputs: dict[int, tuple[weakref.ref, AttentionCall]] = {}  # by id(output)
         self._known: dict[int, tuple[weakref.ref, object]] = {}
 
     # module attribution
@@ -285,6 +290,7 @@ class _Watch:
         self.recorder = recorder
         self.model = model
         self.handles: list = []
+        self.pending: dict[int, list] = {}  # id(Linear) -> its consumer entry, until it returns
 
     def __enter__(self):
         stack = self.recorder.stack
@@ -292,8 +298,13 @@ class _Watch:
 
             def enter(module, args, kwargs, name=name):
                 stack.append((name, module, args, kwargs))
+                if isinstance(module, nn.Linear) and args:
+                    self._consumer(module, args[0], name)
 
             def leave(module, args, kwargs, output, name=name):
+                pending = self.pending.pop(id(module), None)
+                if pending is not None:
+                    pending[2] = output
                 while stack:
                     entry = stack.pop()
                     if entry[1] is module:
@@ -307,10 +318,24 @@ class _Watch:
         return self
 
     def _outputs(self, entry, output) -> None:
+        first = output[0] if isinstance(output, tuple | list) and output else output
         for call in self.recorder.calls:
             known = self.recorder.module_calls.get(id(call))
             if known is not None and known[0] is entry[1] and len(known) == 3:
                 self.recorder.module_calls[id(call)] = (*known, output)
+                if isinstance(first, torch.Tensor):
+                    self.recorder.module_outputs[id(first)] = (weakref.ref(first), call)
+
+    def _consumer(self, module: nn.Module, given, name: str) -> None:
+        """Note a Linear that takes a recorded module's output as it is."""
+        found = self.recorder.module_outputs.get(id(given))
+        if found is None or found[0]() is not given:
+            return
+        call = found[1]
+        if id(call) not in self.recorder.consumers:
+            entry = [module, given, None, name]
+            self.recorder.consumers[id(call)] = entry
+            self.pending[id(module)] = entry
 
     def __exit__(self, *exc):
         for handle in self.handles:

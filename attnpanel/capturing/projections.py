@@ -137,8 +137,14 @@ def _flat_rows(t: torch.Tensor, rows: torch.Tensor, position_dim: int = 1) -> to
     return t[index]
 
 
-def read_projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor]:
-    """x, output and the projection matrices that reproduce the call's q, k, v, output."""
+def read_projections(call: AttentionCall, module_call, consumer=None) -> dict[str, torch.Tensor]:
+    """x, output and the projection matrices that reproduce the call's q, k, v, output.
+
+    ``consumer``: ``[module, input, output, name]`` of a Linear that took the module's output as
+    its input. Where the module's output is its merged heads (BERT's self-attention, whose
+    output projection is its sibling ``attention.output.dense``), that Linear is the
+    output projection: ``w_o`` and ``output`` are read from it.
+    """
     found = dict(call.projections)
     batch, heads, length, _ = call.q.shape
     n_keys = call.k.shape[-2]
@@ -205,7 +211,33 @@ def read_projections(call: AttentionCall, module_call) -> dict[str, torch.Tensor
                 kept["w_o"] = weight
                 if bias is not None:
                     kept["b_o"] = bias
+    if "w_o" not in kept and consumer is not None and consumer[2] is not None:
+        kept.update(_consumer_projection(call, kept.get("output"), consumer, queries))
     return kept
+
+
+def _consumer_projection(call: AttentionCall, output, consumer, queries) -> dict:
+    """``w_o``, ``b_o`` and the projected ``output`` from the Linear that took the merged
+    heads, when the module's output is them and the Linear reproduces its own output."""
+    module, _, projected_output, name = consumer
+    found = _linear(module)
+    batch, _, length, _ = call.q.shape
+    projected_output = _batch_first(projected_output, batch, length)
+    if found is None or call.context is None or output is None or projected_output is None:
+        return {}
+    weight, bias = found
+    merged = _flat_rows(call.context, queries, position_dim=2).flatten(1)  # (n, H E)
+    if merged.shape[-1] != weight.shape[1] or output.shape[-1] != merged.shape[-1]:
+        return {}
+    if not _close(merged, _flat_rows(output, queries), call.dtype):
+        return {}  # the module's output is not its merged heads
+    projected = F.linear(merged.to(weight.dtype), weight, bias)
+    if not _close(projected, _flat_rows(projected_output, queries), call.dtype):
+        return {}
+    found = {"w_o": weight, "output": projected_output, "projected_by": name}
+    if bias is not None:
+        found["b_o"] = bias
+    return found
 
 
 def call_tensors(args, kwargs) -> list[torch.Tensor]:

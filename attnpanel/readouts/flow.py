@@ -1,0 +1,197 @@
+"""What flows through attention, beyond the raw weights: value-weighted maps and rollout.
+
+A weight alone does not say what a head carries. Kobayashi et al. (2020) weigh each
+weight by the norm of what the key position contributes to the layer's output:
+
+    value_weighted[b, h, i, j] = a[b, h, i, j] * || v[b, h, j] W_o^h ||
+
+with ``W_o^h`` the head's block of columns of the output projection ``w_o`` (the head's
+lane of the merged heads), or ``|| v[b, h, j] ||`` where ``w_o`` is unknown (the attrs say
+which). Abnar & Zuidema (2020) compose attention across layers, the residual stream
+counted in:
+
+    A'_l = residual * I + (1 - residual) * mean_h A_l     (rows renormalised)
+    R = A'_L ... A'_2 A'_1
+
+References: G. Kobayashi, T. Kuribayashi, S. Yokoi, K. Inui, "Attention is Not Only a
+Weight: Analyzing Transformers with Vector Norms", EMNLP 2020. S. Abnar, W. Zuidema,
+"Quantifying Attention Flow in Transformers", ACL 2020.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from attnpanel.traces import virtual
+from attnpanel.traces.stages import attention_stage
+
+HEAD_REDUCTIONS = ("mean", "max", "min")
+
+
+def value_norms(ds: xr.Dataset) -> xr.DataArray:
+    """``|| v_j W_o^h ||`` per sample, head and key position, float64 (``|| v_j ||`` for
+    a trace without ``w_o``).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One layer's trace with ``v`` (and ``w_o``, ``(feature_out, H * head_dim)``, the
+        heads merged head-major as ``nn.Linear`` takes them).
+    """
+    if "v" not in ds:
+        raise ValueError(
+            "value-weighted attention needs the trace's values 'v' (batch, head, key, "
+            "head_dim); this trace holds none"
+        )
+    v = ds["v"]
+    position = "position" if "position" in v.dims else "key"
+    values = np.asarray(v.transpose("batch", "head", position, "head_dim").values, np.float64)
+    heads, width = values.shape[1], values.shape[3]
+    if "w_o" in ds:
+        w_o = np.asarray(ds["w_o"].values, dtype=np.float64)  # (D_out, H * E)
+        if w_o.shape[1] != heads * width:
+            raise ValueError(
+                f"w_o takes {w_o.shape[1]} merged features, not {heads} heads x {width}"
+            )
+        blocks = w_o.reshape(w_o.shape[0], heads, width)  # (D_out, H, E)
+        contribution = np.einsum("bhje,dhe->bhjd", values, blocks)  # v_j W_o^h
+        measure = "||v_j W_o^h||"
+    else:
+        contribution = values
+        measure = "||v_j|| (w_o unknown)"
+    norms = np.linalg.norm(contribution, axis=-1)  # (B, H, S)
+    coords = {d: ds[d] for d in ("batch", "head") if d in ds.coords}
+    if "key" in ds.coords:
+        coords["key"] = ds["key"]
+    return xr.DataArray(
+        norms,
+        dims=("batch", "head", "key"),
+        coords=coords,
+        name="value_norm",
+        attrs={"measure": measure},
+    )
+
+
+def value_weighted(
+    ds: xr.Dataset,
+    mask=None,
+    batch: int | None = None,
+    head: int | None = None,
+) -> xr.DataArray:
+    """Kobayashi et al.'s value-weighted attention ``a_ij * || v_j W_o^h ||``.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace (dense or virtual; one layer, or a capture with a ``layer`` dim).
+    mask : str, optional
+        The mask the weights are recomputed under; the trace's own by default (its
+        weights as the model computed them).
+    batch, head : int, optional
+        One sample and/or head (by position).
+
+    Returns
+    -------
+    xarray.DataArray
+        ``(batch, head, query, key)`` less the selected ones, with ``layer`` first for a
+        stacked capture; lazy (dask) for a virtual trace, whose weights are recomputed
+        tile by tile. ``attrs["measure"]`` says which norm weighs the weights.
+    """
+    if "layer" in ds.dims:
+        layers = [
+            value_weighted(ds.isel(layer=i), mask, batch, head) for i in range(ds.sizes["layer"])
+        ]
+        return xr.concat(layers, dim="layer").assign_coords(layer=ds["layer"])
+    norms = value_norms(ds)
+    if batch is not None:
+        norms = norms.isel(batch=batch)
+    if head is not None:
+        norms = norms.isel(head=head)
+    weights = attention_stage(ds, "softmax", mask=mask, batch=batch, head=head)
+    weighted = weights * norms.astype(np.float32).data[..., None, :]
+    return weighted.rename("value_weighted").assign_attrs(
+        measure=f"a_ij * {norms.attrs['measure']}",
+        long_name="value-weighted attention",
+        lazy=virtual.is_virtual(ds),
+    )
+
+
+def _head_reduced(weights: np.ndarray, head) -> np.ndarray:
+    """``(B, H, L, S)`` -> ``(B, L, S)``: the mean (max, min) over heads, or one head."""
+    if isinstance(head, str):
+        if head not in HEAD_REDUCTIONS:
+            raise ValueError(f"head={head!r}: one of {HEAD_REDUCTIONS}, or a head's index")
+        return getattr(np, head)(weights, axis=1)
+    return weights[:, int(head)]
+
+
+def rollout(capture: xr.Dataset | xr.DataTree, residual: float = 0.5, head="mean") -> xr.DataArray:
+    """Attention rollout (Abnar & Zuidema 2020): how much each input position feeds each
+    position after the last layer, every layer's attention and its residual composed.
+
+    Parameters
+    ----------
+    capture : xarray.Dataset
+        A capture with a ``layer`` dim of self-attention layers of one length (in the
+        order they ran: the ``layer`` coordinate's).
+    residual : float
+        The share of the residual stream: ``A' = residual * I + (1 - residual) * A``.
+    head : {"mean", "max", "min"} or int
+        How the heads of a layer make its ``A``.
+
+    Returns
+    -------
+    xarray.DataArray
+        ``(batch, query, key)`` float64: row ``i`` holds how much each input position
+        ``j`` flows into position ``i`` of the last layer's output; each row sums to 1.
+
+    Raises
+    ------
+    ValueError
+        For a DataTree or a layer whose queries are not its keys (cross-attention, or
+        layers of different lengths): rollout composes square maps of one sequence.
+    """
+    if isinstance(capture, xr.DataTree):
+        groups = [node.path for node in capture.subtree if node.has_data]
+        raise ValueError(
+            "rollout composes the layers of one sequence; this capture has groups "
+            f"{', '.join(groups)} (an encoder-decoder): roll out one of them, such as "
+            f"rollout(tree[{groups[0]!r}].to_dataset())"
+        )
+    if not 0.0 <= residual <= 1.0:
+        raise ValueError(f"residual={residual}: a share between 0 and 1")
+    if capture.sizes.get("query") != capture.sizes.get("key"):
+        raise ValueError(
+            f"rollout composes square maps; these layers have {capture.sizes.get('query')} "
+            f"queries and {capture.sizes.get('key')} keys (cross-attention)"
+        )
+    layers = (
+        [capture.isel(layer=i) for i in range(capture.sizes["layer"])]
+        if ("layer" in capture.dims)
+        else [capture]
+    )
+    length = capture.sizes["query"]
+    identity = np.eye(length)
+    flow = None
+    for layer in layers:
+        weights = np.asarray(attention_stage(layer, "softmax").values, dtype=np.float64)
+        mixed = residual * identity + (1.0 - residual) * _head_reduced(np.nan_to_num(weights), head)
+        sums = mixed.sum(axis=-1, keepdims=True)
+        mixed = np.divide(
+            mixed, sums, out=np.broadcast_to(identity, mixed.shape).copy(), where=sums > 0
+        )
+        flow = mixed if flow is None else mixed @ flow  # later layers on the left
+    coords = {d: capture[d] for d in ("batch", "query", "key") if d in capture.coords}
+    return xr.DataArray(
+        flow,
+        dims=("batch", "query", "key"),
+        coords=coords,
+        name="rollout",
+        attrs={
+            "residual": residual,
+            "head": str(head),
+            "layers": len(layers),
+            "long_name": "attention rollout",
+        },
+    )
