@@ -78,8 +78,8 @@ def test_value_weighted_is_the_weight_times_the_norm_of_v_w_o(name):
     assert found.attrs["measure"] == "a_ij * ||v_j W_o^h||"
     reference = {n: w.detach() for n, w in case.reference(model, args, kwargs)}  # its own
     modules = [pattern.format(i) for i in range(traces.sizes["layer"])]
-    with zoo._no_fastpath():
-        calls = zoo._inputs_of(model, modules, args, kwargs)
+    with zoo.no_fastpath():
+        calls = zoo.inputs_of(model, modules, args, kwargs)
     for index, (module_name, call_args, call_kwargs) in enumerate(calls):
         module = model.get_submodule(module_name)
         x = first_input(call_args, call_kwargs)

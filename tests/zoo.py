@@ -139,7 +139,7 @@ def _hf_seq2seq(encoder: list[str], decoder: list[str], cross: list[str]) -> Cal
     return reference
 
 
-def _inputs_of(model: nn.Module, names: list[str], args: tuple, kwargs: dict) -> list:
+def inputs_of(model: nn.Module, names: list[str], args: tuple, kwargs: dict) -> list:
     """``(name, args, kwargs)`` of every call of the named modules during one forward."""
     modules = dict(model.named_modules())
     calls: list = []
@@ -159,7 +159,7 @@ def _inputs_of(model: nn.Module, names: list[str], args: tuple, kwargs: dict) ->
 
 
 @contextmanager
-def _no_fastpath() -> Iterator[None]:
+def no_fastpath() -> Iterator[None]:
     """Force the Python path of ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer``."""
     previous = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
@@ -335,7 +335,7 @@ def reference_nilmformer_real(model, args, kwargs):
     names = [f"EncoderBlock.{i}.attention_layer" for i in range(2)]
     modules = dict(model.named_modules())
     weights = []
-    for name, (x,), _ in _inputs_of(model, names, args, kwargs):
+    for name, (x,), _ in inputs_of(model, names, args, kwargs):
         layer = modules[name]
         q = _heads(x.double() @ layer.wq.weight.double().T, layer.n_heads)
         k = _heads(x.double() @ layer.wk.weight.double().T, layer.n_heads)
@@ -415,7 +415,7 @@ def reference_nanogpt(model, args, kwargs):
     names = [f"transformer.h.{i}.attn" for i in range(2)]
     modules = dict(model.named_modules())
     weights = []
-    for name, (x,), _ in _inputs_of(model, names, args, kwargs):
+    for name, (x,), _ in inputs_of(model, names, args, kwargs):
         attn = modules[name]
         qkv = F.linear(x.double(), attn.c_attn.weight.double(), attn.c_attn.bias.double())
         q, k, _ = qkv.split(attn.n_embd, dim=2)
@@ -653,8 +653,8 @@ def _mha_reference(names: list[str]) -> Callable:
 
     def reference(model, args, kwargs):
         modules = dict(model.named_modules())
-        with _no_fastpath():
-            calls = _inputs_of(model, names, args, kwargs)
+        with no_fastpath():
+            calls = inputs_of(model, names, args, kwargs)
         return [(name, _mha_weights(modules[name], a, k)) for name, a, k in calls]
 
     return reference
