@@ -17,7 +17,7 @@ import numerics
 import pytest
 import torch
 from torch import nn
-from zoo import CASES, _inputs_of, _no_fastpath, case
+from zoo import CASES, inputs_of, no_fastpath, case
 
 CAUSAL = {
     "nanogpt_sdpa_causal": "",
@@ -57,7 +57,7 @@ def _implementations(model: nn.Module) -> dict[str, str | None]:
 
 
 def _call_order(model: nn.Module, names: set[str], args: tuple, kwargs: dict) -> list[str]:
-    return [name for name, _, _ in _inputs_of(model, sorted(names), args, kwargs)]
+    return [name for name, _, _ in inputs_of(model, sorted(names), args, kwargs)]
 
 
 @functools.cache
@@ -222,11 +222,11 @@ def test_mha_references_equal_need_weights(name):
     run = _run(name)
     modules = dict(run.model.named_modules())
     names = [module_name for module_name, _ in run.weights]
-    with _no_fastpath():
-        calls = _inputs_of(run.model, names, run.args, run.kwargs)
+    with no_fastpath():
+        calls = inputs_of(run.model, names, run.args, run.kwargs)
     for (module_name, a, k), (_, w) in zip(calls, run.weights, strict=True):
         k = {**k, "need_weights": True, "average_attn_weights": False}
-        with torch.no_grad(), _no_fastpath():
+        with torch.no_grad(), no_fastpath():
             _, own = modules[module_name](*a, **k)
         # two float32 kernels (the reference and need_weights) on untrained logits below 10
         # (measured: at most 6.7, the ALiBi model):
