@@ -17,7 +17,7 @@ import numerics
 import pytest
 import torch
 from torch import nn
-from zoo import CASES, inputs_of, no_fastpath, case
+from zoo import CASES, case, inputs_of, no_fastpath
 
 CAUSAL = {
     "nanogpt_sdpa_causal": "",
