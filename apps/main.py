@@ -3,7 +3,8 @@
 Demonstrates every stage of NILMFormer's multi-head self-attention on 32 held-out 8-hour
 windows of household power, one layer of the trained demo model.
 Highlights: the full 480 x 480 attention rasterized by datashader, masks recomputed live
-from q and k, a stage player, head toggles that recompute the output.
+from q and k, a stage player, head toggles that switch heads off inside the model and draw
+its prediction again.
 
 Panel runs this file once per session; the demo trace is computed once per server
 process and shared read-only, and the next session's explorer is built while the server is
@@ -17,11 +18,13 @@ import panel as pn
 import attnpanel
 from attnpanel.app import serving
 from attnpanel.app.explorer import AttentionExplorer, notify_errors
+from attnpanel.nilm.demo import demo_model_run
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 serving.release_on_close()
 serving.skip_document_validation()  # the page is validated once, by the tests
 
 trace = serving.shared_trace("demo", attnpanel.demo)
-explorer = serving.built_ahead("demo", partial(AttentionExplorer.built, trace))
+model = pn.state.as_cached("attnpanel:demo model", demo_model_run)  # one per process
+explorer = serving.built_ahead("demo", partial(AttentionExplorer.built, trace, model=model))
 explorer.servable(title="attnpanel explorer")

@@ -4,11 +4,13 @@ from attnpanel.capturing.ablation import AblationError, ablate, attention_heads
 from attnpanel.capturing.capture import FusedQKV, capture
 from attnpanel.capturing.importance import head_importance
 from attnpanel.capturing.intercept import CaptureError
+from attnpanel.capturing.model_run import ModelRun
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
 from attnpanel.nilm.demo import demo, head_statistics
 from attnpanel.nilm.power import PowerConfig
 from attnpanel.nilm.power import generate as generate_power
+from attnpanel.readouts.flow import rollout, value_weighted
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
 from attnpanel.traces.build import build_trace, trace
 from attnpanel.traces.io import load, save
@@ -20,6 +22,7 @@ __all__ = [
     "AttentionExplorer",
     "CaptureError",
     "FusedQKV",
+    "ModelRun",
     "MultiHeadSelfAttention",
     "PowerConfig",
     "ablate",
@@ -36,10 +39,12 @@ __all__ = [
     "head_statistics",
     "load",
     "recompute_weights",
+    "rollout",
     "save",
     "sinusoidal_encoding",
     "trace",
     "validate",
+    "value_weighted",
 ]
 __version__ = "0.1.0"
 

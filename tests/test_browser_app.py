@@ -195,6 +195,49 @@ def test_switching_a_head_off_changes_output(app, artifacts):
     page.wait_for_function("attn.plot('output Wo').model.title.text.includes('changed 0.0%')")
 
 
+PREDICTION_JS = """(label) => {
+  const pv = attn.plot("the model's prediction");
+  const legend = [...pv.model.center, ...pv.model.right].find((m) => m.type === "Legend");
+  const item = legend.items.find((i) => (i.label && i.label.value) === label);
+  return Array.from(item.renderers[0].data_source.data.value);
+}"""
+
+
+def test_switching_a_head_off_re_runs_the_model(app, artifacts):
+    """The prediction drawn with a head off is the demo model's own, run again with that
+    head's lane zeroed before its output projection (a hook, the long way)."""
+    from test_importance_page import model_prediction
+
+    from attnpanel.nilm.demo import demo_model_run
+
+    page, console = app
+    sample = page.evaluate("attn.widget('Sample').value")
+    run = demo_model_run()
+    plot = 'attn.plot("the model\'s prediction")'
+    page.get_by_role("button", name="head 5", exact=True).scroll_into_view_if_needed()
+    before = page.evaluate(f"attn.hash({plot})")
+    page.get_by_role("button", name="head 5", exact=True).click()
+    page.evaluate(f"(b) => attn.until_changed({plot}, b)", before)
+    page.wait_for_function(f"{plot}.model.title.text.includes('heads 5 switched off')")
+    every = model_prediction(run, sample, [], windows=32)
+    without = model_prediction(run, sample, [5], windows=32)
+    for i, name in enumerate(run.series):
+        drawn = page.evaluate(PREDICTION_JS, f"{name} (heads off)")
+        np.testing.assert_allclose(drawn, without[i], rtol=1e-5, atol=1e-3)
+        drawn = page.evaluate(PREDICTION_JS, f"{name} (predicted)")
+        np.testing.assert_allclose(drawn, every[i], rtol=1e-5, atol=1e-3)
+    table = page.evaluate(
+        "attn.views().find((v) => v.model && v.model.type === 'Div' && "
+        "v.model.text.includes('every head')).model.text"
+    )
+    assert "heads off" in table and "F1 kettle" in table
+    page.get_by_text("Which heads the prediction needs").scroll_into_view_if_needed()
+    shot(page, artifacts, "head_off_prediction")
+    page.get_by_role("button", name="head 5", exact=True).click()
+    page.wait_for_function(f"{plot}.model.title.text.includes('every head on')")
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
 SUMMARY_JS = """() => {
   const table = attn.views().find((v) => v.model && v.model.type === "Div" &&
                                    v.model.text.includes("entropy"));

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import zoo
 
 import attnpanel
-from attnpanel.readouts.flow import rollout, value_norms, value_weighted
+from attnpanel.readouts.flow import rollout, value_weighted
+from attnpanel.traces.stages import value_norms
 
 
 def heads(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import param
 import xarray as xr
 
+from attnpanel.capturing.model_run import ModelRun
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.readouts.core import Selection, StageCache, at_layer, uses_sinusoidal
 from attnpanel.traces.schema import STAGES
@@ -111,6 +112,13 @@ class ExplorerState(param.Parameterized):
         ),
     )
     last_error = param.String(default="", doc="The last error a view reported.")
+    model = param.ClassSelector(
+        class_=ModelRun,
+        default=None,
+        allow_None=True,
+        doc="The model behind the trace, at hand: head toggles switch heads off inside it "
+        "and the page draws its prediction again (None: only this layer's output changes).",
+    )
 
     def __init__(self, trace: xr.Dataset, cache: StageCache | None = None, **params):
         if not isinstance(trace, xr.Dataset) or "weights" not in trace:

@@ -1,4 +1,5 @@
-"""``attnpanel info``: the shape table and what each head attends to."""
+"""``attnpanel info``: the shape table and what each head attends to; a head ranking
+(``attnpanel importance``) most important first."""
 
 from __future__ import annotations
 
@@ -13,9 +14,19 @@ def _heading(layer) -> str:
 
 def run(args: argparse.Namespace) -> None:
     """Print the shape table and per-head summary of every layer of a saved trace."""
+    from attnpanel.cli.importance import ranking_lines
     from attnpanel.readouts.summary import describe
     from attnpanel.traces.layers import layers, select
+    from attnpanel.traces.rankings import load_ranking
 
+    try:
+        ranking = load_ranking(args.trace)
+    except (ValueError, FileNotFoundError):
+        ranking = None  # not a ranking: a trace, or an error load_trace words
+    if ranking is not None:
+        for line in ranking_lines(ranking):
+            say(line)
+        return
     capture = load_trace(args.trace)
     check_sample(capture, args.sample)
     every = layers(capture)
@@ -29,7 +40,9 @@ def run(args: argparse.Namespace) -> None:
 def add_parser(sub) -> None:
     """Add the command and its options to the ``attnpanel`` parser's subcommands."""
     info = sub.add_parser("info", help="print the shape table and what each head attends to")
-    info.add_argument("trace", help="a saved trace (.nc or .zarr)")
+    info.add_argument(
+        "trace", help="a saved trace (.nc or .zarr), or a head ranking (attnpanel importance)"
+    )
     info.add_argument("--sample", type=int, default=0, help="which sample to summarise")
     info.add_argument(
         "--positions",

@@ -6,10 +6,18 @@ import argparse
 import os
 import sys
 
-from attnpanel.cli import export, info, overviews, serve, trace, train
+from attnpanel.cli import export, importance, info, overviews, serve, trace, train
 from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, say
 
-COMMANDS = (serve, export, info, trace, overviews, train)  # in the order --help lists them
+COMMANDS = (
+    serve,
+    export,
+    info,
+    trace,
+    importance,
+    overviews,
+    train,
+)  # in the order --help lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,9 +38,10 @@ def run(args: argparse.Namespace) -> None:
         path = args.trace
         capture = load_trace(path)
     else:
-        from attnpanel.nilm.demo import demo
+        from attnpanel.nilm.demo import demo, demo_model_run
 
         path, capture = None, demo()
+        options["model"] = demo_model_run()  # head toggles re-run the demo model
     if path is not None and isinstance(capture, xr.Dataset):
         # a virtual trace's overviews, stored beside it, read once and shared by every session
         overviews = stored_overviews(capture, path)

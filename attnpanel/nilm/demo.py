@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from attnpanel.capturing.model_run import ModelRun
 from attnpanel.nilm.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
 from attnpanel.traces import upgrades
 from attnpanel.traces.build import trace
@@ -104,6 +105,50 @@ def demo(
         When the shipped weights are missing.
     """
     return _traced(demo_windows(n_windows, seed), layer, weights, f"{n_windows} held-out windows")
+
+
+def demo_model_run(
+    n_windows: int = 32,
+    seed: int = HELDOUT_SEED,
+    layer: int = DEMO_LAYER,
+    weights: str | Path | None = None,
+) -> ModelRun:
+    """The demo model at hand for :func:`demo`'s trace: head toggles switch heads off
+    inside it and the explorer draws each appliance's predicted power again.
+
+    Its metrics, per appliance on the shown sample: the MAE in W and the F1 of the on-state
+    (the model's own on-thresholds), as ``docs/demo.md`` scores the model.
+    """
+    from attnpanel.nilm.nilmformer import default_path, time_features
+    from attnpanel.nilm.training import f1_score
+
+    path = default_path() if weights is None else Path(weights)
+    model = _model(path.resolve())
+    layer = layer % len(model.encoder)
+    held = demo_windows(n_windows, seed)
+    aggregate = torch.from_numpy(held["aggregate"].values)  # (B, L)
+    features = time_features(held["time"].values)  # (B, C, L)
+    config = model.config
+
+    def predict(output: torch.Tensor) -> np.ndarray:
+        return (output * model.target_scale).clamp_min(0).numpy()  # (B, A, L) W
+
+    def metrics(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+        found = {}
+        for i, name in enumerate(config.appliances):
+            threshold = config.on_threshold[i]
+            found[f"MAE {name} (W)"] = float(np.abs(prediction[i] - truth[i]).mean())
+            found[f"F1 {name}"] = f1_score(truth[i] > threshold, prediction[i] > threshold)
+        return found
+
+    return ModelRun(
+        model,
+        (aggregate, features),
+        layers=[f"encoder.{layer}.attention"],
+        predict=predict,
+        metrics=metrics,
+        series=list(config.appliances),
+    )
 
 
 def demo_long(

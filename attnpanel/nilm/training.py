@@ -130,15 +130,16 @@ def evaluate(model: NILMFormer, windows_ds, train_mean: list[float] | None = Non
             "mae_model": float(np.abs(p - y).mean()),
             "mae_zero": float(np.abs(y).mean()),
             "mae_mean": float(np.abs(y - means[i]).mean()),
-            "f1_model": _f1(on, p > threshold),
-            "f1_always_on": _f1(on, np.ones_like(on)),
+            "f1_model": f1_score(on, p > threshold),
+            "f1_always_on": f1_score(on, np.ones_like(on)),
             "on_threshold": threshold,
             "on_share": float(on.mean()),
         }
     return metrics
 
 
-def _f1(truth: np.ndarray, predicted: np.ndarray) -> float:
+def f1_score(truth: np.ndarray, predicted: np.ndarray) -> float:
+    """F1 of boolean on-states."""
     tp = float(np.sum(truth & predicted))
     denominator = float(np.sum(truth) + np.sum(predicted))
     return 2 * tp / denominator if denominator else 0.0

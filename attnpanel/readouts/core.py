@@ -31,6 +31,7 @@ STAGE_LABELS = {
     "scaled": "scaled scores q·k / √E",
     "masked": "masked scores",
     "softmax": "softmax weights",
+    "value_weighted": "value-weighted a·‖v W_o‖",
 }
 
 
@@ -235,7 +236,7 @@ def attention_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
             values = heads[enabled].mean(axis=0)
         else:
             values = heads[int(sel.head)].copy()
-        if sel.stage in ("masked", "softmax"):
+        if sel.stage in ("masked", "softmax", "value_weighted"):
             blocked = drawn_masked(ds, mask, sel.sample, sel.head)
             if blocked is not None:
                 values[blocked] = np.nan

@@ -29,50 +29,6 @@ from attnpanel.traces.stages import attention_stage
 HEAD_REDUCTIONS = ("mean", "max", "min")
 
 
-def value_norms(ds: xr.Dataset) -> xr.DataArray:
-    """``|| v_j W_o^h ||`` per sample, head and key position, float64 (``|| v_j ||`` for
-    a trace without ``w_o``).
-
-    Parameters
-    ----------
-    ds : xarray.Dataset
-        One layer's trace with ``v`` (and ``w_o``, ``(feature_out, H * head_dim)``, the
-        heads merged head-major as ``nn.Linear`` takes them).
-    """
-    if "v" not in ds:
-        raise ValueError(
-            "value-weighted attention needs the trace's values 'v' (batch, head, key, "
-            "head_dim); this trace holds none"
-        )
-    v = ds["v"]
-    position = "position" if "position" in v.dims else "key"
-    values = np.asarray(v.transpose("batch", "head", position, "head_dim").values, np.float64)
-    heads, width = values.shape[1], values.shape[3]
-    if "w_o" in ds:
-        w_o = np.asarray(ds["w_o"].values, dtype=np.float64)  # (D_out, H * E)
-        if w_o.shape[1] != heads * width:
-            raise ValueError(
-                f"w_o takes {w_o.shape[1]} merged features, not {heads} heads x {width}"
-            )
-        blocks = w_o.reshape(w_o.shape[0], heads, width)  # (D_out, H, E)
-        contribution = np.einsum("bhje,dhe->bhjd", values, blocks)  # v_j W_o^h
-        measure = "||v_j W_o^h||"
-    else:
-        contribution = values
-        measure = "||v_j|| (w_o unknown)"
-    norms = np.linalg.norm(contribution, axis=-1)  # (B, H, S)
-    coords = {d: ds[d] for d in ("batch", "head") if d in ds.coords}
-    if "key" in ds.coords:
-        coords["key"] = ds["key"]
-    return xr.DataArray(
-        norms,
-        dims=("batch", "head", "key"),
-        coords=coords,
-        name="value_norm",
-        attrs={"measure": measure},
-    )
-
-
 def value_weighted(
     ds: xr.Dataset,
     mask=None,
@@ -103,17 +59,9 @@ def value_weighted(
             value_weighted(ds.isel(layer=i), mask, batch, head) for i in range(ds.sizes["layer"])
         ]
         return xr.concat(layers, dim="layer").assign_coords(layer=ds["layer"])
-    norms = value_norms(ds)
-    if batch is not None:
-        norms = norms.isel(batch=batch)
-    if head is not None:
-        norms = norms.isel(head=head)
-    weights = attention_stage(ds, "softmax", mask=mask, batch=batch, head=head)
-    weighted = weights * norms.astype(np.float32).data[..., None, :]
+    weighted = attention_stage(ds, "value_weighted", mask=mask, batch=batch, head=head)
     return weighted.rename("value_weighted").assign_attrs(
-        measure=f"a_ij * {norms.attrs['measure']}",
-        long_name="value-weighted attention",
-        lazy=virtual.is_virtual(ds),
+        long_name="value-weighted attention", lazy=virtual.is_virtual(ds)
     )
 
 

@@ -11,13 +11,17 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
 import numpy as np
 
+# Groups whose curves are told apart by their label (one curve per series, each its own
+# models); a label of another group changes with the selection and is not part of its key.
+LABELLED_GROUPS = ("Sequence", "Prediction")
+
 
 class PlotKey(NamedTuple):
     """Which layer of a pane a Bokeh model set draws: element type, group, label."""
 
     kind: str  # the HoloViews element type: "Image", "Rectangles", "Curve", "Overlay" ...
     group: str  # the element's group: "Attention", "HeadMap", "Vector", "Sequence" ...
-    label: str = ""  # only for sequence curves (one per series); else ""
+    label: str = ""  # only for the curves of LABELLED_GROUPS (one per series); else ""
 
     @classmethod
     def of(cls, element) -> PlotKey:
@@ -26,7 +30,7 @@ class PlotKey(NamedTuple):
             return cls("Image", element.group)
         if isinstance(element, hv.Overlay):
             return cls("Overlay", "")
-        label = element.label if element.group == "Sequence" else ""
+        label = element.label if element.group in LABELLED_GROUPS else ""
         return cls(type(element).__name__, element.group, label)
 
 

@@ -41,6 +41,9 @@ LOOK = {
     ("Image", "Weight"): dict(cmap="RdBu_r", nan_color="white"),
     ("Image", "ModelView"): dict(cmap="Greys", nan_color="white"),
     ("Image", "Positional"): dict(cmap="RdBu_r"),
+    ("Image", "Importance"): dict(cmap="Blues", nan_color="white"),
+    ("Image", "Rollout"): dict(cmap="Greys", nan_color="white"),
+    ("Curve", "Prediction"): dict(line_width=1.2),
     ("HeatMap", "Values"): dict(cmap="RdBu_r"),
 }
 

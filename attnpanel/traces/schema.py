@@ -43,5 +43,5 @@ CROSS_DIMS = {
 # The mask truth of a captured model: any ordered subset of the attention dims that holds
 # ``key`` (padding varies by (batch, key), T5's bias by (head, query, key), ...).
 MASK_TRUTH = ("sample_mask", "bias")
-STAGES = ("raw", "scaled", "masked", "softmax")
+STAGES = ("raw", "scaled", "masked", "softmax", "value_weighted")
 ROW_SUM_TOLERANCE = 1e-3

@@ -227,9 +227,10 @@ def attention_stage(
     ds : xarray.Dataset
         A trace with ``q`` and ``k`` (or ``weights`` alone for the softmax stage of the
         trace's own mask, ``scores`` alone for the raw stage).
-    stage : {"raw", "scaled", "masked", "softmax"}
+    stage : {"raw", "scaled", "masked", "softmax", "value_weighted"}
         ``q . k``; times ``scale`` (plus the model's additive ``bias``); with blocked
-        cells filled by ``-1e4``; the weights.
+        cells filled by ``-1e4``; the weights; the weights times ``|| v_j W_o^h ||``
+        (:func:`value_norms`, Kobayashi et al. 2020).
     mask : str or bool array, optional
         Mask mode (see :func:`blocked_cells`); defaults to the trace's own, for which the
         softmax stage is the model's own ``weights`` where the trace holds them.
@@ -246,6 +247,14 @@ def attention_stage(
         raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
     _check_index(ds, "batch", batch)
     _check_index(ds, "head", head)
+    if stage == "value_weighted":
+        weights = attention_stage(ds, "softmax", mask, batch, head)
+        norms = value_norms(ds, batch)
+        norms = norms if head is None else norms.isel(head=head)
+        weighted = weights * norms.astype(np.float32).data[..., None, :]  # a_ij ||v_j W_o^h||
+        return weighted.rename("value_weighted").assign_attrs(
+            measure=f"a_ij * {norms.attrs['measure']}"
+        )
     if stage == "softmax" and _own(ds, mask) and "weights" in ds:
         return _select(ds["weights"], batch, head).rename("softmax")
     if "q" not in ds or "k" not in ds:
@@ -284,3 +293,51 @@ def _recompute(ds: xr.Dataset, stage: str, mask, batch, head) -> xr.DataArray:
     coords = {name: c for name, c in q.coords.items() if set(c.dims) <= set(dims)}
     coords["key"] = ds["key"]
     return xr.DataArray(values.numpy(), dims=dims, coords=coords, name=stage)
+
+
+def value_norms(ds: xr.Dataset, batch: int | None = None) -> xr.DataArray:
+    """``|| v_j W_o^h ||`` per sample, head and key position, float64 (``|| v_j ||`` for
+    a trace without ``w_o``): what key ``j`` adds to the layer's output through head ``h``
+    per unit of weight (Kobayashi et al. 2020).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One layer's trace with ``v`` (and ``w_o``, ``(feature_out, H * head_dim)``, the
+        heads merged head-major as ``nn.Linear`` takes them).
+    batch : int, optional
+        One sample (by position) only.
+    """
+    if "v" not in ds:
+        raise ValueError(
+            "value-weighted attention needs the trace's values 'v' (batch, head, key, "
+            "head_dim); this trace holds none"
+        )
+    v = ds["v"] if batch is None else ds["v"].isel(batch=[batch])
+    position = "position" if "position" in v.dims else "key"
+    values = np.asarray(v.transpose("batch", "head", position, "head_dim").values, np.float64)
+    heads, width = values.shape[1], values.shape[3]
+    if "w_o" in ds:
+        w_o = np.asarray(ds["w_o"].values, dtype=np.float64)  # (D_out, H * E)
+        if w_o.shape[1] != heads * width:
+            raise ValueError(
+                f"w_o takes {w_o.shape[1]} merged features, not {heads} heads x {width}"
+            )
+        blocks = w_o.reshape(w_o.shape[0], heads, width)  # (D_out, H, E)
+        contribution = np.einsum("bhje,dhe->bhjd", values, blocks)  # v_j W_o^h
+        measure = "||v_j W_o^h||"
+    else:
+        contribution = values
+        measure = "||v_j|| (w_o unknown)"
+    norms = np.linalg.norm(contribution, axis=-1)  # (B, H, S)
+    coords = {d: v[d] for d in ("batch", "head") if d in v.coords}
+    if "key" in ds.coords:
+        coords["key"] = ds["key"]
+    found = xr.DataArray(
+        norms,
+        dims=("batch", "head", "key"),
+        coords=coords,
+        name="value_norm",
+        attrs={"measure": measure},
+    )
+    return found if batch is None else found.isel(batch=0)

@@ -9,6 +9,7 @@ from attnpanel.app.sections.aggregation import ValueAggregation
 from attnpanel.app.sections.base import Section
 from attnpanel.app.sections.controls import Controls
 from attnpanel.app.sections.heads import HeadComparison, LinkedZoom
+from attnpanel.app.sections.importance import HeadImportance
 from attnpanel.app.sections.matrix import AttentionMatrix
 from attnpanel.app.sections.merge import MergeOutput
 from attnpanel.app.sections.model import ModelView, Positional, TopAttended
@@ -22,6 +23,7 @@ __all__ = [
     "Controls",
     "GuidedWalk",
     "HeadComparison",
+    "HeadImportance",
     "InputSequence",
     "LinkedZoom",
     "MergeOutput",

@@ -8,7 +8,13 @@ from attnpanel.app.sections.base import Section
 from attnpanel.readouts.core import layer_names, reference_name
 from attnpanel.traces.schema import STAGES
 
-STAGE_NAMES = {"raw scores": "raw", "scaled": "scaled", "masked": "masked", "softmax": "softmax"}
+STAGE_NAMES = {
+    "raw scores": "raw",
+    "scaled": "scaled",
+    "masked": "masked",
+    "softmax": "softmax",
+    "value-weighted": "value_weighted",
+}
 
 
 # Panel waits 50 ms after a widget change for more (its class attribute ``_debounce``), a

@@ -1,0 +1,213 @@
+"""Which heads the prediction needs: heads switched off inside the real model.
+
+With the model at hand (:class:`attnpanel.capturing.model_run.ModelRun`: the served demo,
+``explore(capture, model=ModelRun(...))``), the head toggles of the head comparison switch
+heads off in the model itself: the model runs again on the shown sample and the page draws
+its prediction with every head and without those, and the change of its metrics. A map of
+every layer's heads, coloured by how much switching each off alone changes the prediction,
+opens a head on click. Without a model, the section says what it needs.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import panel as pn
+import xarray as xr
+
+from attnpanel.app.sections.base import Section
+from attnpanel.readouts.flow import rollout
+from attnpanel.render import importance_views
+from attnpanel.render.palette import SERIES_COLORS
+
+MAP_SIZE = (380, 220)
+ROLLOUT_SIZE = 300
+PREDICTION_HEIGHT = 230
+NEEDS_MODEL = (
+    "Switching heads off needs the model itself, not only its trace: the served demo has "
+    "it; for your own, `attnpanel.explore(capture, model=attnpanel.ModelRun(model, inputs, "
+    "layers=[...]))`. Without it, the head toggles change this layer's output only."
+)
+
+
+def prediction_styles(labels: list[str]) -> dict:
+    """The input signal black; each series its colour, solid with every head and dashed
+    with heads switched off."""
+    styles = {labels[0]: dict(line_color="black", line_width=1.4)}
+    names: dict[str, str] = {}
+    for label in labels[1:]:
+        name = label.removesuffix(importance_views.OFF_SUFFIX).removesuffix(" (predicted)")
+        color = names.setdefault(name, SERIES_COLORS[len(names) % len(SERIES_COLORS)])
+        dashed = label.endswith(importance_views.OFF_SUFFIX)
+        styles[label] = dict(
+            line_color=color, line_width=1.2, line_dash="dashed" if dashed else "solid"
+        )
+    return styles
+
+
+class HeadImportance(Section):
+    """The model re-run with the switched-off heads, and every head's importance."""
+
+    title = "Which heads the prediction needs"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.status = pn.pane.Markdown("", margin=(0, 10))
+
+    @property
+    def run(self):
+        """The model at hand, or None."""
+        return self.state.model
+
+    def off(self, sel) -> list[int]:
+        """The heads switched off in the shown layer (the head toggles)."""
+        return sorted(set(range(self.state.n_heads)) - set(sel.enabled_heads))
+
+    def layer_name(self, sel) -> str:
+        """The model's name of the shown layer."""
+        layers = list(self.run.layers)
+        return layers[sel.layer] if len(layers) > 1 else layers[0]
+
+    def predictions(self, sel):
+        off = self.off(sel)
+        plain = self.run.prediction(sel.sample)
+        ablated = self.run.prediction(sel.sample, {self.layer_name(sel): off})
+        return plain, ablated, off
+
+    def rollout(self, sel):
+        """Attention rollout of the shown sample: from the stacked trace, else from the
+        model captured on that sample; None when neither can give one."""
+        if (
+            self.state.layers is not None
+            and self.state.layers.sizes["query"] == self.state.layers.sizes["key"]
+        ):
+            return rollout(self.state.layers.isel(batch=[sel.sample]))
+        if self.run is not None:
+            found = self.run.capture(sel.sample)
+            if isinstance(found, xr.Dataset):
+                return rollout(found)
+        return None
+
+    def build(self):
+        if self.run is None:
+            parts = [self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10))]
+            if self.rollout(self.state.selection) is not None:
+                parts.append(self._rollout())
+            return pn.Column(*parts, margin=0)
+        parts = [self._map()]
+        if self.rollout(self.state.selection) is not None:
+            parts.append(self._rollout())
+        if "truth" in self.trace:
+            parts.append(self._metrics())
+        return pn.Column(
+            self.heading(),
+            pn.pane.Markdown(
+                "Switch heads off with the head toggles below: the model runs again on this "
+                "sample without them (solid: every head; dashed: heads off). A click on the "
+                "map opens a head of the shown layer.",
+                margin=(0, 10),
+            ),
+            pn.Row(self._curves(), sizing_mode="stretch_width"),
+            pn.Row(*parts),
+            self.status,
+            sizing_mode="stretch_width",
+        )
+
+    def _curves(self):
+        def build(sel):
+            plain, ablated, off = self.predictions(sel)
+            names = list(self.run.series or self.trace["series"].values)
+            return importance_views.prediction_curves(self.trace, sel, plain, ablated, names, off)
+
+        element = self.engine.add(
+            "prediction with heads off", build, ["sample", "enabled_heads"], "prediction"
+        )
+        labels = [curve.label for curve in element]
+        style = dict(
+            height=PREDICTION_HEIGHT,
+            responsive=True,
+            legend=True,
+            legend_cols=2,
+            layer_style=prediction_styles(labels),
+        )
+        return self.engine.render(
+            element,
+            "prediction",
+            style=style,
+            sizing_mode="stretch_width",
+            height=PREDICTION_HEIGHT,
+        )
+
+    def _metrics(self):
+        def build(sel):
+            plain, ablated, off = self.predictions(sel)
+            truth = self.trace["truth"].isel(batch=sel.sample).values
+            return importance_views.metric_table(
+                self.run.metrics(plain, truth), self.run.metrics(ablated, truth), off
+            )
+
+        element = self.engine.add(
+            "metrics with heads off", build, ["sample", "enabled_heads"], "metrics", title=False
+        )
+        return self.engine.render(element, "metrics", style=dict(width=420, height=260))
+
+    def _map(self):
+        importance = self.run.importance(self.state.sample)
+        raster = self.engine.add(
+            "head importance",
+            lambda sel: importance_views.importance_map(self.run.importance(sel.sample)),
+            ["sample"],
+            "importance",
+            follows_layer=False,
+        )
+        element = raster.element(
+            hv.Dimension("importance", label=raster.value_label), kdims=("head", "layer")
+        )
+        width, height = MAP_SIZE
+        style = dict(
+            width=width,
+            height=height,
+            colorbar=True,
+            yticks=importance_views.layer_ticks(importance),
+            tools=("hover",),
+        )
+        return self.engine.render(element, "importance", style=style, on_tap=self.click)
+
+    def _rollout(self):
+        raster = self.engine.add(
+            "attention rollout",
+            lambda sel: importance_views.rollout_values(self.rollout(sel)),
+            ["sample"],
+            "rollout",
+            raster=(ROLLOUT_SIZE, ROLLOUT_SIZE),
+            group="Rollout",
+            follows_layer=False,
+        )
+        style = dict(
+            frame_width=ROLLOUT_SIZE,
+            frame_height=ROLLOUT_SIZE,
+            colorbar=True,
+            toolbar=True,
+            map_tools=True,
+        )
+        image = raster.element(hv.Dimension("flow", label=raster.value_label))
+        return self.engine.render(image, "rollout", style=style)
+
+    def click(self, x=None, y=None) -> None:
+        """A click on the map: that head of the shown layer, or a note for another layer."""
+        if x is None or y is None:
+            return
+        importance = self.run.importance(self.state.sample)
+        found = importance_views.tapped_head(importance, x, y)
+        if found is None:
+            return
+        layer, head = found
+        layers = list(self.run.layers)
+        if layer not in layers:
+            self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
+            return
+        index = layers.index(layer)
+        self.status.object = ""
+        if len(layers) > 1:
+            self.engine.soon(self.state.param.update, layer=index, head=head)
+        else:
+            self.engine.soon(self.state.param.update, head=head)

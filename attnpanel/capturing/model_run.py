@@ -1,0 +1,169 @@
+"""The model behind a trace, at hand: re-run on one sample with heads switched off.
+
+A trace holds numbers the model computed once. With the model itself, the explorer can ask
+what the prediction needs: :class:`ModelRun` re-runs the model on one sample of the inputs
+the trace was captured on, with some heads of some layers switched off
+(:func:`attnpanel.capturing.ablation.ablate`), and gives the prediction as the trace's
+reference series (``(series, position)``) and the model's metrics against the truth.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from attnpanel.capturing.ablation import ablate, attention_heads
+from attnpanel.capturing.importance import output_tensor, relative_change
+
+CACHED_RUNS = 64  # predictions kept per model run (sample x heads switched off)
+
+
+def mean_absolute_error(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """``MAE`` over every series and position: the default metric."""
+    return {"MAE": float(np.nanmean(np.abs(prediction - truth)))}
+
+
+@dataclass(eq=False)
+class ModelRun:
+    """A model and the inputs a trace was captured on.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model.
+    inputs : tuple
+        Its positional inputs for the whole batch (tensors with the batch first).
+    kwargs : dict
+        Its keyword inputs.
+    layers : sequence of str
+        The model's layer names (``attention_heads``) of the trace's layers, in the trace's
+        ``layer`` order (one name for a single-layer trace).
+    predict : callable
+        ``predict(output) -> (batch, series, position)`` array: the model's output as the
+        trace's reference series (the demo: each series' predicted power in W). Default: the
+        output tensor itself, ``(batch, position)`` or ``(batch, position, series)``.
+    metrics : callable
+        ``metrics(prediction, truth) -> {name: value}`` for one sample's
+        ``(series, position)`` arrays. Default: the mean absolute error.
+    series : sequence of str, optional
+        The series' names (the trace's ``series`` coordinate).
+    """
+
+    model: nn.Module
+    inputs: tuple
+    kwargs: dict = field(default_factory=dict)
+    layers: Sequence[str] = ()
+    predict: Callable | None = None
+    metrics: Callable[[np.ndarray, np.ndarray], dict[str, float]] = mean_absolute_error
+    series: Sequence[str] | None = None
+
+    def __post_init__(self):
+        self._cache: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._heads: dict[str, int] | None = None
+
+    @property
+    def batch(self) -> int:
+        """Samples in the inputs."""
+        first = next(t for t in (*self.inputs, *self.kwargs.values()) if torch.is_tensor(t))
+        return int(first.shape[0])
+
+    def one(self, sample: int) -> tuple[tuple, dict]:
+        """The inputs of one sample (every tensor with the batch first, cut to it)."""
+        batch = self.batch
+        if not 0 <= sample < batch:
+            raise ValueError(f"sample {sample} is out of range: the inputs have {batch}")
+
+        def cut(value):
+            if torch.is_tensor(value) and value.dim() and value.shape[0] == batch:
+                return value[sample : sample + 1]
+            return value
+
+        return tuple(cut(v) for v in self.inputs), {k: cut(v) for k, v in self.kwargs.items()}
+
+    def heads(self) -> dict[str, int]:
+        """Every attention layer of the model with its heads (one forward on sample 0)."""
+        if self._heads is None:
+            inputs, kwargs = self.one(0)
+            self._heads = attention_heads(self.model, *inputs, **kwargs)
+        return self._heads
+
+    def _series(self, output) -> np.ndarray:
+        """The prediction of one sample, ``(series, position)`` float64."""
+        if self.predict is not None:
+            found = np.asarray(self.predict(output), dtype=np.float64)
+        else:
+            found = output_tensor(output).detach().double().cpu().numpy()
+            found = found[:, None] if found.ndim == 2 else np.swapaxes(found, 1, 2)
+        return found[0]
+
+    def prediction(self, sample: int, off: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
+        """The model's prediction of ``sample``, ``(series, position)``, with the heads of
+        ``off`` (layer name to head indices) switched off."""
+        off = {layer: sorted(heads) for layer, heads in (off or {}).items() if heads}
+        key = (sample, tuple(sorted((layer, tuple(h)) for layer, h in off.items())))
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        inputs, kwargs = self.one(sample)
+        with torch.no_grad():
+            if off:
+                with ablate(self.model, off):
+                    output = self.model(*inputs, **kwargs)
+            else:
+                output = self.model(*inputs, **kwargs)
+        found = self._series(output)
+        with self._lock:
+            self._cache[key] = found
+            while len(self._cache) > CACHED_RUNS:
+                self._cache.popitem(last=False)
+        return found
+
+    def capture(self, sample: int) -> xr.Dataset | xr.DataTree:
+        """Every attention of the model on one sample, captured (kept for the last few)."""
+        from attnpanel.capturing.capture import capture
+
+        key = ("capture", sample)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        inputs, kwargs = self.one(sample)
+        found = capture(self.model, *inputs, **kwargs)
+        with self._lock:
+            self._cache[key] = found
+            while len(self._cache) > CACHED_RUNS:
+                self._cache.popitem(last=False)
+        return found
+
+    def importance(self, sample: int) -> xr.DataArray:
+        """Each head's importance for one sample: the relative change of the prediction
+        ``||p - p_ablated|| / ||p||`` with that head alone switched off, ``(layer, head)``."""
+        heads = self.heads()
+        plain = self.prediction(sample)
+        table = np.full((len(heads), max(heads.values(), default=0)), np.nan)
+        for row, (layer, count) in enumerate(heads.items()):
+            for head in range(count):
+                ablated = self.prediction(sample, {layer: [head]})
+                table[row, head] = relative_change(
+                    torch.from_numpy(plain), torch.from_numpy(ablated)
+                )
+        return xr.DataArray(
+            table,
+            dims=("layer", "head"),
+            coords={"layer": np.array(list(heads), dtype=str), "head": np.arange(table.shape[1])},
+            name="importance",
+            attrs={
+                "method": "ablation",
+                "how": "zero",
+                "measure": "||p - p_ablated|| / ||p|| (the prediction)",
+                "sample": sample,
+            },
+        )

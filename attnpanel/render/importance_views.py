@@ -1,0 +1,111 @@
+"""Views of what the prediction needs: each head's importance, the prediction with heads
+switched off, and the model's metrics with and without them.
+
+Pure functions of numbers the model computed (its predictions, re-run with heads switched
+off: :class:`attnpanel.capturing.model_run.ModelRun`) returning HoloViews elements; the
+section (``attnpanel.app.sections.importance``) draws them through the engine.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import xarray as xr
+
+from attnpanel.readouts import core
+from attnpanel.render.elements import Raster
+from attnpanel.render.views import FAST_DATATYPE
+
+OFF_SUFFIX = " (heads off)"
+
+
+def importance_map(importance: xr.DataArray) -> Raster:
+    """Layers (rows, the first on top) by heads, each cell a head's importance (group
+    ``Importance``; NaN where a layer has fewer heads)."""
+    values = np.asarray(importance.values, dtype=np.float32)
+    rows, cols = values.shape
+    sample = importance.attrs.get("sample")
+    where = f" for sample {sample}" if sample is not None else ""
+    measure = importance.attrs.get("measure", "importance")
+    return Raster(
+        values[::-1],  # rows by ascending y: the last layer at y = 0, the first on top
+        (-0.5, -0.5, cols - 0.5, rows - 0.5),
+        "Importance",
+        f"head importance{where}",
+        measure,
+    )
+
+
+def layer_ticks(importance: xr.DataArray) -> list[tuple[int, str]]:
+    """The map's y ticks: each layer's short name at its row (layer 0 on top)."""
+    names = [str(name) for name in importance["layer"].values]
+    rows = len(names)
+    return [(rows - 1 - i, core.short_layer_name(name)) for i, name in enumerate(names)]
+
+
+def tapped_head(importance: xr.DataArray, x: float, y: float) -> tuple[str, int] | None:
+    """The ``(layer, head)`` under a click on :func:`importance_map`, or None."""
+    rows, cols = importance.shape
+    row, head = rows - 1 - round(y), round(x)
+    if not (0 <= row < rows and 0 <= head < cols):
+        return None
+    if not np.isfinite(float(importance.values[row, head])):
+        return None
+    return str(importance["layer"].values[row]), int(head)
+
+
+def prediction_curves(
+    ds: xr.Dataset,
+    sel: core.Selection,
+    plain: np.ndarray,
+    ablated: np.ndarray,
+    series: list[str],
+    off: list[int],
+) -> hv.Overlay:
+    """The input signal with each predicted series, with all heads (solid) and with the
+    switched-off heads ``off`` (dashed; the same as all heads when none is off)."""
+    found = core.sequence_series(ds, sel, show_reference=False)
+    xs = found.xs
+    xdim = hv.Dimension(found.xname)
+    ydim = hv.Dimension("value", label=found.ylabel, unit=found.unit)
+    curves = [
+        hv.Curve((xs, values), xdim, ydim, group="Prediction", label=label, datatype=FAST_DATATYPE)
+        for label, values in found.series[:1]
+    ]
+    for name, with_all, without in zip(series, plain, ablated, strict=True):
+        curves.append(
+            hv.Curve(
+                (xs, with_all), xdim, ydim, group="Prediction", label=f"{name}{core.PREDICTED}"
+            )
+        )
+        curves.append(
+            hv.Curve((xs, without), xdim, ydim, group="Prediction", label=f"{name}{OFF_SUFFIX}")
+        )
+    heads = ", ".join(map(str, off))
+    what = f"heads {heads} switched off in this layer" if off else "every head on"
+    return hv.Overlay(curves, label=f"the model's prediction, sample {sel.sample}: {what}")
+
+
+def metric_table(with_all: dict[str, float], without: dict[str, float], off: list[int]) -> hv.Table:
+    """Each metric with every head and with the switched-off heads, and the change."""
+    rows = [
+        (name, f"{value:.4g}", f"{without[name]:.4g}", f"{without[name] - value:+.4g}")
+        for name, value in with_all.items()
+    ]
+    label = "heads off" if off else "heads off (none)"
+    return hv.Table(
+        rows,
+        kdims=["metric"],
+        vdims=["every head", label, "change"],
+        group="Metrics",
+        label="the model's metrics on this sample",
+    )
+
+
+def rollout_values(flow: xr.DataArray, sample: int = 0) -> tuple[np.ndarray, str, str]:
+    """A rollout (:func:`attnpanel.rollout`) of one sample as a regridded map's
+    ``(values, label, colour-bar title)``: rows by query."""
+    values = np.asarray(flow.isel(batch=sample).values, dtype=np.float32)
+    layers = flow.attrs.get("layers", "")
+    label = f"rollout through {layers} layers (residual {flow.attrs.get('residual', 0.5)})"
+    return values, label, "flow from key to query"

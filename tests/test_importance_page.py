@@ -1,0 +1,144 @@
+"""The page's "which heads the prediction needs" section, against the demo model itself:
+what it draws is the model's prediction re-run with the lane of a head zeroed the long way
+(a forward pre-hook on the layer's output projection)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from bokeh.document import Document
+
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.app.sections.importance import NEEDS_MODEL
+from attnpanel.nilm.demo import DEMO_LAYER, demo_model_run, demo_windows
+from attnpanel.nilm.nilmformer import time_features
+from attnpanel.render.elements import PlotKey
+
+LAYER = f"encoder.{DEMO_LAYER}.attention"
+
+
+@pytest.fixture(scope="module")
+def run():
+    return demo_model_run(n_windows=4)
+
+
+@pytest.fixture(scope="module")
+def page(run):
+    import attnpanel
+
+    explorer = AttentionExplorer(attnpanel.demo(n_windows=4), model=run)
+    explorer.__panel__().get_root(Document())
+    return explorer
+
+
+@contextlib.contextmanager
+def lanes_zeroed(model, heads: list[int], n_heads: int = 8):
+    """The long way: the out projection's input with the lanes of ``heads`` zeroed."""
+
+    def hook(_module, args):
+        merged = args[0].clone()
+        width = merged.shape[-1] // n_heads
+        for head in heads:
+            merged[..., head * width : (head + 1) * width] = 0.0
+        return (merged,)
+
+    handle = model.get_submodule(f"{LAYER}.wo").register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def model_prediction(run, sample: int, heads: list[int], windows: int = 4) -> np.ndarray:
+    """The demo model's own prediction in W of one held-out window, ``(appliance, position)``."""
+    held = demo_windows(windows)
+    aggregate = torch.from_numpy(held["aggregate"].values[sample : sample + 1])
+    features = time_features(held["time"].values[sample : sample + 1])
+    with lanes_zeroed(run.model, heads):
+        return run.model.predict(aggregate, features)[0].numpy()
+
+
+def drawn_curves(page) -> dict[str, np.ndarray]:
+    return {
+        key.label: np.asarray(found[0]["source"].data["value"])
+        for key, found in page.engine.plots("prediction").items()
+        if key.group == "Prediction"
+    }
+
+
+def test_the_page_draws_the_models_prediction_with_heads_switched_off(page, run):
+    names = list(run.series)
+    drawn = drawn_curves(page)
+    every = model_prediction(run, 0, [])
+    for i, name in enumerate(names):
+        np.testing.assert_allclose(drawn[f"{name} (predicted)"], every[i], rtol=1e-6, atol=1e-4)
+        np.testing.assert_allclose(drawn[f"{name} (heads off)"], every[i], rtol=1e-6, atol=1e-4)
+    page.param.update(enabled_heads=[0, 1, 2, 4, 5, 6, 7])  # head 3 off
+    without = model_prediction(run, 0, [3])
+    drawn = drawn_curves(page)
+    assert not np.allclose(without, every)
+    for i, name in enumerate(names):
+        np.testing.assert_allclose(drawn[f"{name} (heads off)"], without[i], rtol=1e-6, atol=1e-4)
+        np.testing.assert_allclose(drawn[f"{name} (predicted)"], every[i], rtol=1e-6, atol=1e-4)
+    assert "heads 3 switched off" in page.engine.title("prediction")
+    table = page.engine.plots("metrics")[PlotKey("Table", "Metrics")][0]["table"].text
+    truth = page.trace["truth"].isel(batch=0).values
+    mae = np.abs(without[0] - truth[0]).mean()
+    assert f"{mae:.4g}" in table  # the fridge's MAE with head 3 off
+    assert page.last_error == ""  # no view failed to update
+    page.param.update(sample=2, enabled_heads=list(range(8)))
+    np.testing.assert_allclose(
+        drawn_curves(page)[f"{names[1]} (predicted)"], model_prediction(run, 2, [])[1], atol=1e-4
+    )
+
+
+def test_the_importance_map_is_each_head_switched_off_alone(page, run):
+    page.param.update(sample=1)
+    drawn = page.drawn("importance", "Importance")  # rows by ascending y: the last layer first
+    every = model_prediction(run, 1, [])
+    for head in (0, 5):
+        without = model_prediction(run, 1, [head])
+        change = np.linalg.norm(without - every) / np.linalg.norm(every)
+        assert drawn[0, head] == pytest.approx(change, rel=1e-4)  # the traced layer, last
+    assert drawn.shape == (3, 8)
+
+
+def test_a_click_on_the_map_opens_the_head(page):
+    page.param.update(head=0)
+    section = page.sections["importance"]
+    section.click(x=4.2, y=0.1)  # row 0 from the bottom: the last layer, the traced one
+    assert page.head == 4
+    section.click(x=2.0, y=2.0)  # layer 0: not in this trace
+    assert page.head == 4
+    assert "encoder.0.attention" in section.status.object
+
+
+def test_without_the_model_the_section_says_what_it_needs():
+    import attnpanel
+
+    explorer = AttentionExplorer(attnpanel.demo(n_windows=2))
+    explorer.__panel__().get_root(Document())
+    section = explorer.sections["importance"].__panel__()
+    assert NEEDS_MODEL in section.objects[1].object
+    assert "prediction" not in explorer.engine.panes()
+
+
+def test_the_rollout_map_composes_every_layer_of_the_model(page, run):
+    """Beside the ranking: the rollout of the shown sample through the model's three
+    layers, from the model's own attention (captured on that sample)."""
+    from test_flow import long_rollout
+
+    import attnpanel
+    from attnpanel.readouts.raster import window_raster
+
+    page.param.update(sample=3)
+    inputs, _ = run.one(3)
+    captured = attnpanel.capture(run.model, *inputs)
+    own = [torch.from_numpy(captured["weights"].values[i]) for i in range(3)]
+    expected = long_rollout(own, 0.5)[0].numpy().astype(np.float32)
+    regridded, _ = window_raster(expected, 300, 300, None)
+    np.testing.assert_allclose(page.drawn("rollout", "Rollout"), regridded, atol=1e-5)
+    assert page.engine.title("rollout").startswith("rollout through 3 layers")
