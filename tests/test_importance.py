@@ -147,6 +147,7 @@ def test_threads_ablating_one_model_at_once_keep_to_their_own_heads(nilmformer):
         except Exception as err:  # noqa: BLE001 - reported by the assertion below
             errors.append(err)
 
+    fastpath = torch.backends.mha.get_fastpath_enabled()
     threads = [threading.Thread(target=work, args=(h,)) for h in [*range(4), None]]
     for thread in threads:
         thread.start()
@@ -156,6 +157,8 @@ def test_threads_ablating_one_model_at_once_keep_to_their_own_heads(nilmformer):
     for head in range(4):
         assert torch.equal(found[head], serial[head])
     assert torch.equal(found[None], plain)
+    # one process-wide flag, switched off by the first and restored by the last one out
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath
 
 
 @pytest.mark.slow

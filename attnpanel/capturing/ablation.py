@@ -43,6 +43,7 @@ from attnpanel.capturing.intercept import (
     SOFTMAX,
     VIEWS,
     einsum_parts,
+    fused_path_off,
     product_operands,
 )
 from attnpanel.kernels import tiles
@@ -428,13 +429,8 @@ def ablate(
     asked = _heads_asked(heads)
     _check_layers(model, asked)
     gate = HeadGate(model, asked, how)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder layer skips the MHA call
-    try:
-        with gate.watching(), gate:
-            yield gate
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
+    with fused_path_off(), gate.watching(), gate:  # the fused encoder skips the MHA call
+        yield gate
     if gate.seen:
         _check_done(gate, asked)
 
@@ -460,11 +456,6 @@ def attention_heads(model: nn.Module, *inputs, **kwargs) -> dict[str, int]:
     gradients and changes nothing.
     """
     gate = HeadGate(model)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with gate.watching(), gate, torch.no_grad():
-            model(*inputs, **kwargs)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
+    with fused_path_off(), gate.watching(), gate, torch.no_grad():
+        model(*inputs, **kwargs)
     return dict(gate.seen)

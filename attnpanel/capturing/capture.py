@@ -31,7 +31,12 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing import readers  # noqa: F401 - registers the attention readers
-from attnpanel.capturing.intercept import AttentionCall, AttentionRecorder, CaptureError
+from attnpanel.capturing.intercept import (
+    AttentionCall,
+    AttentionRecorder,
+    CaptureError,
+    fused_path_off,
+)
 from attnpanel.capturing.projections import call_tensors, read_projections
 from attnpanel.capturing.stacking import assemble, layer_sizes
 from attnpanel.kernels.masks import cached_mask
@@ -116,18 +121,15 @@ def capture(
     hints = _hints(model, fused or {})
     recorder = AttentionRecorder(dense)
     training = [m for m in model.modules() if m.training]  # each restored as it was
-    fastpath = torch.backends.mha.get_fastpath_enabled()
     try:
         if training:
             model.eval()
         # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
-        torch.backends.mha.set_fastpath_enabled(False)
-        with recorder.watch(model), recorder, torch.no_grad():
+        with fused_path_off(), recorder.watch(model), recorder, torch.no_grad():
             model(*inputs, **kwargs)
     finally:
         for module in training:  # exactly the modules that were training, as they were
             module.training = True
-        torch.backends.mha.set_fastpath_enabled(fastpath)
 
     calls = recorder.calls
     if not calls:

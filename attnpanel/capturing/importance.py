@@ -23,6 +23,7 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.ablation import AblationError, HeadGate, ablate, attention_heads
+from attnpanel.capturing.intercept import fused_path_off
 
 METHODS = ("ablation", "gradient")
 
@@ -219,9 +220,7 @@ def _on_cluster(client, model, inputs, kwargs, tasks, y, score, base, how, progr
 
 def _gradient(model, inputs, kwargs, score, how):
     gate = HeadGate(model, how=how, gradient=True)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
+    with fused_path_off():
         with torch.enable_grad(), gate.watching(), gate:
             y = output_tensor(model(*inputs, **kwargs))
         value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
@@ -230,8 +229,6 @@ def _gradient(model, inputs, kwargs, score, how):
         if not gate.gates:
             raise AblationError(f"{type(model).__name__} computed no attention: no head to rank")
         grads = torch.autograd.grad(value, list(gate.gates.values()), allow_unused=True)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
     layers = dict(gate.seen)
     values = {
         layer: (np.zeros(layers[layer]) if g is None else g.detach().abs().double().cpu().numpy())

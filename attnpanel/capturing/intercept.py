@@ -26,9 +26,11 @@ Shapes use ``B`` batch, ``H`` heads, ``L`` queries, ``S`` keys and ``E`` head di
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -61,6 +63,32 @@ KEEPS = {
 }
 VIEWS = {"view", "reshape", "view_as", "reshape_as", "unsqueeze", "squeeze", "flatten"}
 STRUCTURE_ROWS = 1024  # rows of a model's mask compared with a mode at a time
+
+
+_FUSED_PATH = {"lock": threading.Lock(), "users": 0, "was": True}
+
+
+@contextlib.contextmanager
+def fused_path_off() -> Iterator[None]:
+    """PyTorch's fused ``nn.TransformerEncoderLayer`` path switched off while open.
+
+    That path computes attention without calling ``F.multi_head_attention_forward``, so
+    neither capture nor ablation would see it. The switch is one flag for the whole
+    process: the first of overlapping users (threads of a server) turns it off and the last
+    one out restores what it was.
+    """
+    with _FUSED_PATH["lock"]:
+        if _FUSED_PATH["users"] == 0:
+            _FUSED_PATH["was"] = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+        _FUSED_PATH["users"] += 1
+    try:
+        yield
+    finally:
+        with _FUSED_PATH["lock"]:
+            _FUSED_PATH["users"] -= 1
+            if _FUSED_PATH["users"] == 0:
+                torch.backends.mha.set_fastpath_enabled(_FUSED_PATH["was"])
 
 
 class CaptureError(ValueError):
