@@ -142,3 +142,38 @@ def test_the_rollout_map_composes_every_layer_of_the_model(page, run):
     regridded, _ = window_raster(expected, 300, 300, None)
     np.testing.assert_allclose(page.drawn("rollout", "Rollout"), regridded, atol=1e-5)
     assert page.engine.title("rollout").startswith("rollout through 3 layers")
+
+
+def test_explore_a_capture_with_its_model_and_inputs():
+    """Any model: ``explore(capture, model=..., inputs=...)``. The page switches a head off
+    in the shown layer of a stacked capture; its hidden states are drawn as their norm per
+    position; the map opens another layer's head; the rollout runs over the capture."""
+    import zoo
+
+    import attnpanel
+
+    model, args, kwargs = zoo.case("nanogpt_sdpa_causal").build()
+    captured = attnpanel.capture(model, *args, **kwargs)
+    explorer = attnpanel.explore(captured, model=model, inputs=args, layer=1)
+    explorer.__panel__().get_root(Document())
+    assert explorer.model.layers == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    explorer.param.update(enabled_heads=[0, 1, 3], sample=1)
+    drawn = {
+        key.label: np.asarray(found[0]["source"].data["value"])
+        for key, found in explorer.engine.plots("prediction").items()
+        if key.group == "Prediction"
+    }
+    with torch.no_grad(), attnpanel.ablate(model, {"transformer.h.1.attn": [2]}):
+        hidden = model(args[0][1:2])[0]
+    np.testing.assert_allclose(drawn["‖output‖ (heads off)"], hidden.norm(dim=-1), rtol=1e-5)
+    assert explorer.last_error == ""
+    section = explorer.sections["importance"]
+    section.click(x=3.0, y=1.0)  # the top row: layer 0
+    assert (explorer.layer, explorer.head) == (0, 3)
+    assert "prediction" in explorer.engine.panes() and "metrics" not in explorer.engine.panes()
+    with pytest.raises(TypeError, match="needs inputs="):
+        attnpanel.explore(captured, model=model)
+    with pytest.raises(TypeError, match="a torch.nn.Module or a ModelRun"):
+        attnpanel.explore(captured, model="gpt", inputs=args)
+    with pytest.raises(ValueError, match="does not name its layers"):
+        attnpanel.explore(captured.isel(layer=0).drop_vars("layer"), model=model, inputs=args)

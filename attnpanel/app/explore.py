@@ -12,11 +12,14 @@ from pathlib import Path
 
 import panel as pn
 import xarray as xr
+from torch import nn
 
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.groups_explorer import GroupsExplorer
 from attnpanel.app.long_explorer import LongExplorer
+from attnpanel.capturing.model_run import ModelRun
 from attnpanel.traces import io, virtual
+from attnpanel.traces.layers import groups
 from attnpanel.traces.overviews import folder_for
 
 
@@ -31,7 +34,10 @@ def explore(capture: xr.Dataset | xr.DataTree | str | Path, **params) -> pn.view
     **params
         Initial explorer parameters (``sample``, ``head``, ``layer`` ...); for a virtual
         trace also ``folder``, where its overviews are stored (for a path, by default the
-        folder beside the file).
+        folder beside the file). ``model=`` and ``inputs=``: the model the capture was
+        taken from and its inputs (a tuple of positional inputs, or a dict of keyword
+        inputs), or ``model=ModelRun(...)``: head toggles then switch heads off inside
+        the model and the page draws its prediction again.
 
     Returns
     -------
@@ -47,6 +53,8 @@ def explore(capture: xr.Dataset | xr.DataTree | str | Path, **params) -> pn.view
         capture = io.load(path)
         if isinstance(capture, xr.Dataset) and virtual.is_virtual(capture):
             params.setdefault("folder", folder_for(path))
+    if "model" in params or "inputs" in params:
+        params["model"] = model_run(capture, params.pop("model", None), params.pop("inputs", None))
     if isinstance(capture, xr.DataTree):
         return GroupsExplorer(capture, **params)
     if not isinstance(capture, xr.Dataset):
@@ -57,3 +65,26 @@ def explore(capture: xr.Dataset | xr.DataTree | str | Path, **params) -> pn.view
     if virtual.is_virtual(capture):
         return LongExplorer(capture, **params)
     return AttentionExplorer(capture, **params)
+
+
+def model_run(capture, model, inputs) -> ModelRun | None:
+    """``model`` and ``inputs`` as a :class:`ModelRun` of a capture's layers."""
+    if model is None or isinstance(model, ModelRun):
+        if inputs is not None:
+            raise TypeError("inputs= goes with model=, the torch module they feed")
+        return model
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model= takes a torch.nn.Module or a ModelRun, not {type(model).__name__}")
+    if inputs is None:
+        raise TypeError("model= needs inputs=: the inputs the capture was taken on")
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
+    found = groups(capture) if isinstance(capture, xr.Dataset | xr.DataTree) else {}
+    names = [
+        str(name) for ds in found.values() if "layer" in ds.coords for name in ds["layer"].values
+    ]
+    if not names:
+        raise ValueError(
+            "this trace does not name its layers (a capture does): give "
+            "model=attnpanel.ModelRun(model, inputs, layers=[the module names of its layers])"
+        )
+    return ModelRun(model, args, kwargs, layers=names)

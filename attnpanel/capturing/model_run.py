@@ -22,7 +22,9 @@ from torch import nn
 from attnpanel.capturing.ablation import ablate, attention_heads
 from attnpanel.capturing.importance import output_tensor, relative_change
 
-CACHED_RUNS = 64  # predictions kept per model run (sample x heads switched off)
+CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
+MAX_SERIES = 8  # a default prediction of more channels is drawn as its norm
+CACHED_CAPTURES = 2  # captures of one sample kept (every layer's maps: tens of MB)
 
 
 def mean_absolute_error(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -65,7 +67,8 @@ class ModelRun:
     series: Sequence[str] | None = None
 
     def __post_init__(self):
-        self._cache: OrderedDict = OrderedDict()
+        self._cache: OrderedDict = OrderedDict()  # predictions, shared by every session
+        self._captures: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._heads: dict[str, int] | None = None
 
@@ -101,8 +104,18 @@ class ModelRun:
             found = np.asarray(self.predict(output), dtype=np.float64)
         else:
             found = output_tensor(output).detach().double().cpu().numpy()
+            if found.ndim == 3 and found.shape[2] > MAX_SERIES:
+                found = np.linalg.norm(found, axis=2)  # hidden states: their norm
             found = found[:, None] if found.ndim == 2 else np.swapaxes(found, 1, 2)
         return found[0]
+
+    def series_names(self, count: int) -> list[str]:
+        """The predicted series' names: given, else ``output`` (one) or ``output i``."""
+        if self.series is not None:
+            return list(self.series)
+        if self.predict is None and count == 1:
+            return ["‖output‖"]
+        return ["output"] if count == 1 else [f"output {i}" for i in range(count)]
 
     def prediction(self, sample: int, off: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
         """The model's prediction of ``sample``, ``(series, position)``, with the heads of
@@ -128,19 +141,20 @@ class ModelRun:
         return found
 
     def capture(self, sample: int) -> xr.Dataset | xr.DataTree:
-        """Every attention of the model on one sample, captured (kept for the last few)."""
+        """Every attention of the model on one sample (:func:`attnpanel.capture`); the last
+        few are kept, shared by every session."""
         from attnpanel.capturing.capture import capture
 
-        key = ("capture", sample)
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
+            if sample in self._captures:
+                self._captures.move_to_end(sample)
+                return self._captures[sample]
         inputs, kwargs = self.one(sample)
         found = capture(self.model, *inputs, **kwargs)
         with self._lock:
-            self._cache[key] = found
-            while len(self._cache) > CACHED_RUNS:
-                self._cache.popitem(last=False)
+            self._captures[sample] = found
+            while len(self._captures) > CACHED_CAPTURES:
+                self._captures.popitem(last=False)
         return found
 
     def importance(self, sample: int) -> xr.DataArray:

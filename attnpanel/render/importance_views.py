@@ -65,12 +65,14 @@ def prediction_curves(
     """The input signal with each predicted series, with all heads (solid) and with the
     switched-off heads ``off`` (dashed; the same as all heads when none is off)."""
     found = core.sequence_series(ds, sel, show_reference=False)
-    xs = found.xs
+    length = plain.shape[-1]
+    over_positions = len(found.xs) == length  # else a prediction of its own length
+    xs = found.xs if over_positions else np.arange(length)
     xdim = hv.Dimension(found.xname)
     ydim = hv.Dimension("value", label=found.ylabel, unit=found.unit)
     curves = [
         hv.Curve((xs, values), xdim, ydim, group="Prediction", label=label, datatype=FAST_DATATYPE)
-        for label, values in found.series[:1]
+        for label, values in (found.series[:1] if over_positions else [])
     ]
     for name, with_all, without in zip(series, plain, ablated, strict=True):
         curves.append(

@@ -15,6 +15,7 @@ import panel as pn
 import xarray as xr
 
 from attnpanel.app.sections.base import Section
+from attnpanel.readouts.core import PREDICTED
 from attnpanel.readouts.flow import rollout
 from attnpanel.render import importance_views
 from attnpanel.render.palette import SERIES_COLORS
@@ -32,15 +33,16 @@ NEEDS_MODEL = (
 def prediction_styles(labels: list[str]) -> dict:
     """The input signal black; each series its colour, solid with every head and dashed
     with heads switched off."""
-    styles = {labels[0]: dict(line_color="black", line_width=1.4)}
-    names: dict[str, str] = {}
-    for label in labels[1:]:
-        name = label.removesuffix(importance_views.OFF_SUFFIX).removesuffix(" (predicted)")
+    styles, names = {}, {}
+    suffixes = (importance_views.OFF_SUFFIX, PREDICTED)
+    for label in labels:
+        if not label.endswith(suffixes):
+            styles[label] = dict(line_color="black", line_width=1.4)
+            continue
+        name = label.removesuffix(importance_views.OFF_SUFFIX).removesuffix(PREDICTED)
         color = names.setdefault(name, SERIES_COLORS[len(names) % len(SERIES_COLORS)])
-        dashed = label.endswith(importance_views.OFF_SUFFIX)
-        styles[label] = dict(
-            line_color=color, line_width=1.2, line_dash="dashed" if dashed else "solid"
-        )
+        dash = "dashed" if label.endswith(importance_views.OFF_SUFFIX) else "solid"
+        styles[label] = dict(line_color=color, line_width=1.2, line_dash=dash)
     return styles
 
 
@@ -63,7 +65,12 @@ class HeadImportance(Section):
         return sorted(set(range(self.state.n_heads)) - set(sel.enabled_heads))
 
     def layer_name(self, sel) -> str:
-        """The model's name of the shown layer."""
+        """The model's name of the shown layer: the trace's own where it names it (a
+        capture), else the model run's."""
+        if "layer" in self.trace.coords and self.trace["layer"].ndim == 0:
+            name = str(self.trace["layer"].item())
+            if name in self.run.heads():
+                return name
         layers = list(self.run.layers)
         return layers[sel.layer] if len(layers) > 1 else layers[0]
 
@@ -83,7 +90,7 @@ class HeadImportance(Section):
             return rollout(self.state.layers.isel(batch=[sel.sample]))
         if self.run is not None:
             found = self.run.capture(sel.sample)
-            if isinstance(found, xr.Dataset):
+            if isinstance(found, xr.Dataset) and found.sizes["query"] == found.sizes["key"]:
                 return rollout(found)
         return None
 
@@ -115,7 +122,7 @@ class HeadImportance(Section):
     def _curves(self):
         def build(sel):
             plain, ablated, off = self.predictions(sel)
-            names = list(self.run.series or self.trace["series"].values)
+            names = self.run.series_names(len(plain))
             return importance_views.prediction_curves(self.trace, sel, plain, ablated, names, off)
 
         element = self.engine.add(
@@ -201,13 +208,13 @@ class HeadImportance(Section):
         if found is None:
             return
         layer, head = found
-        layers = list(self.run.layers)
-        if layer not in layers:
-            self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
-            return
-        index = layers.index(layer)
-        self.status.object = ""
-        if len(layers) > 1:
+        stacked = self.state.layers
+        if stacked is not None and layer in stacked["layer"].values:
+            index = list(map(str, stacked["layer"].values)).index(layer)
+            self.status.object = ""
             self.engine.soon(self.state.param.update, layer=index, head=head)
-        else:
+        elif layer == self.layer_name(self.state.selection):
+            self.status.object = ""
             self.engine.soon(self.state.param.update, head=head)
+        else:
+            self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
