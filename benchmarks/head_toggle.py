@@ -32,8 +32,8 @@ from served_app import launch_chromium, open_app, serve  # noqa: E402
 PREDICTION = '() => attn.plot("the model\'s prediction")'
 OUTPUT = "() => attn.plot('output Wo')"
 TOGGLES = (
-    "() => attn.views().find((v) => v.model && v.model.type === 'CheckboxButtonGroup' && "
-    "v.model.labels.includes('head 0')).model"
+    "() => attn.views().find((v) => v.model && Array.isArray(v.model.labels) && "
+    "v.model.labels.includes('head 0') && 'active' in v.model.properties).model"
 )
 # Switch one head off (or every head back on) and time both plots until they repaint.
 TOGGLE_JS = f"""async ([heads]) => {{
