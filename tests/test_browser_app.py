@@ -235,6 +235,29 @@ def test_switching_a_head_off_re_runs_the_model(app, artifacts):
     shot(page, artifacts, "head_off_prediction")
     page.get_by_role("button", name="head 5", exact=True).click()
     page.wait_for_function(f"{plot}.model.title.text.includes('every head on')")
+    # the ranking: each head of each layer switched off alone, the model's own change
+    drawn = np.array(
+        page.evaluate(
+            "() => { const pv = attn.plot('head importance');"
+            " const r = pv.model.renderers.find((r) => r.glyph.type === 'Image');"
+            " return Array.from(r.data_source.data.image[0]); }"
+        )
+    ).reshape(3, 8)  # rows by layer, drawn top down: the traced layer (2) last
+    every = model_prediction(run, sample, [], windows=32)
+    for head in (1, 6):
+        without = model_prediction(run, sample, [head], windows=32)
+        change = np.linalg.norm(without - every) / np.linalg.norm(every)
+        assert drawn[2, head] == pytest.approx(change, rel=1e-4)
+    # a click on a cell of the traced layer (the bottom row) opens that head
+    page.evaluate("attn.plot('head importance').el.scrollIntoView({block: 'center'})")
+    point = page.evaluate("attn.frame_point(attn.plot('head importance'), 6.5 / 8, 5 / 6)")
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_function(
+        """() => { const w = attn.widget('Head');
+                   const o = w.options.find((o) => (Array.isArray(o) ? o[0] : o) === w.value);
+                   return (Array.isArray(o) ? o[1] : o) === 'head 6'; }"""
+    )
+    set_widget(page, "Head", "head 0")
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 

@@ -96,3 +96,26 @@ def test_rankings_are_saved_whole_and_read_as_hostile_files(tmp_path):
     (tmp_path / "garbage.nc").write_bytes(b"not a netCDF file")
     with pytest.raises(ValueError, match="cannot read"):
         load_ranking(tmp_path / "garbage.nc")
+
+
+def test_serve_gives_a_checkpoints_explorer_its_model(tmp_path):
+    """``attnpanel serve --checkpoint`` shows the checkpoint's layer with the model at hand
+    (what the page's head toggles re-run); a missing or foreign file is one line."""
+    from attnpanel.cli.common import CommandError
+    from attnpanel.cli.main import build_parser
+    from attnpanel.cli.serve import served_capture
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--checkpoint", str(default_path())])
+    path, capture, options = served_capture(args)
+    assert path is None and str(default_path().name) in capture.attrs["source"]
+    assert options["model"].layers == ["encoder.2.attention"]
+    assert options["model"].batch == capture.sizes["batch"]
+    with pytest.raises(CommandError, match="no checkpoint at"):
+        served_capture(parser.parse_args(["serve", "--checkpoint", str(tmp_path / "x.pt")]))
+    junk = tmp_path / "junk.pt"
+    torch.save({"weights": torch.ones(2)}, junk)
+    with pytest.raises(CommandError, match="cannot read .* as a NILMFormer model"):
+        served_capture(parser.parse_args(["serve", "--checkpoint", str(junk)]))
+    with pytest.raises(CommandError, match="not trace and checkpoint"):
+        served_capture(parser.parse_args(["serve", "t.nc", "--checkpoint", str(junk)]))

@@ -97,21 +97,21 @@ def test_the_page_draws_the_models_prediction_with_heads_switched_off(page, run)
 
 def test_the_importance_map_is_each_head_switched_off_alone(page, run):
     page.param.update(sample=1)
-    drawn = page.drawn("importance", "Importance")  # rows by ascending y: the last layer first
+    drawn = page.drawn("importance", "Importance")  # rows by layer: the traced one, 2, last
     every = model_prediction(run, 1, [])
     for head in (0, 5):
         without = model_prediction(run, 1, [head])
         change = np.linalg.norm(without - every) / np.linalg.norm(every)
-        assert drawn[0, head] == pytest.approx(change, rel=1e-4)  # the traced layer, last
+        assert drawn[2, head] == pytest.approx(change, rel=1e-4)
     assert drawn.shape == (3, 8)
 
 
 def test_a_click_on_the_map_opens_the_head(page):
     page.param.update(head=0)
     section = page.sections["importance"]
-    section.click(x=4.2, y=0.1)  # row 0 from the bottom: the last layer, the traced one
+    section.click(x=4.2, y=2.1)  # row 2 (drawn at the bottom): the traced layer
     assert page.head == 4
-    section.click(x=2.0, y=2.0)  # layer 0: not in this trace
+    section.click(x=2.0, y=0.0)  # layer 0: not in this trace
     assert page.head == 4
     assert "encoder.0.attention" in section.status.object
 
@@ -168,7 +168,7 @@ def test_explore_a_capture_with_its_model_and_inputs():
     np.testing.assert_allclose(drawn["‖output‖ (heads off)"], hidden.norm(dim=-1), rtol=1e-5)
     assert explorer.last_error == ""
     section = explorer.sections["importance"]
-    section.click(x=3.0, y=1.0)  # the top row: layer 0
+    section.click(x=3.0, y=0.0)  # the top row: layer 0
     assert (explorer.layer, explorer.head) == (0, 3)
     assert "prediction" in explorer.engine.panes() and "metrics" not in explorer.engine.panes()
     with pytest.raises(TypeError, match="needs inputs="):

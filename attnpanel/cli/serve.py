@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from pathlib import Path
 
 from attnpanel.cli.common import (
     CommandError,
+    first_line,
     load_trace,
     port,
     positive,
@@ -14,6 +16,37 @@ from attnpanel.cli.common import (
     say,
     stored_overviews,
 )
+
+
+def served_capture(args: argparse.Namespace) -> tuple:
+    """``(path or None, capture, explorer options)`` of what ``serve`` is asked to show: a
+    saved trace, the long demo, a NILMFormer checkpoint (its trace and its model at hand) or
+    the demo (with its model)."""
+    from attnpanel.nilm.demo import demo, demo_model_run
+
+    given = [name for name in ("trace", "demo", "checkpoint") if getattr(args, name, None)]
+    if len(given) > 1:
+        raise CommandError(
+            f"give one of a trace, --demo or --checkpoint, not {' and '.join(given)}"
+        )
+    if args.demo == "long":
+        from attnpanel.nilm.demo import stored_long_demo
+
+        path = stored_long_demo(days=args.days, folder=args.cache, progress=say)
+        return path, load_trace(str(path)), {}
+    if args.trace:
+        return args.trace, load_trace(args.trace), {}
+    weights = args.checkpoint
+    if weights is not None and not Path(weights).exists():
+        raise CommandError(f"no checkpoint at {weights}")
+    try:
+        capture = demo(weights=weights)
+        model = demo_model_run(weights=weights)  # head toggles re-run the model
+    except (ValueError, RuntimeError, KeyError, OSError) as error:
+        raise CommandError(
+            f"cannot read {weights} as a NILMFormer model: {first_line(error)}"
+        ) from error
+    return None, capture, {"model": model}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -26,22 +59,7 @@ def run(args: argparse.Namespace) -> None:
     from attnpanel.app.explorer import AttentionExplorer, notify_errors
     from attnpanel.traces import virtual
 
-    options = {}
-    if args.trace and args.demo:
-        raise CommandError("give a trace or --demo, not both")
-    if args.demo == "long":
-        from attnpanel.nilm.demo import stored_long_demo
-
-        path = stored_long_demo(days=args.days, folder=args.cache, progress=say)
-        capture = load_trace(str(path))
-    elif args.trace:
-        path = args.trace
-        capture = load_trace(path)
-    else:
-        from attnpanel.nilm.demo import demo, demo_model_run
-
-        path, capture = None, demo()
-        options["model"] = demo_model_run()  # head toggles re-run the demo model
+    path, capture, options = served_capture(args)
     if path is not None and isinstance(capture, xr.Dataset):
         # a virtual trace's overviews, stored beside it, read once and shared by every session
         overviews = stored_overviews(capture, path)
@@ -98,6 +116,11 @@ def add_parser(sub) -> None:
     )
     serve.add_argument(
         "--days", type=positive, default=45, help="days of the long demo (default 45)"
+    )
+    serve.add_argument(
+        "--checkpoint",
+        help="a NILMFormer model file (as `attnpanel train` writes): its layer on the demo's "
+        "held-out windows, with the model at hand (head toggles re-run it)",
     )
     serve.add_argument(
         "--cache",

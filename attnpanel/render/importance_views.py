@@ -20,33 +20,33 @@ OFF_SUFFIX = " (heads off)"
 
 
 def importance_map(importance: xr.DataArray) -> Raster:
-    """Layers (rows, the first on top) by heads, each cell a head's importance (group
-    ``Importance``; NaN where a layer has fewer heads)."""
+    """Layers (rows, the first on top: maps are drawn with y down) by heads, each cell a
+    head's importance (group ``Importance``; NaN where a layer has fewer heads)."""
     values = np.asarray(importance.values, dtype=np.float32)
     rows, cols = values.shape
     sample = importance.attrs.get("sample")
     where = f" for sample {sample}" if sample is not None else ""
-    measure = importance.attrs.get("measure", "importance")
     return Raster(
-        values[::-1],  # rows by ascending y: the last layer at y = 0, the first on top
+        values,  # rows by ascending y: layer i at y = i, drawn top down
         (-0.5, -0.5, cols - 0.5, rows - 0.5),
         "Importance",
-        f"head importance{where}",
-        measure,
+        f"head importance{where} (click: open the head)",
+        "change of the output without the head",
     )
 
 
 def layer_ticks(importance: xr.DataArray) -> list[tuple[int, str]]:
     """The map's y ticks: each layer's short name at its row (layer 0 on top)."""
     names = [str(name) for name in importance["layer"].values]
-    rows = len(names)
-    return [(rows - 1 - i, core.short_layer_name(name)) for i, name in enumerate(names)]
+    short = [core.short_layer_name(name) for name in names]
+    short = [f"layer {n}" if n.isdigit() else n for n in short]
+    return list(enumerate(short))
 
 
 def tapped_head(importance: xr.DataArray, x: float, y: float) -> tuple[str, int] | None:
     """The ``(layer, head)`` under a click on :func:`importance_map`, or None."""
     rows, cols = importance.shape
-    row, head = rows - 1 - round(y), round(x)
+    row, head = round(y), round(x)
     if not (0 <= row < rows and 0 <= head < cols):
         return None
     if not np.isfinite(float(importance.values[row, head])):

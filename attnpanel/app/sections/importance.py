@@ -155,7 +155,8 @@ class HeadImportance(Section):
         element = self.engine.add(
             "metrics with heads off", build, ["sample", "enabled_heads"], "metrics", title=False
         )
-        return self.engine.render(element, "metrics", style=dict(width=420, height=260))
+        height = 40 + 27 * len(element)  # every metric, no scroll
+        return self.engine.render(element, "metrics", style=dict(width=420, height=height))
 
     def _map(self):
         importance = self.run.importance(self.state.sample)
@@ -175,7 +176,7 @@ class HeadImportance(Section):
             height=height,
             colorbar=True,
             yticks=importance_views.layer_ticks(importance),
-            tools=("hover",),
+            tools=("hover", "tap"),
         )
         return self.engine.render(element, "importance", style=style, on_tap=self.click)
 
