@@ -32,21 +32,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 import torch
+from capture import SENTENCES  # noqa: E402 - the same 8 sentences as the capture benchmark
 from scipy.stats import spearmanr
 
 import attnpanel
 from attnpanel.capturing.importance import output_tensor
-
-SENTENCES = [
-    "The cat sat on the mat because it was warm.",
-    "Attention is all you need.",
-    "A kettle draws three kilowatts for two minutes.",
-    "The fridge compressor cycles every forty minutes through the night.",
-    "Washing machines heat water first, then spin.",
-    "Short one.",
-    "Household power is the sum of every appliance running at that minute.",
-    "Which heads attend to the kettle?",
-]
 
 
 def score(y: torch.Tensor) -> torch.Tensor:

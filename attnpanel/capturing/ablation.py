@@ -26,7 +26,6 @@ import contextlib
 import inspect
 import re
 import threading
-import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -42,6 +41,7 @@ from attnpanel.capturing.intercept import (
     SCALES,
     SOFTMAX,
     VIEWS,
+    Lineage,
     einsum_parts,
     fused_path_off,
     product_operands,
@@ -117,7 +117,7 @@ class HeadGate(TorchFunctionMode):
         self._root = type(model).__name__
         self._stack: list[tuple[str, nn.Module, int | None]] = []
         self._counts: dict[str, int] = {}
-        self._known: dict[int, tuple[weakref.ref, object]] = {}
+        self._known = Lineage()
         self._hooks: list = []
 
     # the running module, as capture attributes a call
@@ -255,10 +255,10 @@ class HeadGate(TorchFunctionMode):
         if not isinstance(result, torch.Tensor) or not result.is_floating_point():
             return result
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        known = next(((t, info) for t in tensors if (info := self._lineage(t)) is not None), None)
+        known = next(((t, info) for t in tensors if (info := self._known.of(t)) is not None), None)
         if known is None:
             if name in PRODUCTS and product_operands(name, args) is not None:
-                self._follow(result, _SCORES)
+                self._known.follow(result, _SCORES)
             return result
         source, info = known
         if isinstance(info, _Scores):
@@ -271,16 +271,16 @@ class HeadGate(TorchFunctionMode):
             if dim in (-1, source.dim() - 1):
                 lead = source.shape[:-2]
                 batch, heads = self._batch(lead)
-                self._follow(result, _Weights(self._layer(), lead, batch, heads))
+                self._known.follow(result, _Weights(self._layer(), lead, batch, heads))
             return result
         same_cells = result.shape[-2:] == source.shape[-2:]
         if same_cells and name in SCALES | MASKING | KEEPS | VIEWS:
-            self._follow(result, _SCORES)
+            self._known.follow(result, _SCORES)
         return result
 
     def _after_weights(self, name, args, source, info: _Weights, result):
         if name in KEEPS or (name in VIEWS and result.shape[-2:] == source.shape[-2:]):
-            self._follow(result, info)
+            self._known.follow(result, info)
             return result
         if name not in PRODUCTS:
             return result
@@ -334,21 +334,6 @@ class HeadGate(TorchFunctionMode):
         lead = torch.Size([heads] if merged.dim() == 2 else [batch, heads])
         gated = self._apply(layer, gate, lanes, lead, lead_axes, 0, batch)
         return F.linear(gated.reshape(merged.shape), w_o, b_o), weights
-
-    # lineage of tensors
-
-    def _lineage(self, t: torch.Tensor):
-        entry = self._known.get(id(t))
-        if entry is None:
-            return None
-        ref, info = entry
-        if ref() is not t:
-            del self._known[id(t)]
-            return None
-        return info
-
-    def _follow(self, t: torch.Tensor, info) -> None:
-        self._known[id(t)] = (weakref.ref(t), info)
 
 
 def _heads_asked(heads: Mapping[str, int | list[int]]) -> dict[str, list[int]]:

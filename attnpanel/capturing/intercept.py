@@ -157,6 +157,31 @@ class Weights:
     call: AttentionCall
 
 
+class Lineage:
+    """Where tensors came from, by identity, for as long as each tensor lives."""
+
+    def __init__(self):
+        self._known: dict[int, tuple[weakref.ref, object]] = {}
+
+    def of(self, t) -> object:
+        """What was noted of ``t`` (None for anything else, or a tensor noted before whose
+        id a new tensor took)."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self._known.get(id(t))
+        if entry is None:
+            return None
+        ref, info = entry
+        if ref() is not t:
+            del self._known[id(t)]
+            return None
+        return info
+
+    def follow(self, t: torch.Tensor, info) -> None:
+        """Note where ``t`` came from."""
+        self._known[id(t)] = (weakref.ref(t), info)
+
+
 _READERS: dict[str, Callable] = {}
 
 
@@ -204,7 +229,7 @@ class AttentionRecorder(TorchFunctionMode):
         # the module computing the attention leaves to its sibling)
         self.consumers: dict[int, list] = {}
         self.module_outputs: dict[int, tuple[weakref.ref, AttentionCall]] = {}  # by id(output)
-        self._known: dict[int, tuple[weakref.ref, object]] = {}
+        self._known = Lineage()
 
     # module attribution
 
@@ -233,20 +258,11 @@ class AttentionRecorder(TorchFunctionMode):
     def lineage(self, t) -> object:
         """What the recorder knows of where a tensor came from (a q . k product, scores,
         weights), or None."""
-        if not isinstance(t, torch.Tensor):
-            return None
-        entry = self._known.get(id(t))
-        if entry is None:
-            return None
-        ref, info = entry
-        if ref() is not t:
-            del self._known[id(t)]
-            return None
-        return info
+        return self._known.of(t)
 
     def follow(self, t: torch.Tensor, info) -> None:
         """Remember where ``t`` came from, for the operations that take it next."""
-        self._known[id(t)] = (weakref.ref(t), info)
+        self._known.follow(t, info)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
