@@ -25,13 +25,13 @@ def importance_map(importance: xr.DataArray) -> Raster:
     values = np.asarray(importance.values, dtype=np.float32)
     rows, cols = values.shape
     sample = importance.attrs.get("sample")
-    where = f" for sample {sample}" if sample is not None else ""
+    where = f", sample {sample}" if sample is not None else ""
     return Raster(
         values,  # rows by ascending y: layer i at y = i, drawn top down
         (-0.5, -0.5, cols - 0.5, rows - 0.5),
         "Importance",
-        f"head importance{where} (click: open the head)",
-        "change of the output without the head",
+        f"head importance{where} (click opens a head)",
+        "‖Δ output‖ / ‖output‖",
     )
 
 

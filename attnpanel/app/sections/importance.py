@@ -20,7 +20,7 @@ from attnpanel.readouts.flow import rollout
 from attnpanel.render import importance_views
 from attnpanel.render.palette import SERIES_COLORS
 
-MAP_SIZE = (380, 220)
+MAP_SIZE = (460, 220)
 ROLLOUT_SIZE = 300
 PREDICTION_HEIGHT = 230
 NEEDS_MODEL = (
