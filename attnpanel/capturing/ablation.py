@@ -58,6 +58,12 @@ class AblationError(ValueError):
     switched off."""
 
 
+def check_how(how: str) -> None:
+    """Raise :class:`AblationError` unless ``how`` is a way to switch a head off."""
+    if how not in HOWS:
+        raise AblationError(f"how={how!r}: a head is switched off by one of {HOWS}")
+
+
 @dataclass(frozen=True)
 class _Scores:
     """A tensor computed from a ``q . k`` product, on its way to a softmax."""
@@ -107,8 +113,7 @@ class HeadGate(TorchFunctionMode):
         gradient: bool = False,
     ):
         super().__init__()
-        if how not in HOWS:
-            raise AblationError(f"how={how!r}: a head is switched off by one of {HOWS}")
+        check_how(how)
         self.model, self.how, self.gradient = model, how, gradient
         self.off = {} if off is None else dict(off)
         self.seen: dict[str, int] = {}
@@ -317,10 +322,7 @@ class HeadGate(TorchFunctionMode):
         bound.apply_defaults()
         a = bound.arguments
         query, heads = a["query"], a["num_heads"]
-        gate = None
-        self.seen[layer] = heads
-        if self.gradient or self.off.get(layer):
-            gate = self._gate(layer, heads, query)
+        gate = self._gate(layer, heads, query)
         if gate is None:
             return func(*args, **kwargs)
         w_o, b_o = a["out_proj_weight"], a["out_proj_bias"]

@@ -22,7 +22,13 @@ import torch
 import xarray as xr
 from torch import nn
 
-from attnpanel.capturing.ablation import AblationError, HeadGate, ablate, attention_heads
+from attnpanel.capturing.ablation import (
+    AblationError,
+    HeadGate,
+    ablate,
+    attention_heads,
+    check_how,
+)
 from attnpanel.capturing.intercept import fused_path_off
 
 METHODS = ("ablation", "gradient")
@@ -114,7 +120,7 @@ def head_importance(
     """
     if method not in METHODS:
         raise AblationError(f"method={method!r}: head importance is one of {METHODS}")
-    HeadGate(model, how=how)  # checks how
+    check_how(how)
     with _evaluating(model):
         if method == "gradient":
             layers, values, forwards = _gradient(model, inputs, kwargs, score, how)

@@ -32,6 +32,28 @@ def mean_absolute_error(prediction: np.ndarray, truth: np.ndarray) -> dict[str, 
     return {"MAE": float(np.nanmean(np.abs(prediction - truth)))}
 
 
+class _Kept:
+    """The last ``size`` values by key, shared by threads (a server's sessions)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._values: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, compute: Callable):
+        """The value kept under ``key``, else ``compute()`` (outside the lock), kept."""
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+                return self._values[key]
+        value = compute()
+        with self._lock:
+            self._values[key] = value
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+        return value
+
+
 @dataclass(eq=False)
 class ModelRun:
     """A model and the inputs a trace was captured on.
@@ -67,9 +89,8 @@ class ModelRun:
     series: Sequence[str] | None = None
 
     def __post_init__(self):
-        self._cache: OrderedDict = OrderedDict()  # predictions, shared by every session
-        self._captures: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
+        self._predictions = _Kept(CACHED_RUNS)  # shared by every session
+        self._captures = _Kept(CACHED_CAPTURES)
         self._heads: dict[str, int] | None = None
 
     @property
@@ -122,10 +143,9 @@ class ModelRun:
         ``off`` (layer name to head indices) switched off."""
         off = {layer: sorted(heads) for layer, heads in (off or {}).items() if heads}
         key = (sample, tuple(sorted((layer, tuple(h)) for layer, h in off.items())))
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
+        return self._predictions.get(key, lambda: self._run(sample, off))
+
+    def _run(self, sample: int, off: dict[str, list[int]]) -> np.ndarray:
         inputs, kwargs = self.one(sample)
         with torch.no_grad():
             if off:
@@ -133,29 +153,18 @@ class ModelRun:
                     output = self.model(*inputs, **kwargs)
             else:
                 output = self.model(*inputs, **kwargs)
-        found = self._series(output)
-        with self._lock:
-            self._cache[key] = found
-            while len(self._cache) > CACHED_RUNS:
-                self._cache.popitem(last=False)
-        return found
+        return self._series(output)
 
     def capture(self, sample: int) -> xr.Dataset | xr.DataTree:
         """Every attention of the model on one sample (:func:`attnpanel.capture`); the last
         few are kept, shared by every session."""
         from attnpanel.capturing.capture import capture
 
-        with self._lock:
-            if sample in self._captures:
-                self._captures.move_to_end(sample)
-                return self._captures[sample]
-        inputs, kwargs = self.one(sample)
-        found = capture(self.model, *inputs, **kwargs)
-        with self._lock:
-            self._captures[sample] = found
-            while len(self._captures) > CACHED_CAPTURES:
-                self._captures.popitem(last=False)
-        return found
+        def compute():
+            inputs, kwargs = self.one(sample)
+            return capture(self.model, *inputs, **kwargs)
+
+        return self._captures.get(sample, compute)
 
     def importance(self, sample: int) -> xr.DataArray:
         """Each head's importance for one sample: the relative change of the prediction

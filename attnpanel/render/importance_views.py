@@ -35,23 +35,20 @@ def importance_map(importance: xr.DataArray) -> Raster:
     )
 
 
-def layer_ticks(importance: xr.DataArray) -> list[tuple[int, str]]:
+def layer_ticks(layers) -> list[tuple[int, str]]:
     """The map's y ticks: each layer's short name at its row (layer 0 on top)."""
-    names = [str(name) for name in importance["layer"].values]
-    short = [core.short_layer_name(name) for name in names]
-    short = [f"layer {n}" if n.isdigit() else n for n in short]
-    return list(enumerate(short))
+    short = [core.short_layer_name(str(name)) for name in layers]
+    return [(i, f"layer {n}" if n.isdigit() else n) for i, n in enumerate(short)]
 
 
-def tapped_head(importance: xr.DataArray, x: float, y: float) -> tuple[str, int] | None:
-    """The ``(layer, head)`` under a click on :func:`importance_map`, or None."""
-    rows, cols = importance.shape
+def tapped_head(heads: dict[str, int], x: float, y: float) -> tuple[str, int] | None:
+    """The ``(layer, head)`` under a click on :func:`importance_map` of layers with
+    ``heads`` (layer name to head count, in the map's order), or None."""
     row, head = round(y), round(x)
-    if not (0 <= row < rows and 0 <= head < cols):
+    layers = list(heads)
+    if not 0 <= row < len(layers) or not 0 <= head < heads[layers[row]]:
         return None
-    if not np.isfinite(float(importance.values[row, head])):
-        return None
-    return str(importance["layer"].values[row]), int(head)
+    return layers[row], int(head)
 
 
 def prediction_curves(

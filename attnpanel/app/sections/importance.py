@@ -80,28 +80,29 @@ class HeadImportance(Section):
         ablated = self.run.prediction(sel.sample, {self.layer_name(sel): off})
         return plain, ablated, off
 
+    def rolled_out(self, sel) -> xr.Dataset | None:
+        """The layers a rollout of the shown sample composes: the stacked trace, else the
+        model captured on that sample; None when neither is one square sequence."""
+        stacked = self.state.layers
+        if self.run is not None and stacked is None:
+            stacked = self.run.capture(sel.sample)  # kept: the view reads it again
+        square = isinstance(stacked, xr.Dataset) and "layer" in stacked.dims
+        if not square or stacked.sizes["query"] != stacked.sizes["key"]:
+            return None
+        return stacked.isel(batch=[sel.sample]) if stacked is self.state.layers else stacked
+
     def rollout(self, sel):
-        """Attention rollout of the shown sample: from the stacked trace, else from the
-        model captured on that sample; None when neither can give one."""
-        if (
-            self.state.layers is not None
-            and self.state.layers.sizes["query"] == self.state.layers.sizes["key"]
-        ):
-            return rollout(self.state.layers.isel(batch=[sel.sample]))
-        if self.run is not None:
-            found = self.run.capture(sel.sample)
-            if isinstance(found, xr.Dataset) and found.sizes["query"] == found.sizes["key"]:
-                return rollout(found)
-        return None
+        """Attention rollout of the shown sample (see :meth:`rolled_out`)."""
+        return rollout(self.rolled_out(sel))
 
     def build(self):
         if self.run is None:
             parts = [self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10))]
-            if self.rollout(self.state.selection) is not None:
+            if self.rolled_out(self.state.selection) is not None:
                 parts.append(self._rollout())
             return pn.Column(*parts, margin=0)
         parts = [self._map()]
-        if self.rollout(self.state.selection) is not None:
+        if self.rolled_out(self.state.selection) is not None:
             parts.append(self._rollout())
         if "truth" in self.trace:
             parts.append(self._metrics())
@@ -159,7 +160,6 @@ class HeadImportance(Section):
         return self.engine.render(element, "metrics", style=dict(width=420, height=height))
 
     def _map(self):
-        importance = self.run.importance(self.state.sample)
         raster = self.engine.add(
             "head importance",
             lambda sel: importance_views.importance_map(self.run.importance(sel.sample)),
@@ -175,7 +175,7 @@ class HeadImportance(Section):
             width=width,
             height=height,
             colorbar=True,
-            yticks=importance_views.layer_ticks(importance),
+            yticks=importance_views.layer_ticks(self.run.heads()),
             tools=("hover", "tap"),
         )
         return self.engine.render(element, "importance", style=style, on_tap=self.click)
@@ -204,8 +204,7 @@ class HeadImportance(Section):
         """A click on the map: that head of the shown layer, or a note for another layer."""
         if x is None or y is None:
             return
-        importance = self.run.importance(self.state.sample)
-        found = importance_views.tapped_head(importance, x, y)
+        found = importance_views.tapped_head(self.run.heads(), x, y)
         if found is None:
             return
         layer, head = found
