@@ -2,6 +2,7 @@
 
 from attnpanel.capturing.ablation import AblationError, ablate, attention_heads
 from attnpanel.capturing.capture import FusedQKV, capture
+from attnpanel.capturing.gradients import attention_gradients
 from attnpanel.capturing.importance import head_importance
 from attnpanel.capturing.intercept import CaptureError
 from attnpanel.capturing.model_run import ModelRun
@@ -26,6 +27,7 @@ __all__ = [
     "MultiHeadSelfAttention",
     "PowerConfig",
     "ablate",
+    "attention_gradients",
     "attention_heads",
     "attention_stage",
     "build_mask",

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from served_app import PAGE_TEXT_JS, opened, page_widths, shot
 
+from attnpanel.app.sections.rollout import ROLLOUT_SIZE as SIZE
 from attnpanel.readouts import core
 
 MATRIX = "sample "  # the matrix title starts "sample N, head ..." (the top view "sample N:")
@@ -258,6 +259,62 @@ def test_switching_a_head_off_re_runs_the_model(app, artifacts):
                    return (Array.isArray(o) ? o[1] : o) === 'head 6'; }"""
     )
     set_widget(page, "Head", "head 0")
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
+ROLLOUT_JS = """() => { const pv = attn.plots().find((v) => / rollout through|^rollout through/
+                                                      .test(v.model.title.text));
+  const r = pv.model.renderers.find((r) => r.glyph.type === 'Image');
+  return [pv.model.title.text, Array.from(r.data_source.data.image[0])]; }"""
+
+
+def test_the_rollout_sits_beside_the_matrix_and_weighs_by_gradient(app, artifacts):
+    """The rollout map is in the matrix's row at 1600 px, draws the rollout of the demo
+    model's own attention on the shown sample, and the button gives Chefer et al.'s
+    gradient-weighted one, from the model's own weights and their autograd gradient."""
+    import torch
+    from test_gradients import ExplicitSDPA, long_gradient_rollout
+
+    import attnpanel
+    from attnpanel.capturing.importance import output_tensor
+    from attnpanel.nilm.demo import demo_model_run
+    from attnpanel.readouts.raster import window_raster
+
+    page, console = app
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    sample = page.evaluate("attn.widget('Sample').value")
+    boxes = page.evaluate(
+        f"[{matrix_js()}, attn.plot('rollout through')]"
+        ".map((v) => v.el.getBoundingClientRect().top)"
+    )
+    assert abs(boxes[0] - boxes[1]) < 120  # one row: the map beside the matrix
+    run = demo_model_run()
+    inputs, kwargs = run.one(sample)
+    explicit = ExplicitSDPA()
+    with torch.enable_grad(), explicit:
+        y = output_tensor(run.model(*inputs, **kwargs))
+    torch.linalg.vector_norm(y.double()).backward()
+    weights = [w.detach().double().numpy() for w in explicit.weights]
+    grads = [w.grad.double().numpy() for w in explicit.weights]
+    title, drawn = page.evaluate(ROLLOUT_JS)
+    assert title.startswith("rollout through 3 layers")
+    own = attnpanel.rollout(attnpanel.capture(run.model, *inputs, **kwargs))
+    plain, _ = window_raster(own.values[0].astype(np.float32), SIZE, SIZE, None)
+    np.testing.assert_allclose(np.reshape(drawn, plain.shape), plain, atol=1e-5)
+    page.get_by_role("button", name="gradient × weights").click()
+    page.wait_for_function(f"() => ({ROLLOUT_JS})()[0].startsWith('gradient rollout')")
+    title, drawn = page.evaluate(ROLLOUT_JS)
+    expected = long_gradient_rollout(weights, grads, 0.5)[0].astype(np.float32)
+    regridded, _ = window_raster(expected, SIZE, SIZE, None)
+    np.testing.assert_allclose(np.reshape(drawn, regridded.shape), regridded, atol=1e-5)
+    page.evaluate("attn.plot('gradient rollout').el.scrollIntoView({block: 'center'})")
+    shot(page, artifacts, "rollout_gradient_1600")
+    page.set_viewport_size({"width": 1280, "height": 1300})
+    page.wait_for_timeout(300)
+    shot(page, artifacts, "rollout_gradient_1280")
+    page.get_by_role("button", name="weights", exact=True).click()
+    page.wait_for_function(f"() => ({ROLLOUT_JS})()[0].startsWith('rollout through')")
+    page.set_viewport_size({"width": 1600, "height": 1300})
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 

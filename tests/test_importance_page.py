@@ -13,6 +13,7 @@ from bokeh.document import Document
 
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.sections.importance import NEEDS_MODEL
+from attnpanel.app.sections.rollout import ROLLOUT_SIZE as SIZE
 from attnpanel.nilm.demo import DEMO_LAYER, demo_model_run, demo_windows
 from attnpanel.nilm.nilmformer import time_features
 from attnpanel.render.elements import PlotKey
@@ -139,8 +140,37 @@ def test_the_rollout_map_composes_every_layer_of_the_model(page, run):
     captured = attnpanel.capture(run.model, *inputs)
     own = [torch.from_numpy(captured["weights"].values[i]) for i in range(3)]
     expected = long_rollout(own, 0.5)[0].numpy().astype(np.float32)
-    regridded, _ = window_raster(expected, 300, 300, None)
+    regridded, _ = window_raster(expected, SIZE, SIZE, None)
     np.testing.assert_allclose(page.drawn("rollout", "Rollout"), regridded, atol=1e-5)
+    assert page.engine.title("rollout").startswith("rollout through 3 layers")
+
+
+def test_the_gradient_weighted_rollout_weighs_the_models_own_weights(page, run):
+    """The buttons beside the rollout: each weight times the gradient of the model's
+    output norm, taken by autograd at the weights of SDPA written out, composed by
+    Chefer et al.'s rule."""
+    from test_gradients import ExplicitSDPA, long_gradient_rollout
+
+    from attnpanel.capturing.importance import output_tensor
+    from attnpanel.readouts.raster import window_raster
+
+    page.param.update(sample=2)
+    section = page.sections["rollout"]
+    section.weighing.value = "gradient × weights"
+    try:
+        inputs, kwargs = run.one(2)
+        explicit = ExplicitSDPA()
+        with torch.enable_grad(), explicit:
+            y = output_tensor(run.model(*inputs, **kwargs))
+        torch.linalg.vector_norm(y.double()).backward()
+        weights = [w.detach().double().numpy() for w in explicit.weights]
+        grads = [w.grad.double().numpy() for w in explicit.weights]
+        expected = long_gradient_rollout(weights, grads, 0.5)[0].astype(np.float32)
+        regridded, _ = window_raster(expected, SIZE, SIZE, None)
+        np.testing.assert_allclose(page.drawn("rollout", "Rollout"), regridded, atol=1e-5)
+        assert page.engine.title("rollout").startswith("gradient rollout through 3 layers")
+    finally:
+        section.weighing.value = "weights"
     assert page.engine.title("rollout").startswith("rollout through 3 layers")
 
 

@@ -34,6 +34,7 @@ from attnpanel.app.sections import (
     ModelView,
     Positional,
     Projection,
+    Rollout,
     ShapeTable,
     TopAttended,
     ValueAggregation,
@@ -70,6 +71,7 @@ class AttentionExplorer(LayerExplorer):
             "sequence": InputSequence(**parts),
             "projection": Projection(**parts),
             "matrix": AttentionMatrix(**parts),
+            "rollout": Rollout(**parts),
             "aggregation": ValueAggregation(**parts),
             "top attended": TopAttended(**parts),
             "model view": ModelView(**parts),
@@ -90,6 +92,7 @@ class AttentionExplorer(LayerExplorer):
             pn.Row(
                 s["projection"],
                 s["matrix"],
+                s["rollout"],
                 s["aggregation"],
                 sizing_mode="stretch_width",
                 stylesheets=[WRAP],

@@ -60,7 +60,7 @@ def relative_change(y: torch.Tensor, ablated: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
+def evaluating(model: nn.Module) -> Iterator[None]:
     """The model in eval mode (no dropout), each module's mode restored after."""
     training = [m for m in model.modules() if m.training]
     model.eval()
@@ -121,7 +121,7 @@ def head_importance(
     if method not in METHODS:
         raise AblationError(f"method={method!r}: head importance is one of {METHODS}")
     check_how(how)
-    with _evaluating(model):
+    with evaluating(model):
         if method == "gradient":
             layers, values, forwards = _gradient(model, inputs, kwargs, score, how)
         else:

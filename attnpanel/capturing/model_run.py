@@ -20,6 +20,7 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.ablation import ablate, attention_heads
+from attnpanel.capturing.gradients import attention_gradients
 from attnpanel.capturing.importance import output_tensor, relative_change
 
 CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
@@ -91,6 +92,7 @@ class ModelRun:
     def __post_init__(self):
         self._predictions = _Kept(CACHED_RUNS)  # shared by every session
         self._captures = _Kept(CACHED_CAPTURES)
+        self._gradients = _Kept(CACHED_CAPTURES)
         self._heads: dict[str, int] | None = None
 
     @property
@@ -165,6 +167,17 @@ class ModelRun:
             return capture(self.model, *inputs, **kwargs)
 
         return self._captures.get(sample, compute)
+
+    def gradients(self, sample: int) -> xr.DataArray:
+        """``d ||output|| / d a_ij`` of every weight of :meth:`capture` of one sample
+        (:func:`attnpanel.capturing.gradients.attention_gradients`); the last few are
+        kept."""
+
+        def compute():
+            inputs, kwargs = self.one(sample)
+            return attention_gradients(self.model, *inputs, trace=self.capture(sample), **kwargs)
+
+        return self._gradients.get(sample, compute)
 
     def importance(self, sample: int) -> xr.DataArray:
         """Each head's importance for one sample: the relative change of the prediction

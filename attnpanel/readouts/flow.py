@@ -13,9 +13,18 @@ counted in:
     A'_l = residual * I + (1 - residual) * mean_h A_l     (rows renormalised)
     R = A'_L ... A'_2 A'_1
 
+Chefer et al. (2021) weigh each weight by the score's gradient first: with ``gradients``
+(``d score / d a_ij``, :func:`attnpanel.capturing.gradients.attention_gradients`), a layer's
+``A`` is ``mean_h relu(d score / d a_ij * a_ij)``, its rows normalised to sum to 1 (a row
+with no positive part keeps its position: ``A_ii = 1``), then composed as above. Chefer et
+al. add ``A R`` to ``R`` unnormalised; normalising the rows keeps ``residual`` the share of
+the residual stream and makes every row of ``R`` sum to 1 as in the plain rollout.
+
 References: G. Kobayashi, T. Kuribayashi, S. Yokoi, K. Inui, "Attention is Not Only a
 Weight: Analyzing Transformers with Vector Norms", EMNLP 2020. S. Abnar, W. Zuidema,
-"Quantifying Attention Flow in Transformers", ACL 2020.
+"Quantifying Attention Flow in Transformers", ACL 2020. H. Chefer, S. Gur, L. Wolf,
+"Generic Attention-model Explainability for Interpreting Bi-Modal and Encoder-Decoder
+Transformers", ICCV 2021.
 """
 
 from __future__ import annotations
@@ -74,7 +83,46 @@ def _head_reduced(weights: np.ndarray, head) -> np.ndarray:
     return weights[:, int(head)]
 
 
-def rollout(capture: xr.Dataset | xr.DataTree, residual: float = 0.5, head="mean") -> xr.DataArray:
+def _gradient_weighted(weights: np.ndarray, gradient: np.ndarray, head) -> np.ndarray:
+    """``relu(grad * A)`` reduced over heads, rows normalised (an empty row: identity)."""
+    positive = _head_reduced(np.maximum(np.nan_to_num(gradient * weights), 0.0), head)
+    sums = positive.sum(axis=-1, keepdims=True)
+    identity = np.broadcast_to(np.eye(positive.shape[-1]), positive.shape)
+    return np.divide(positive, sums, out=identity.copy(), where=sums > 0)
+
+
+def _layer_gradients(capture: xr.Dataset, gradients: xr.DataArray, count: int) -> list:
+    """The gradients of each layer of ``capture``, checked against its shape and names."""
+    if "layer" in capture.dims:
+        if "layer" not in gradients.dims or gradients.sizes["layer"] != count:
+            raise ValueError(
+                f"gradients hold {gradients.sizes.get('layer', 1)} layers; the capture {count}"
+            )
+        names = [str(n) for n in capture["layer"].values]
+        theirs = (
+            [str(n) for n in gradients["layer"].values] if "layer" in gradients.coords else names
+        )
+        if names != theirs:
+            raise ValueError(f"gradients of layers {theirs}, not the capture's {names}")
+        found = [gradients.isel(layer=i) for i in range(count)]
+    else:
+        found = [gradients]
+    shape = tuple(capture.sizes[d] for d in ("batch", "head", "query", "key"))
+    for layer in found:
+        if tuple(layer.sizes.get(d) for d in ("batch", "head", "query", "key")) != shape:
+            raise ValueError(
+                f"gradients of shape {dict(layer.sizes)} for a capture of "
+                f"(batch, head, query, key) {shape}: not of the same inputs"
+            )
+    return found
+
+
+def rollout(
+    capture: xr.Dataset | xr.DataTree,
+    residual: float = 0.5,
+    head="mean",
+    gradients: xr.DataArray | None = None,
+) -> xr.DataArray:
     """Attention rollout (Abnar & Zuidema 2020): how much each input position feeds each
     position after the last layer, every layer's attention and its residual composed.
 
@@ -87,6 +135,10 @@ def rollout(capture: xr.Dataset | xr.DataTree, residual: float = 0.5, head="mean
         The share of the residual stream: ``A' = residual * I + (1 - residual) * A``.
     head : {"mean", "max", "min"} or int
         How the heads of a layer make its ``A``.
+    gradients : xarray.DataArray, optional
+        ``d score / d a_ij`` of the same inputs, ``(layer, batch, head, query, key)``
+        (:func:`attnpanel.capturing.gradients.attention_gradients`): Chefer et al.'s
+        gradient-weighted rollout, each layer's ``A`` made of ``relu(grad * a)``.
 
     Returns
     -------
@@ -121,10 +173,17 @@ def rollout(capture: xr.Dataset | xr.DataTree, residual: float = 0.5, head="mean
     )
     length = capture.sizes["query"]
     identity = np.eye(length)
+    weighted = None if gradients is None else _layer_gradients(capture, gradients, len(layers))
     flow = None
-    for layer in layers:
+    for index, layer in enumerate(layers):
         weights = np.asarray(attention_stage(layer, "softmax").values, dtype=np.float64)
-        mixed = residual * identity + (1.0 - residual) * _head_reduced(np.nan_to_num(weights), head)
+        if weighted is None:
+            heads = _head_reduced(np.nan_to_num(weights), head)
+        else:
+            order = weighted[index].transpose("batch", "head", "query", "key")
+            grad = np.asarray(order.values, dtype=np.float64)
+            heads = _gradient_weighted(weights, grad, head)
+        mixed = residual * identity + (1.0 - residual) * heads
         sums = mixed.sum(axis=-1, keepdims=True)
         mixed = np.divide(
             mixed, sums, out=np.broadcast_to(identity, mixed.shape).copy(), where=sums > 0
@@ -141,5 +200,6 @@ def rollout(capture: xr.Dataset | xr.DataTree, residual: float = 0.5, head="mean
             "head": str(head),
             "layers": len(layers),
             "long_name": "attention rollout",
+            "weighted": "plain" if gradients is None else "relu(d score / d a * a)",
         },
     )

@@ -106,5 +106,6 @@ def rollout_values(flow: xr.DataArray, sample: int = 0) -> tuple[np.ndarray, str
     ``(values, label, colour-bar title)``: rows by query."""
     values = np.asarray(flow.isel(batch=sample).values, dtype=np.float32)
     layers = flow.attrs.get("layers", "")
-    label = f"rollout through {layers} layers (residual {flow.attrs.get('residual', 0.5)})"
-    return values, label, "flow from key to query"
+    kind = "rollout" if flow.attrs.get("weighted", "plain") == "plain" else "gradient rollout"
+    label = f"{kind} through {layers} layers"
+    return values, label, f"flow (residual {flow.attrs.get('residual', 0.5)})"

@@ -14,6 +14,7 @@ from attnpanel.app.sections.matrix import AttentionMatrix
 from attnpanel.app.sections.merge import MergeOutput
 from attnpanel.app.sections.model import ModelView, Positional, TopAttended
 from attnpanel.app.sections.projection import Projection
+from attnpanel.app.sections.rollout import Rollout
 from attnpanel.app.sections.sequence import InputSequence
 from attnpanel.app.sections.shapes import ShapeTable
 from attnpanel.app.sections.walk import GuidedWalk
@@ -30,6 +31,7 @@ __all__ = [
     "ModelView",
     "Positional",
     "Projection",
+    "Rollout",
     "Section",
     "ShapeTable",
     "TopAttended",

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import holoviews as hv
 import panel as pn
-import xarray as xr
 
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts.core import PREDICTED
-from attnpanel.readouts.flow import rollout
 from attnpanel.render import importance_views
 from attnpanel.render.palette import SERIES_COLORS
 
 MAP_SIZE = (460, 220)
-ROLLOUT_SIZE = 300
 PREDICTION_HEIGHT = 230
 NEEDS_MODEL = (
     "Switching heads off needs the model itself, not only its trace: the served demo has "
@@ -80,30 +77,12 @@ class HeadImportance(Section):
         ablated = self.run.prediction(sel.sample, {self.layer_name(sel): off})
         return plain, ablated, off
 
-    def rolled_out(self, sel) -> xr.Dataset | None:
-        """The layers a rollout of the shown sample composes: the stacked trace, else the
-        model captured on that sample; None when neither is one square sequence."""
-        stacked = self.state.layers
-        if self.run is not None and stacked is None:
-            stacked = self.run.capture(sel.sample)  # kept: the view reads it again
-        square = isinstance(stacked, xr.Dataset) and "layer" in stacked.dims
-        if not square or stacked.sizes["query"] != stacked.sizes["key"]:
-            return None
-        return stacked.isel(batch=[sel.sample]) if stacked is self.state.layers else stacked
-
-    def rollout(self, sel):
-        """Attention rollout of the shown sample (see :meth:`rolled_out`)."""
-        return rollout(self.rolled_out(sel))
-
     def build(self):
         if self.run is None:
-            parts = [self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10))]
-            if self.rolled_out(self.state.selection) is not None:
-                parts.append(self._rollout())
-            return pn.Column(*parts, margin=0)
+            return pn.Column(
+                self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10)), margin=0
+            )
         parts = [self._map()]
-        if self.rolled_out(self.state.selection) is not None:
-            parts.append(self._rollout())
         if "truth" in self.trace:
             parts.append(self._metrics())
         return pn.Column(
@@ -179,26 +158,6 @@ class HeadImportance(Section):
             tools=("hover", "tap"),
         )
         return self.engine.render(element, "importance", style=style, on_tap=self.click)
-
-    def _rollout(self):
-        raster = self.engine.add(
-            "attention rollout",
-            lambda sel: importance_views.rollout_values(self.rollout(sel)),
-            ["sample"],
-            "rollout",
-            raster=(ROLLOUT_SIZE, ROLLOUT_SIZE),
-            group="Rollout",
-            follows_layer=False,
-        )
-        style = dict(
-            frame_width=ROLLOUT_SIZE,
-            frame_height=ROLLOUT_SIZE,
-            colorbar=True,
-            toolbar=True,
-            map_tools=True,
-        )
-        image = raster.element(hv.Dimension("flow", label=raster.value_label))
-        return self.engine.render(image, "rollout", style=style)
 
     def click(self, x=None, y=None) -> None:
         """A click on the map: that head of the shown layer, or a note for another layer."""
