@@ -6,11 +6,14 @@ from attnpanel.capturing.gradients import attention_gradients
 from attnpanel.capturing.importance import head_importance
 from attnpanel.capturing.intercept import CaptureError
 from attnpanel.capturing.model_run import ModelRun
+from attnpanel.capturing.survey import survey
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
 from attnpanel.nilm.demo import demo, head_statistics
 from attnpanel.nilm.power import PowerConfig
 from attnpanel.nilm.power import generate as generate_power
+from attnpanel.readouts.compare import compare
+from attnpanel.readouts.embedding import qk_embedding
 from attnpanel.readouts.flow import rollout, value_weighted
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
 from attnpanel.traces.build import build_trace, trace
@@ -33,6 +36,7 @@ __all__ = [
     "build_mask",
     "build_trace",
     "capture",
+    "compare",
     "demo",
     "explore",
     "generate_power",
@@ -40,10 +44,12 @@ __all__ = [
     "head_importance",
     "head_statistics",
     "load",
+    "qk_embedding",
     "recompute_weights",
     "rollout",
     "save",
     "sinusoidal_encoding",
+    "survey",
     "trace",
     "validate",
     "value_weighted",

@@ -116,31 +116,9 @@ def capture(
     >>> encoded = tokenizer(text, return_tensors="pt")  # doctest: +SKIP
     >>> traces = capture(bert, **encoded, tokens=tokenizer)  # doctest: +SKIP
     """
-    if not isinstance(model, nn.Module):
-        raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
-    hints = _hints(model, fused or {})
-    recorder = AttentionRecorder(dense)
-    training = [m for m in model.modules() if m.training]  # each restored as it was
-    try:
-        if training:
-            model.eval()
-        # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
-        with fused_path_off(), recorder.watch(model), recorder, torch.no_grad():
-            model(*inputs, **kwargs)
-    finally:
-        for module in training:  # exactly the modules that were training, as they were
-            module.training = True
-
+    hints = _hints(model, fused or {}) if isinstance(model, nn.Module) else {}
+    recorder, names = record_calls(model, inputs, kwargs, dense)
     calls = recorder.calls
-    if not calls:
-        raise CaptureError(_nothing_found(model))
-    for call in calls:
-        if call.unsupported:
-            raise CaptureError(
-                f"module {_label(call.module)} ({_kind(model, call.module)}): its attention "
-                f"cannot be reproduced exactly: {call.unsupported}"
-            )
-    names = _call_names(calls, type(model).__name__)  # the model itself may be the layer
     _check_hints(hints, calls, names)
     labels = _token_labels(tokens, inputs, kwargs)
     first = next((t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
@@ -162,6 +140,45 @@ def capture(
             f"its attention has {sizes['batch']} x {sizes['query']} positions"
         )
     return assemble(traces, names, calls, source, first)
+
+
+def record_calls(
+    model: nn.Module, inputs: tuple, kwargs: dict, dense: bool | None = None
+) -> tuple[AttentionRecorder, list[str]]:
+    """Run ``model`` once (eval mode, no gradients) and return the recorder of every
+    attention it computed, with each call's layer name (a capture's ``layer`` values).
+
+    The torch tensors of each call, before any trace is built: for readers that need
+    only some numbers of each attention (a survey's statistics), not a trace.
+
+    Raises
+    ------
+    CaptureError
+        Not a module; no attention; an attention that cannot be reproduced exactly.
+    """
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
+    recorder = AttentionRecorder(dense)
+    training = [m for m in model.modules() if m.training]  # each restored as it was
+    try:
+        if training:
+            model.eval()
+        # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
+        with fused_path_off(), recorder.watch(model), recorder, torch.no_grad():
+            model(*inputs, **kwargs)
+    finally:
+        for module in training:  # exactly the modules that were training, as they were
+            module.training = True
+    calls = recorder.calls
+    if not calls:
+        raise CaptureError(_nothing_found(model))
+    for call in calls:
+        if call.unsupported:
+            raise CaptureError(
+                f"module {_label(call.module)} ({_kind(model, call.module)}): its attention "
+                f"cannot be reproduced exactly: {call.unsupported}"
+            )
+    return recorder, _call_names(calls, type(model).__name__)  # the model may be the layer
 
 
 def _label(name: str) -> str:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from attnpanel.cli import export, importance, info, overviews, serve, trace, train
+from attnpanel.cli import compare, export, importance, info, overviews, serve, trace, train
 from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, say
 
 COMMANDS = (
@@ -15,6 +15,7 @@ COMMANDS = (
     info,
     trace,
     importance,
+    compare,
     overviews,
     train,
 )  # in the order --help lists them

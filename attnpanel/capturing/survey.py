@@ -1,0 +1,372 @@
+"""How every head behaves over a whole dataset: a survey keeps statistics, never weights.
+
+:func:`survey` runs a model over an iterable of inputs and keeps, per ``(sample, layer,
+head)``, the statistics of :mod:`attnpanel.kernels.statistics`, computed from the weights
+each batch's attention recorder saw (the model's own, or recomputed exactly where a fused
+kernel never formed them), then dropped: memory holds one batch. With a ``store``, each
+batch is appended to a zarr store as it is done, and the store says how many samples it
+holds; an interrupted survey (Ctrl-C, a crash) resumes where it stopped, and a reader
+never sees a half-written batch. With a ``scheduler``, the batches run on dask.distributed
+workers (the model shipped to each once) and the client writes their statistics in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from attnpanel.capturing.capture import capture, record_calls
+from attnpanel.kernels.statistics import NAMES, head_statistics_of
+
+FORMAT = "attnpanel-survey"
+VERSION = 1
+IN_FLIGHT = 2  # batches queued per worker on a cluster
+
+
+class SurveyStoreError(ValueError):
+    """A survey store of another model, another format or version, or not a survey."""
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A hash of the model's state: parameter and buffer names, shapes, dtypes and bytes."""
+    digest = hashlib.sha256(type(model).__name__.encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
+def split_batch(batch) -> tuple[tuple, dict]:
+    """A batch as the model's ``(args, kwargs)``: a tensor is one input, a tuple or list
+    the positional inputs, a mapping the keyword inputs."""
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, dict):
+        return (), dict(batch)
+    if isinstance(batch, tuple | list):
+        return tuple(batch), {}
+    raise TypeError(
+        f"a batch is a tensor, a tuple of inputs or a dict of keyword inputs, not "
+        f"{type(batch).__name__} (give prepare= to turn yours into (args, kwargs))"
+    )
+
+
+def _cut(value, batch: int):
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch:
+        return value[:1]
+    return value
+
+
+@dataclass
+class Surveyor:
+    """What every batch needs: the model, its layers and their output projections."""
+
+    model: nn.Module
+    layers: list[str]
+    heads: dict[str, int]
+    w_o: dict[str, torch.Tensor]  # (D_out, H * E) by layer, where capture found it
+
+    @classmethod
+    def of(cls, model: nn.Module, args: tuple, kwargs: dict) -> Surveyor:
+        """Learn the layers and ``w_o`` from a capture of the first sample of a batch."""
+        first = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        size = int(first.shape[0])
+        one = capture(
+            model,
+            *(_cut(a, size) for a in args),
+            **{k: _cut(v, size) for k, v in kwargs.items()},
+        )
+        if isinstance(one, xr.DataTree):
+            raise ValueError(
+                "a survey keeps the self-attention of one sequence; this model's capture is "
+                "an encoder-decoder DataTree"
+            )
+        names = [str(n) for n in np.atleast_1d(one["layer"].values)]
+        layers = [one.isel(layer=i) for i in range(len(names))] if "layer" in one.dims else [one]
+        w_o = {
+            name: torch.from_numpy(np.asarray(layer["w_o"].values, dtype=np.float64))
+            for name, layer in zip(names, layers, strict=True)
+            if "w_o" in layer
+        }
+        heads = {name: int(one.sizes["head"]) for name in names}
+        return cls(model, names, heads, w_o)
+
+    def statistics(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+        """Each statistic of one batch, ``(batch, layer, head)`` float64."""
+        recorder, names = record_calls(self.model, args, kwargs, dense=True)
+        if names != self.layers:
+            raise ValueError(f"this batch ran layers {names}, the survey's are {self.layers}")
+        found: dict[str, list[np.ndarray]] = {}
+        for call, name in zip(recorder.calls, names, strict=True):
+            batch, heads = call.q.shape[:2]
+            weights = call.weights.reshape(batch, heads, *call.weights.shape[-2:])
+            padding = None
+            if call.blocked is not None:
+                blocked = call.blocked.expand(batch, heads, *weights.shape[-2:])
+                padding = blocked.all(dim=1).all(dim=1)  # (B, S): keys no query may see
+            for stat, values in head_statistics_of(
+                weights, padding, self._norms(name, call)
+            ).items():
+                found.setdefault(stat, []).append(values.numpy())
+        return {stat: np.stack(parts, axis=1) for stat, parts in found.items()}
+
+    def _norms(self, name: str, call) -> torch.Tensor | None:
+        if call.v is None:
+            return None
+        v = call.v.to(torch.float64)  # (B, H, S, E)
+        if name not in self.w_o:
+            return torch.linalg.vector_norm(v, dim=-1)
+        heads, width = v.shape[1], v.shape[3]
+        blocks = self.w_o[name].reshape(-1, heads, width)  # (D, H, E)
+        return torch.linalg.vector_norm(torch.einsum("bhje,dhe->bhjd", v, blocks), dim=-1)
+
+
+def _statistics(surveyor: Surveyor, batch, prepare) -> dict[str, np.ndarray]:
+    args, kwargs = prepare(batch)
+    return surveyor.statistics(args, kwargs)
+
+
+@dataclass
+class SurveyStore:
+    """A zarr store of a survey: its data, and how many samples of it are whole."""
+
+    path: Path
+
+    def attrs(self) -> dict | None:
+        """The store's attributes, or None where there is no store yet."""
+        import zarr
+
+        if not self.path.exists():
+            return None
+        try:
+            return dict(zarr.open_group(str(self.path), mode="r").attrs)
+        except Exception as error:  # not a zarr group: not ours to overwrite
+            raise SurveyStoreError(f"{self.path} is not a survey store: {error}") from error
+
+    def check(self, attrs: dict, model: str, print_: str) -> None:
+        """Refuse a store of another kind, version or model, by name."""
+        if attrs.get("format") != FORMAT:
+            raise SurveyStoreError(f"{self.path} is not an attnpanel survey store")
+        if attrs.get("version") != VERSION:
+            raise SurveyStoreError(
+                f"{self.path} is a survey of format version {attrs.get('version')}; this "
+                f"attnpanel reads version {VERSION}: survey again into a new store"
+            )
+        if attrs.get("fingerprint") != print_:
+            raise SurveyStoreError(
+                f"{self.path} holds a survey of another model ({attrs.get('model')}, "
+                f"fingerprint {attrs.get('fingerprint')}); this is {model}, fingerprint "
+                f"{print_}: survey it into a new store"
+            )
+
+    def append(self, part: xr.Dataset, first: bool, done: int, batches: int) -> None:
+        """Write one batch's statistics, then mark them whole."""
+        import zarr
+
+        if first:
+            part.to_zarr(str(self.path), mode="w", consolidated=False)
+        else:
+            part.to_zarr(str(self.path), append_dim="sample", consolidated=False)
+        group = zarr.open_group(str(self.path), mode="r+")
+        group.attrs.update({"samples_done": done, "batches_done": batches})
+
+    def trim(self, done: int) -> None:
+        """Drop the rows an interrupted write left past the whole samples."""
+        import zarr
+
+        group = zarr.open_group(str(self.path), mode="r+")
+        for _, array in group.arrays():
+            dims = array.metadata.dimension_names or array.attrs.get("_ARRAY_DIMENSIONS", ())
+            if dims and dims[0] == "sample" and array.shape[0] != done:
+                array.resize((done, *array.shape[1:]))
+
+    def read(self) -> xr.Dataset:
+        """The whole samples of the store (never a half-written batch)."""
+        attrs = self.attrs()
+        if attrs is None:
+            raise SurveyStoreError(f"no survey store at {self.path}")
+        if attrs.get("format") != FORMAT:
+            raise SurveyStoreError(f"{self.path} is not an attnpanel survey store")
+        ds = xr.open_zarr(str(self.path), consolidated=False)
+        return ds.isel(sample=slice(0, int(attrs.get("samples_done", 0))))
+
+
+def _part(stats: dict[str, np.ndarray], start: int, surveyor: Surveyor, step) -> xr.Dataset:
+    count = next(iter(stats.values())).shape[0]
+    heads = max(surveyor.heads.values())
+    data = {}
+    for name, values in stats.items():
+        data[name] = (("sample", "layer", "head"), values)
+    if step is not None:
+        for prefix in ("", "vw_"):
+            if prefix + "distance" in stats:
+                data[prefix + "distance_time"] = (
+                    ("sample", "layer", "head"),
+                    stats[prefix + "distance"] * float(step),
+                )
+    return xr.Dataset(
+        data,
+        coords={
+            "sample": np.arange(start, start + count),
+            "layer": np.array(surveyor.layers, dtype=str),
+            "head": np.arange(heads),
+        },
+    )
+
+
+def survey(
+    model: nn.Module,
+    batches: Iterable,
+    *,
+    scheduler=None,
+    store: str | Path | None = None,
+    prepare: Callable | None = None,
+    step: float | None = None,
+    progress: bool = True,
+) -> xr.Dataset:
+    """Statistics of every head of ``model`` over every sample of ``batches``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any model :func:`attnpanel.capture` can trace (one sequence's self-attention).
+    batches : iterable
+        Its inputs, batch by batch: tensors, tuples of positional inputs, dicts of keyword
+        inputs, or a ``DataLoader`` of those.
+    scheduler : dask.distributed.Client, str or "local", optional
+        Run the batches on a dask cluster: a client, a scheduler's address, or
+        ``"local"`` for a ``LocalCluster`` of this machine. In-process by default.
+    store : str or Path, optional
+        A zarr store written batch by batch; where it holds part of this survey (the same
+        model), the survey resumes after its last whole batch.
+    prepare : callable, optional
+        ``prepare(batch) -> (args, kwargs)``, such as ``lambda b: ((b[0],), {})`` for a
+        loader of ``(x, y)`` pairs.
+    step : float, optional
+        Seconds between two positions: adds ``distance_time`` (seconds).
+    progress : bool
+        A progress bar (tqdm) over the batches.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``(sample, layer, head)`` float64 variables: :data:`NAMES` of
+        :mod:`attnpanel.kernels.statistics`, their ``vw_`` forms where the values are
+        known; read back from the store where one is given.
+
+    Raises
+    ------
+    SurveyStoreError
+        A store of another model, format or version.
+    """
+    prepare = prepare or split_batch
+    target = None if store is None else SurveyStore(Path(store))
+    model_name, print_ = type(model).__name__, model_fingerprint(model)
+    attrs = None if target is None else target.attrs()
+    skip, done = 0, 0
+    if attrs is not None:
+        target.check(attrs, model_name, print_)
+        skip, done = int(attrs.get("batches_done", 0)), int(attrs.get("samples_done", 0))
+        target.trim(done)
+    iterator = iter(batches)
+    for _ in range(skip):  # the whole batches the store holds
+        next(iterator, None)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        return target.read() if target is not None else xr.Dataset()
+    iterator = itertools.chain([first], iterator)
+    with torch.no_grad():
+        surveyor = Surveyor.of(model, *prepare(first))
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": model_name,
+        "fingerprint": print_,
+        "statistics": list(NAMES),
+    }
+    parts: list[xr.Dataset] = []
+    total = _length(batches)
+    bar = _bar(total, skip, progress)
+    batch_index = skip
+    for stats in _computed(surveyor, iterator, prepare, scheduler):
+        part = _part(stats, done, surveyor, step).assign_attrs(header)
+        done += part.sizes["sample"]
+        batch_index += 1
+        if target is not None:
+            target.append(
+                part,
+                first=(attrs is None and batch_index == skip + 1),
+                done=done,
+                batches=batch_index,
+            )
+        else:
+            parts.append(part)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if target is not None:
+        return target.read()
+    return xr.concat(parts, dim="sample").assign_attrs(header)
+
+
+def _length(batches) -> int | None:
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+def _bar(total, skip: int, progress: bool):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=skip, desc="surveying", unit="batch")
+
+
+def _computed(surveyor: Surveyor, iterator, prepare, scheduler):
+    """Each batch's statistics, in order: here, or on a dask cluster."""
+    if scheduler is None:
+        for batch in iterator:
+            yield _statistics(surveyor, batch, prepare)
+        return
+    from dask.distributed import Client, LocalCluster
+
+    owned = []
+    if scheduler == "local":
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True)
+        owned = [cluster]
+        client = Client(cluster)
+        owned.insert(0, client)
+    elif isinstance(scheduler, str):
+        client = Client(scheduler)
+        owned = [client]
+    else:
+        client = scheduler
+    try:
+        yield from _on_cluster(client, surveyor, iterator, prepare)
+    finally:
+        for thing in owned:
+            thing.close()
+
+
+def _on_cluster(client, surveyor: Surveyor, iterator, prepare):
+    [shipped] = client.scatter([surveyor], broadcast=True)
+    limit = IN_FLIGHT * max(1, len(client.scheduler_info().get("workers", {})))
+    pending = []
+    for batch in iterator:
+        pending.append(client.submit(_statistics, shipped, batch, prepare, pure=False))
+        if len(pending) >= limit:
+            yield pending.pop(0).result()
+    for future in pending:
+        yield future.result()

@@ -1,0 +1,188 @@
+"""``attnpanel.survey`` against the definitions computed the long way from the model's own
+attention (``zoo`` references, float64), its store (resumes, never reads half a batch,
+refuses another model's) and its dask path."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+import zoo
+from test_flow import LONG_WAY, first_input
+
+from attnpanel.capturing.survey import SurveyStore, SurveyStoreError, survey
+
+
+def long_statistics(a: np.ndarray, padded: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The definitions, row by row: ``a`` ``(B, H, L, L)`` float64, ``padded`` ``(B, L)``."""
+    batch, heads, length, _ = a.shape
+    found = {n: np.zeros((batch, heads)) for n in ("entropy", "distance", "sink")}
+    found.update({n: np.zeros((batch, heads)) for n in ("diagonal_share", "previous_share")})
+    found["max_weight"] = np.zeros((batch, heads))
+    for b in range(batch):
+        real = np.ones(length, bool) if padded is None else ~padded[b]
+        first = int(np.argmax(real))
+        queries = [i for i in range(length) if real[i]]
+        with_previous = [i for i in queries if i >= 1 and real[i - 1]]
+        for h in range(heads):
+            rows = a[b, h]
+            entropy = [-sum(x * np.log(x) for x in rows[i] if x > 0) for i in queries]
+            distance = [sum(rows[i, j] * abs(i - j) for j in range(length)) for i in queries]
+            found["entropy"][b, h] = np.mean(entropy)
+            found["distance"][b, h] = np.mean(distance)
+            found["sink"][b, h] = np.mean([rows[i, first] for i in queries])
+            found["diagonal_share"][b, h] = np.mean([rows[i, i] for i in queries])
+            found["previous_share"][b, h] = np.mean([rows[i, i - 1] for i in with_previous])
+            found["max_weight"][b, h] = np.mean([rows[i].max() for i in queries])
+    return found
+
+
+def own_attention(name):
+    """The model, its inputs, its own weights per layer and the padded positions."""
+    case = zoo.case(name)
+    model, args, kwargs = case.build()
+    weights = [w.detach().double().numpy() for _, w in case.reference(model, args, kwargs)]
+    padded = None if case.padding is None else case.padding.numpy()
+    return case, model, args, kwargs, weights, padded
+
+
+@pytest.mark.parametrize("name", ["nanogpt_sdpa_causal", "nilmformer_real", "bert_padding"])
+def test_survey_statistics_are_the_definitions_on_the_models_own_attention(name):
+    case, model, args, kwargs, weights, padded = own_attention(name)
+    batch = (args[0],) if args else kwargs
+    found = survey(model, [batch], progress=False)
+    assert found.sizes["layer"] == len(weights)
+    for index, a in enumerate(weights):
+        expected = long_statistics(a, padded)
+        for stat, values in expected.items():
+            got = found[stat].isel(layer=index).values
+            np.testing.assert_allclose(got, values, rtol=1e-5, atol=1e-8, err_msg=stat)
+
+
+@pytest.mark.parametrize("name", ["nanogpt_sdpa_causal", "bert_padding"])
+def test_value_weighted_statistics_weigh_rows_by_the_norm_of_v_w_o(name):
+    case, model, args, kwargs, weights, padded = own_attention(name)
+    pattern, read = LONG_WAY[name]
+    modules = [pattern.format(i) for i in range(len(weights))]
+    found = survey(model, [(args[0],) if args else kwargs], progress=False)
+    with zoo.no_fastpath():
+        calls = zoo.inputs_of(model, modules, args, kwargs)
+    for index, (module_name, call_args, call_kwargs) in enumerate(calls):
+        module = model.get_submodule(module_name)
+        extra = dict(model=model, name=module_name) if name == "bert_padding" else {}
+        with torch.no_grad():
+            v, w_o = read(module, first_input(call_args, call_kwargs), **extra)
+        blocks = w_o.detach().double().reshape(w_o.shape[0], v.shape[1], v.shape[3])
+        norms = torch.einsum("bhje,dhe->bhjd", v, blocks).norm(dim=-1).numpy()
+        weighted = weights[index] * norms[:, :, None, :]
+        weighted = weighted / weighted.sum(-1, keepdims=True)
+        for stat, values in long_statistics(weighted, padded).items():
+            got = found["vw_" + stat].isel(layer=index).values
+            np.testing.assert_allclose(got, values, rtol=1e-5, atol=1e-8, err_msg=stat)
+
+
+@pytest.fixture
+def nanogpt():
+    model, args, _ = zoo.case("nanogpt_sdpa_causal").build()
+    x = args[0]
+    batches = [torch.roll(x, shift, dims=1) for shift in range(4)]  # 4 batches of 2
+    return model, batches
+
+
+def test_batches_one_by_one_equal_one_batch_and_time_distances(nanogpt):
+    model, batches = nanogpt
+    apart = survey(model, batches, progress=False, step=60.0)
+    together = survey(model, [torch.cat(batches)], progress=False)
+    assert apart.sizes["sample"] == 8
+    np.testing.assert_array_equal(apart["sample"].values, np.arange(8))
+    for stat in together.data_vars:
+        np.testing.assert_allclose(apart[stat].values, together[stat].values, rtol=1e-6)
+    np.testing.assert_allclose(apart["distance_time"], apart["distance"] * 60.0)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.cat(batches), torch.zeros(8)), batch_size=3
+    )
+    paired = survey(model, loader, prepare=lambda b: ((b[0],), {}), progress=False)
+    np.testing.assert_allclose(paired["entropy"].values, together["entropy"].values, rtol=1e-6)
+    with pytest.raises(TypeError, match="prepare="):
+        survey(model, [3.0], progress=False)
+
+
+def test_an_interrupted_survey_resumes_after_its_last_whole_batch(nanogpt, tmp_path):
+    model, batches = nanogpt
+    whole = survey(model, batches, progress=False)
+    store = tmp_path / "survey.zarr"
+
+    def interrupted():
+        yield from batches[:2]
+        raise KeyboardInterrupt  # Ctrl-C while the third batch is read
+
+    with pytest.raises(KeyboardInterrupt):
+        survey(model, interrupted(), store=store, progress=False)
+    partial = SurveyStore(store).read()
+    assert partial.sizes["sample"] == 4
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        resumed = survey(model, batches, store=store, progress=False)
+    finally:
+        hook.remove()
+    assert len(seen) == 2 + 1  # the two batches left, and the first sample's layer check
+    xr.testing.assert_allclose(resumed.load(), whole.assign_attrs(resumed.attrs))
+
+
+def test_a_half_written_batch_is_never_read_and_is_trimmed_on_resume(nanogpt, tmp_path):
+    model, batches = nanogpt
+    store = tmp_path / "survey.zarr"
+    survey(model, batches[:2], store=store, progress=False)
+    # a crash in the middle of the third append: rows written, never marked whole
+    garbage = SurveyStore(store).read().isel(sample=[0, 1]).load()
+    garbage = garbage.assign_coords(sample=[4, 5]) * 0 - 1
+    garbage.to_zarr(str(store), append_dim="sample", consolidated=False)
+    assert xr.open_zarr(str(store), consolidated=False).sizes["sample"] == 6
+    assert SurveyStore(store).read().sizes["sample"] == 4
+    resumed = survey(model, batches, store=store, progress=False)
+    assert resumed.sizes["sample"] == 8
+    assert float(resumed["entropy"].min()) > 0
+    whole = survey(model, batches, progress=False)
+    np.testing.assert_allclose(resumed["entropy"].values, whole["entropy"].values)
+
+
+def test_a_store_of_another_model_or_version_is_refused_by_name(nanogpt, tmp_path):
+    model, batches = nanogpt
+    store = tmp_path / "survey.zarr"
+    survey(model, batches[:1], store=store, progress=False)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    with pytest.raises(SurveyStoreError, match="another model.*NanoGPT.*fingerprint"):
+        survey(other, batches, store=store, progress=False)
+    import zarr
+
+    zarr.open_group(str(store), mode="r+").attrs["version"] = 99
+    with pytest.raises(SurveyStoreError, match="format version 99"):
+        survey(model, batches, store=store, progress=False)
+    foreign = tmp_path / "foreign.zarr"
+    xr.Dataset({"x": ("a", np.arange(3))}).to_zarr(str(foreign))
+    with pytest.raises(SurveyStoreError, match="not an attnpanel survey store"):
+        survey(model, batches, store=foreign, progress=False)
+    assert xr.open_zarr(str(foreign))["x"].values.tolist() == [0, 1, 2]  # left as it was
+
+
+@pytest.mark.slow
+def test_a_two_worker_cluster_survey_equals_the_one_here(nanogpt):
+    from dask.distributed import Client, LocalCluster
+
+    model, batches = nanogpt
+    here = survey(model, batches, progress=False)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        there = survey(model, batches, scheduler=client, progress=False)
+    xr.testing.assert_allclose(there, here)
+    np.testing.assert_array_equal(there["entropy"].values, here["entropy"].values)
