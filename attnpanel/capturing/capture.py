@@ -143,13 +143,19 @@ def capture(
 
 
 def record_calls(
-    model: nn.Module, inputs: tuple, kwargs: dict, dense: bool | None = None
+    model: nn.Module,
+    inputs: tuple,
+    kwargs: dict,
+    dense: bool | None = None,
+    recorder: AttentionRecorder | None = None,
 ) -> tuple[AttentionRecorder, list[str]]:
     """Run ``model`` once (eval mode, no gradients) and return the recorder of every
     attention it computed, with each call's layer name (a capture's ``layer`` values).
 
     The torch tensors of each call, before any trace is built: for readers that need
-    only some numbers of each attention (a survey's statistics), not a trace.
+    only some numbers of each attention (a survey's statistics), not a trace. A
+    ``recorder`` of one's own (an :class:`AttentionRecorder` subclass) may act on each
+    call as it is recorded.
 
     Raises
     ------
@@ -158,7 +164,7 @@ def record_calls(
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
-    recorder = AttentionRecorder(dense)
+    recorder = AttentionRecorder(dense) if recorder is None else recorder
     training = [m for m in model.modules() if m.training]  # each restored as it was
     try:
         if training:

@@ -24,6 +24,7 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.capture import capture, record_calls
+from attnpanel.capturing.intercept import AttentionRecorder
 from attnpanel.kernels.statistics import NAMES, head_statistics_of
 
 FORMAT = "attnpanel-survey"
@@ -40,7 +41,9 @@ def model_fingerprint(model: nn.Module) -> str:
     digest = hashlib.sha256(type(model).__name__.encode())
     for name, tensor in model.state_dict().items():
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(
+            tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        )
     return digest.hexdigest()[:20]
 
 
@@ -101,32 +104,72 @@ class Surveyor:
 
     def statistics(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
         """Each statistic of one batch, ``(batch, layer, head)`` float64."""
-        recorder, names = record_calls(self.model, args, kwargs, dense=True)
+        recorder = _Summarising(self)
+        recorder, names = record_calls(self.model, args, kwargs, dense=True, recorder=recorder)
+        recorder.finish()
         if names != self.layers:
             raise ValueError(f"this batch ran layers {names}, the survey's are {self.layers}")
         found: dict[str, list[np.ndarray]] = {}
-        for call, name in zip(recorder.calls, names, strict=True):
-            batch, heads = call.q.shape[:2]
-            weights = call.weights.reshape(batch, heads, *call.weights.shape[-2:])
-            padding = None
-            if call.blocked is not None:
-                blocked = call.blocked.expand(batch, heads, *weights.shape[-2:])
-                padding = blocked.all(dim=1).all(dim=1)  # (B, S): keys no query may see
-            for stat, values in head_statistics_of(
-                weights, padding, self._norms(name, call)
-            ).items():
+        for stats in recorder.summaries:
+            for stat, values in stats.items():
                 found.setdefault(stat, []).append(values.numpy())
         return {stat: np.stack(parts, axis=1) for stat, parts in found.items()}
 
+    def summary(self, index: int, call) -> dict[str, torch.Tensor]:
+        """The statistics of one recorded call (the ``index``-th layer), ``(B, H)``."""
+        batch, heads = call.q.shape[:2]
+        weights = call.weights.reshape(batch, heads, *call.weights.shape[-2:])
+        padding = None
+        if call.blocked is not None:
+            blocked = call.blocked.expand(batch, heads, *weights.shape[-2:])
+            padding = blocked.all(dim=1).all(dim=1)  # (B, S): keys no query may see
+        name = self.layers[index] if index < len(self.layers) else ""
+        return head_statistics_of(weights, padding, self._norms(name, call))
+
     def _norms(self, name: str, call) -> torch.Tensor | None:
+        """``|| v_j W_o^h ||`` as ``sqrt(v_j G_h v_j)``, ``G_h = W_o^hT W_o^h`` (``E x E``:
+        no ``(B, H, S, D)`` product), or ``|| v_j ||`` where ``w_o`` is unknown."""
         if call.v is None:
             return None
         v = call.v.to(torch.float64)  # (B, H, S, E)
         if name not in self.w_o:
             return torch.linalg.vector_norm(v, dim=-1)
+        return torch.einsum("bhje,bhje->bhj", v @ self._gram(name, v), v).clamp_min(0).sqrt()
+
+    def _gram(self, name: str, v: torch.Tensor) -> torch.Tensor:
         heads, width = v.shape[1], v.shape[3]
-        blocks = self.w_o[name].reshape(-1, heads, width)  # (D, H, E)
-        return torch.linalg.vector_norm(torch.einsum("bhje,dhe->bhjd", v, blocks), dim=-1)
+        blocks = self.w_o[name].reshape(-1, heads, width).transpose(0, 1)  # (H, D, E)
+        return (blocks.transpose(1, 2) @ blocks)[None]  # (1, H, E, E)
+
+
+class _Summarising(AttentionRecorder):
+    """A recorder that summarises each attention call once the next one starts (its
+    ``weights @ v`` is done by then) and drops its weights: a batch holds the weights of
+    two layers at most, not of every layer."""
+
+    def __init__(self, surveyor: Surveyor):
+        super().__init__(dense=True)
+        self.surveyor = surveyor
+        self.summaries: list[dict[str, torch.Tensor]] = []
+
+    def record_call(self, call) -> None:
+        self._summarise()
+        super().record_call(call)
+
+    def _summarise(self) -> None:
+        while len(self.summaries) < len(self.calls):
+            index = len(self.summaries)
+            call = self.calls[index]
+            if call.unsupported or call.weights is None:  # record_calls says why
+                self.summaries.append({})
+                continue
+            self.summaries.append(self.surveyor.summary(index, call))
+            call.weights = None
+            call.v = None
+
+    def finish(self) -> None:
+        """Summarise the last call."""
+        self._summarise()
 
 
 def _statistics(surveyor: Surveyor, batch, prepare) -> dict[str, np.ndarray]:

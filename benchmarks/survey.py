@@ -1,0 +1,188 @@
+"""A survey and a comparison of the demo model beside its own plain forward, same run.
+
+* ``survey``: ``attnpanel.survey`` of the demo NILMFormer (3 layers x 8 heads) over
+  ``--windows`` held-out windows of 480 steps (default 1,024) in batches of ``--batch``
+  (32), in process, beside the plain forward (``torch.no_grad``, eval) over the same
+  batches; median and p95 of ``--repeats`` and their ratio (issue #28's target: at most
+  1.5x). Its peak memory: a fresh process runs the forwards, then the survey, and the
+  peak resident memory of each is printed beside one batch's weights (issue #28's
+  budget: one batch's weights + 300 MB).
+* ``compare``: two checkpoints of the demo model (its trained weights, and a copy with
+  every matrix nudged by 1 % of its spread), each captured on 32 windows, then
+  ``attnpanel.compare``; beside the plain forward of those windows.
+
+Run from the repository root::
+
+    python benchmarks/survey.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+
+def demo_batches(windows: int, batch: int):
+    from attnpanel.nilm.demo import demo_windows
+    from attnpanel.nilm.nilmformer import default_path, load_model, time_features
+
+    held = demo_windows(windows)
+    model = load_model(default_path()).eval()
+    aggregate = torch.from_numpy(held["aggregate"].values)
+    features = time_features(held["time"].values)
+    return model, [
+        (aggregate[i : i + batch], features[i : i + batch]) for i in range(0, windows, batch)
+    ]
+
+
+def forwards(model, batches) -> None:
+    with torch.no_grad():
+        for inputs in batches:
+            model(*inputs)
+
+
+def timed(call, repeats: int) -> list[float]:
+    found = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        found.append(time.perf_counter() - start)
+    return found
+
+
+def summary(times: list[float]) -> tuple[float, float]:
+    ordered = sorted(times)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * len(ordered)))]
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory_child(windows: int, batch: int, what: str) -> None:
+    """In a fresh process: the resident memory before, and its peak during, the forwards
+    or the survey (sampled every 5 ms)."""
+    from attnpanel.capturing.survey import survey
+
+    model, batches = demo_batches(windows, batch)
+    forwards(model, batches[:1])  # torch's own first-call allocations, in both
+    before = rss_mb()
+    peak, done = [before], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    if what == "forward":
+        forwards(model, batches)
+    else:
+        survey(model, batches, progress=False)
+    done.set()
+    watcher.join()
+    print(json.dumps({"before": before, "peak": max(peak[0], rss_mb())}))
+
+
+def memory(windows: int, batch: int, what: str) -> dict:
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            what,
+            "--windows",
+            str(windows),
+            "--batch",
+            str(batch),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-child", choices=("forward", "survey"))
+    args = parser.parse_args()
+    if args.memory_child:
+        memory_child(args.windows, args.batch, args.memory_child)
+        return
+    import attnpanel
+    from attnpanel.capturing.survey import survey
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    model, batches = demo_batches(args.windows, args.batch)
+    forwards(model, batches[:1])  # warm-up
+    plain, surveyed = [], []
+    for _ in range(args.repeats):  # interleaved: the machine's drift hits both
+        plain += timed(lambda: forwards(model, batches), 1)
+        surveyed += timed(lambda: survey(model, batches, progress=False), 1)
+    (fm, fp), (sm, sp) = summary(plain), summary(surveyed)
+    print(
+        f"\nsurvey of the demo model, {args.windows} windows x 480 steps, batches of {args.batch}"
+    )
+    print("| what | median s | p95 s | in forwards (target 1.5) |")
+    print("| --- | --- | --- | --- |")
+    print(f"| plain forward over the batches | {fm:.2f} | {fp:.2f} | 1 |")
+    print(
+        f"| survey (12 statistics per sample, layer, head) | {sm:.2f} | {sp:.2f} | {sm / fm:.2f} |"
+    )
+
+    weights_mb = 3 * args.batch * 8 * 480 * 480 * 4 / 2**20
+    mem_f = memory(args.windows, args.batch, "forward")
+    mem_s = memory(args.windows, args.batch, "survey")
+    print("\npeak resident memory (a fresh process each)")
+    print("| what | resident before MB | peak during MB | above before MB |")
+    print("| --- | --- | --- | --- |")
+    for name, found in (("forwards", mem_f), ("survey", mem_s)):
+        print(
+            f"| {name} | {found['before']:.0f} | {found['peak']:.0f} | "
+            f"{found['peak'] - found['before']:.0f} |"
+        )
+    print(
+        f"one batch's weights (3 layers x {args.batch} x 8 x 480 x 480 float32): "
+        f"{weights_mb:.0f} MB; budget {weights_mb + 300:.0f} MB above the loaded model"
+    )
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            if parameter.dim() >= 2:
+                parameter.add_(0.01 * parameter.std() * torch.randn_like(parameter))
+    inputs = batches[0]
+    a = attnpanel.capture(model, *inputs)
+    b = attnpanel.capture(other, *inputs)
+    one = summary(timed(lambda: forwards(model, [inputs]), max(5, args.repeats)))
+    compared = summary(timed(lambda: attnpanel.compare(a, b), max(3, args.repeats)))
+    result = attnpanel.compare(a, b)
+    top = result["js"].to_series().sort_values(ascending=False).head(3)
+    print(f"\ncompare of two demo checkpoints on {args.batch} windows (captures made beforehand)")
+    print("| what | median s | p95 s | in forwards |")
+    print("| --- | --- | --- | --- |")
+    print(f"| plain forward of the windows | {one[0]:.3f} | {one[1]:.3f} | 1 |")
+    print(f"| compare(a, b) | {compared[0]:.3f} | {compared[1]:.3f} | {compared[0] / one[0]:.1f} |")
+    print("most changed heads (js):", ", ".join(f"{k}: {v:.2e}" for k, v in top.items()))
+    print(f"max |b - a| over every head: {float(np.nanmax(result['max_abs'].values)):.2e}")
+
+
+if __name__ == "__main__":
+    main()
