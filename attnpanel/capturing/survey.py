@@ -259,7 +259,7 @@ def _part(stats: dict[str, np.ndarray], start: int, surveyor: Surveyor, step) ->
         data,
         coords={
             "sample": np.arange(start, start + count),
-            "layer": np.array(surveyor.layers, dtype=str),
+            "layer": np.array(surveyor.layers, dtype=object),  # zarr v3: variable-length strings
             "head": np.arange(heads),
         },
     )

@@ -6,7 +6,15 @@ import argparse
 import math
 from pathlib import Path
 
-from attnpanel.cli.common import CommandError, check_output, first_line, load_trace, say
+from attnpanel.cli.common import (
+    CommandError,
+    check_output,
+    check_sample,
+    first_line,
+    load_trace,
+    positive,
+    say,
+)
 
 LISTED_HEADS = 20  # heads the ranking prints before "... and N more"
 HEAD_NUMBERS = ("js", "max_abs", "rows")  # what the report keeps without --difference
@@ -80,24 +88,72 @@ def _save(comparison, path: str, overwrite: bool) -> Path:
     return write_safely(path, "netcdf", write, overwrite)
 
 
-def run(args: argparse.Namespace) -> None:
-    """Compare two saved captures of the same inputs and save the comparison (``.nc``)."""
-    from attnpanel.readouts.compare import compare
+def _html_report(args: argparse.Namespace, a, b, comparison) -> Path:
+    """Write the offline HTML report of two Datasets (the ranking and the top heads' maps)."""
+    import xarray as xr
 
-    if not args.output.lower().endswith(".nc"):
-        raise CommandError(f"a comparison is saved as netCDF: {args.output} does not end in .nc")
-    check_output(args.output, args.force)
+    from attnpanel.readouts.compare import ranked_heads
+    from attnpanel.render.compare_report import compare_html
+
+    if not (isinstance(a, xr.Dataset) and isinstance(b, xr.Dataset)):
+        raise CommandError(
+            f"{args.a} and {args.b} hold several groups: an HTML report draws the maps of one "
+            "group; write the comparison as .nc, or save each group as a trace of its own"
+        )
+    check_sample(a, args.sample)
+    labels = (comparison.attrs["a"], comparison.attrs["b"])
+    try:
+        return compare_html(
+            a,
+            b,
+            ranked_heads(comparison),
+            args.output,
+            sample=args.sample,
+            heads=args.heads,
+            labels=labels,
+            overwrite=args.force,
+        )
+    except ValueError as error:
+        raise CommandError(first_line(error)) from error
+
+
+def run(args: argparse.Namespace) -> None:
+    """Compare two saved captures of the same inputs and save the comparison: netCDF
+    (``.nc``), or a standalone HTML page (``.html``)."""
+    from attnpanel.readouts.compare import compare
+    from attnpanel.util.files import check_target
+
+    page = args.output.lower().endswith(".html")
+    if not page and not args.output.lower().endswith(".nc"):
+        raise CommandError(
+            f"a comparison is saved as netCDF (.nc) or as an HTML page (.html): {args.output} "
+            "does not end in .nc or .html"
+        )
+    if page and args.difference:
+        raise CommandError("--difference goes with a .nc comparison, not an HTML page")
+    if page:
+        try:
+            check_target(args.output, "html", args.force)
+        except OSError as error:
+            raise CommandError(first_line(error)) from error
+    else:
+        check_output(args.output, args.force)
     a, b = load_trace(args.a), load_trace(args.b)
     try:
         comparison = compare(a, b)
     except ValueError as error:
         raise CommandError(f"{args.a} and {args.b}: {first_line(error)}") from error
     comparison.attrs.update(a_file=str(args.a), b_file=str(args.b))
-    report = comparison if args.difference else _without_difference(comparison)
-    written = _save(report, args.output, args.force)
     heads = len(_head_rows(comparison))
-    kept = "with" if args.difference else "without"
-    say(f"wrote {written}: {heads} heads compared ({kept} the difference maps)")
+    if page:
+        written = _html_report(args, a, b, comparison)
+        drawn = min(args.heads, heads)
+        say(f"wrote {written}: {heads} heads compared, the maps of the {drawn} most different")
+    else:
+        report = comparison if args.difference else _without_difference(comparison)
+        written = _save(report, args.output, args.force)
+        kept = "with" if args.difference else "without"
+        say(f"wrote {written}: {heads} heads compared ({kept} the difference maps)")
     for line in divergence_lines(comparison):
         say(line)
 
@@ -114,11 +170,29 @@ def add_parser(sub) -> None:
     )
     compare.add_argument("a", help="the first capture (.nc or .zarr)")
     compare.add_argument("b", help="the second capture, of the same inputs")
-    compare.add_argument("-o", "--output", required=True, help="the comparison file (.nc)")
+    compare.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the comparison file: .nc (the numbers), or .html (a standalone page that works "
+        "offline: the ranking, and A, B and B - A of the most different heads)",
+    )
     compare.add_argument(
         "--difference",
         action="store_true",
-        help="also save the b - a weights of every cell (as large as a capture's weights)",
+        help="also save the b - a weights of every cell (as large as a capture's weights; .nc)",
+    )
+    compare.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="the sample whose maps an .html page draws (default 0)",
+    )
+    compare.add_argument(
+        "--heads",
+        type=positive,
+        default=8,
+        help="how many of the most different heads an .html page draws (default 8)",
     )
     compare.add_argument("--force", action="store_true", help="replace an existing file")
     compare.set_defaults(func=run)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnpanel.cli.common import CommandError, check_output, first_line, say
+from attnpanel.cli.models import checkpoint_run, hugging_face_run
 
 TOP = 20  # heads the ranking lists before "... and N more"
 
@@ -28,33 +29,6 @@ def ranking_lines(importance) -> list[str]:
     return lines
 
 
-def _checkpoint_run(path: Path, windows: int):
-    """A NILMFormer model file on the demo's held-out windows: (model, inputs)."""
-    import torch
-
-    from attnpanel.nilm.demo import demo_windows
-    from attnpanel.nilm.nilmformer import load_model, time_features
-
-    if not path.exists():
-        raise CommandError(f"no checkpoint at {path}")
-    try:
-        model = load_model(path)
-    except (ValueError, RuntimeError, KeyError, OSError) as error:
-        raise CommandError(
-            f"cannot read {path} as a NILMFormer model: {first_line(error)}"
-        ) from error
-    held = demo_windows(windows)
-    aggregate = torch.from_numpy(held["aggregate"].values)
-    return model, (aggregate, time_features(held["time"].values)), {}
-
-
-def _hugging_face_run(model_dir: Path, texts: list[str]):
-    from attnpanel.cli.models import hugging_face_model, model_inputs
-
-    model, tokenizer = hugging_face_model(model_dir)
-    return model, (), model_inputs(model, tokenizer, texts)
-
-
 def run(args: argparse.Namespace) -> None:
     """Rank the heads of a model and save the ranking (``.nc``)."""
     from attnpanel.capturing.ablation import AblationError
@@ -69,9 +43,9 @@ def run(args: argparse.Namespace) -> None:
     if args.model is not None:
         if not args.text:
             raise CommandError("--model needs --text")
-        model, inputs, kwargs = _hugging_face_run(Path(args.model), args.text)
+        model, inputs, kwargs = hugging_face_run(Path(args.model), args.text)
     else:
-        model, inputs, kwargs = _checkpoint_run(Path(args.checkpoint), args.windows)
+        model, inputs, kwargs = checkpoint_run(Path(args.checkpoint), args.windows)
     try:
         importance = head_importance(model, *inputs, how=args.how, method=args.method, **kwargs)
     except (AblationError, RuntimeError, TypeError) as error:

@@ -6,7 +6,17 @@ import argparse
 import os
 import sys
 
-from attnpanel.cli import compare, export, importance, info, overviews, serve, trace, train
+from attnpanel.cli import (
+    compare,
+    export,
+    importance,
+    info,
+    overviews,
+    serve,
+    survey,
+    trace,
+    train,
+)
 from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, say
 
 COMMANDS = (
@@ -16,6 +26,7 @@ COMMANDS = (
     trace,
     importance,
     compare,
+    survey,
     overviews,
     train,
 )  # in the order --help lists them

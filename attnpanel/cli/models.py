@@ -64,3 +64,28 @@ def model_inputs(model, tokenizer, texts: list[str]) -> dict:
         if "attention_mask" in inputs and "decoder_attention_mask" in named:
             inputs["decoder_attention_mask"] = inputs["attention_mask"]
     return inputs
+
+
+def checkpoint_run(path: Path, windows: int):
+    """A NILMFormer model file on the demo's held-out windows: (model, inputs)."""
+    import torch
+
+    from attnpanel.nilm.demo import demo_windows
+    from attnpanel.nilm.nilmformer import load_model, time_features
+
+    if not path.exists():
+        raise CommandError(f"no checkpoint at {path}")
+    try:
+        model = load_model(path)
+    except (ValueError, RuntimeError, KeyError, OSError) as error:
+        raise CommandError(
+            f"cannot read {path} as a NILMFormer model: {first_line(error)}"
+        ) from error
+    held = demo_windows(windows)
+    aggregate = torch.from_numpy(held["aggregate"].values)
+    return model, (aggregate, time_features(held["time"].values)), {}
+
+
+def hugging_face_run(model_dir: Path, texts: list[str]):
+    model, tokenizer = hugging_face_model(model_dir)
+    return model, (), model_inputs(model, tokenizer, texts)

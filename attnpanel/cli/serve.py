@@ -49,8 +49,29 @@ def served_capture(args: argparse.Namespace) -> tuple:
     return None, capture, {"model": model}
 
 
+def compared_page(args: argparse.Namespace, capture):
+    """``--compare B``: the comparison page's builder, B loaded and the heads' divergence
+    computed once for every session."""
+    from attnpanel.app import serving
+    from attnpanel.app.compare_explorer import CompareExplorer, compared_capture
+    from attnpanel.readouts.compare import compare
+
+    try:
+        first = compared_capture(capture, args.trace)
+        second = compared_capture(load_trace(args.compare), args.compare)
+        numbers = compare(first, second)
+    except ValueError as error:
+        raise CommandError(f"{args.trace} and {args.compare}: {first_line(error)}") from error
+    serving.settle(serving.freeze(second))
+    page = partial(
+        CompareExplorer.built, first, compare=second, comparison=numbers[["js", "max_abs", "rows"]]
+    )
+    return partial(serving.built_ahead, "serve", page)
+
+
 def run(args: argparse.Namespace) -> None:
-    """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo."""
+    """Serve the explorer on a saved trace (a Dataset or a DataTree of groups), or the demo;
+    with ``--compare``, the comparison page of two traces."""
     import panel as pn
     import xarray as xr
 
@@ -59,6 +80,9 @@ def run(args: argparse.Namespace) -> None:
     from attnpanel.app.explorer import AttentionExplorer, notify_errors
     from attnpanel.traces import virtual
 
+    compared = getattr(args, "compare", None)
+    if compared and not args.trace:
+        raise CommandError("--compare B compares a saved trace A with B: serve A.nc --compare B.nc")
     path, capture, options = served_capture(args)
     if path is not None and isinstance(capture, xr.Dataset):
         # a virtual trace's overviews, stored beside it, read once and shared by every session
@@ -67,7 +91,9 @@ def run(args: argparse.Namespace) -> None:
             options["overviews"] = overviews
     serving.settle(serving.freeze(capture))  # loaded once, read by every session, written by none
 
-    if isinstance(capture, xr.Dataset) and not virtual.is_virtual(capture):
+    if compared:
+        build = compared_page(args, capture)
+    elif isinstance(capture, xr.Dataset) and not virtual.is_virtual(capture):
         # built while the server is idle (the explorers of a virtual trace or of groups
         # draw their maps on worker threads of their own)
         explorer = partial(AttentionExplorer.built, capture, **options)
@@ -106,6 +132,12 @@ def add_parser(sub) -> None:
         default=1,
         help="worker processes on the one port (0: one per core; default 1); they stop "
         "with the server",
+    )
+    serve.add_argument(
+        "--compare",
+        metavar="B",
+        help="a second trace of the same inputs (another checkpoint, another dtype): the "
+        "comparison page, A, B and B - A of each head and the heads ranked by divergence",
     )
     serve.add_argument(
         "--demo",
