@@ -8,9 +8,11 @@ its prediction again.
 
 Panel runs this file once per session; the demo trace is computed once per server
 process and shared read-only, and the next session's explorer is built while the server is
-idle (``attnpanel.app.serving``).
+idle (``attnpanel.app.serving``). The survey of every head over the 32 windows is computed
+once per process in a thread after the first page has loaded.
 """
 
+import threading
 from functools import partial
 
 import panel as pn
@@ -28,3 +30,14 @@ trace = serving.shared_trace("demo", attnpanel.demo)
 model = pn.state.as_cached("attnpanel:demo model", demo_model_run)  # one per process
 explorer = serving.built_ahead("demo", partial(AttentionExplorer.built, trace, model=model))
 explorer.servable(title="attnpanel explorer")
+
+
+def warm_survey() -> threading.Thread:
+    """The demo's survey (every head over every sample), computed once per process off the
+    event loop after the first page has loaded: ready when a session first shows it."""
+    thread = threading.Thread(target=model.survey, name="attnpanel demo survey", daemon=True)
+    thread.start()
+    return thread
+
+
+pn.state.onload(lambda: pn.state.as_cached("attnpanel:demo survey", warm_survey))

@@ -4,17 +4,20 @@ prints and the one-line refusals, through the command's own parser."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 import pytest
 import xarray as xr
 import zoo
 from test_compare import NUDGE, second_checkpoint
+from test_compare_page import document_texts, loaded_files
 
 import attnpanel
 from attnpanel.cli import compare as compare_command
 from attnpanel.cli.common import CommandError
-from attnpanel.readouts.compare import compare
+from attnpanel.readouts.compare import compare, ranked_heads
+from attnpanel.render.compare_views import head_name
 
 
 def attnpanel_compare(*argv: str) -> None:
@@ -81,6 +84,30 @@ def test_the_difference_maps_on_request(saved_bert, tmp_path, capsys):
     np.testing.assert_allclose(difference.values, expected.values, atol=1e-7)
 
 
+def test_an_html_page_of_the_ranking_and_the_most_different_heads(saved_bert, tmp_path, capsys):
+    a, b = saved_bert
+    out = tmp_path / "report.html"
+    attnpanel_compare(str(a), str(b), "-o", str(out), "--heads", "3", "--sample", "1")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"wrote {out}: 8 heads compared, the maps of the 3 most different"
+    assert printed[1:3] == ["a: BertModel (float32)", "b: BertModel (float32)"]
+    html = out.read_text()
+    assert loaded_files(html) == []  # works offline: no tag loads another file
+    texts = document_texts(html)
+    ranking = ranked_heads(compare(attnpanel.load(a), attnpanel.load(b)))
+    names = [head_name(row.layer_name, row.head) for row in ranking.itertuples()]
+    table = next(text for text in texts if "<table>" in text)
+    assert re.findall(r"<td>\d+</td><td>(layer \d+, head \d+)</td>", table) == names
+    for rank, name in enumerate(names[:3], start=1):
+        assert any(text.startswith(f"<h3>{rank}. {name}</h3>") for text in texts)
+        assert f"B − A · sample 1, {name}" in texts
+    assert not any(text.startswith("<h3>4. ") for text in texts)
+    with pytest.raises(CommandError, match="--force"):
+        attnpanel_compare(str(a), str(b), "-o", str(out))
+    attnpanel_compare(str(a), str(b), "-o", str(out), "--force", "--heads", "1")
+    assert sum(text.startswith("<h3>") for text in document_texts(out.read_text())) == 1
+
+
 def test_refusals_are_one_line(saved_bert, tmp_path):
     a, b = saved_bert
     with pytest.raises(CommandError, match="does not end in .nc"):
@@ -93,6 +120,15 @@ def test_refusals_are_one_line(saved_bert, tmp_path):
     with pytest.raises(CommandError, match="differ in shape: 12 queries in a, 10 in b"):
         attnpanel_compare(str(a), str(tmp_path / "short.nc"), "-o", str(tmp_path / "r.nc"))
     assert not (tmp_path / "r.nc").exists()
+    page = tmp_path / "r.html"
+    with pytest.raises(CommandError, match="--difference goes with a .nc"):
+        attnpanel_compare(str(a), str(b), "-o", str(page), "--difference")
+    with pytest.raises(CommandError, match="--sample 5 is out of range"):
+        attnpanel_compare(str(a), str(b), "-o", str(page), "--sample", "5")
+    page.write_text("notes")  # something that is no HTML page is never replaced
+    with pytest.raises(CommandError, match="is not an HTML page"):
+        attnpanel_compare(str(a), str(b), "-o", str(page), "--force")
+    assert page.read_text() == "notes"
 
 
 def test_encoder_decoder_captures_compared_by_group(tmp_path, capsys):
@@ -121,3 +157,5 @@ def test_encoder_decoder_captures_compared_by_group(tmp_path, capsys):
     assert printed[4].startswith(f"    1. {layer}")
     assert f"head {head:<3d} js {every[layer, head]:.4g}" in printed[4]
     assert printed[-1] == f"  ... and {len(every) - compare_command.LISTED_HEADS} more"
+    with pytest.raises(CommandError, match="several groups: an HTML report draws"):
+        attnpanel_compare(*map(str, paths), "-o", str(tmp_path / "report.html"))

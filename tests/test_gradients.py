@@ -48,7 +48,8 @@ class ExplicitSDPA(TorchFunctionMode):
             causal = torch.ones(length, length, dtype=torch.bool).tril()
             scores = scores.masked_fill(~causal, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        weights.retain_grad()
+        if weights.requires_grad:
+            weights.retain_grad()
         self.weights.append(weights)
         return weights @ v
 
@@ -90,7 +91,8 @@ def _hf_long_way(model, args, kwargs):
     finally:
         model.set_attn_implementation(previous)
     for weights in out.attentions:
-        weights.retain_grad()
+        if weights.requires_grad:
+            weights.retain_grad()
     return out.last_hidden_state, list(out.attentions)
 
 

@@ -14,6 +14,7 @@ import panel as pn
 import xarray as xr
 from torch import nn
 
+from attnpanel.app.compare_explorer import CompareExplorer
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.groups_explorer import GroupsExplorer
 from attnpanel.app.long_explorer import LongExplorer
@@ -23,7 +24,11 @@ from attnpanel.traces.layers import groups
 from attnpanel.traces.overviews import folder_for
 
 
-def explore(capture: xr.Dataset | xr.DataTree | str | Path, **params) -> pn.viewable.Viewer:
+def explore(
+    capture: xr.Dataset | xr.DataTree | str | Path,
+    compare: xr.Dataset | str | Path | None = None,
+    **params,
+) -> pn.viewable.Viewer:
     """The explorer of a capture: one Dataset, a virtual trace, or every group of a DataTree.
 
     Parameters
@@ -31,6 +36,10 @@ def explore(capture: xr.Dataset | xr.DataTree | str | Path, **params) -> pn.view
     capture : xarray.Dataset, xarray.DataTree, str or pathlib.Path
         What :func:`attnpanel.capture` or :func:`attnpanel.load` returned, or the path of a
         saved trace (``.nc`` or ``.zarr``), read with :func:`attnpanel.load`.
+    compare : xarray.Dataset, str or pathlib.Path, optional
+        A second capture of the same inputs (two checkpoints of one model ...): the
+        comparison page (:class:`CompareExplorer`), A, B and B - A of each head side by
+        side and the heads ranked by divergence.
     **params
         Initial explorer parameters (``sample``, ``head``, ``layer`` ...); for a virtual
         trace also ``folder``, where its overviews are stored (for a path, by default the
@@ -41,13 +50,19 @@ def explore(capture: xr.Dataset | xr.DataTree | str | Path, **params) -> pn.view
 
     Returns
     -------
-    AttentionExplorer, LongExplorer or GroupsExplorer
+    AttentionExplorer, LongExplorer, GroupsExplorer or CompareExplorer
 
     Examples
     --------
     >>> explorer = attnpanel.explore(attnpanel.capture(model, x))  # doctest: +SKIP
     >>> explorer.servable()  # doctest: +SKIP
     """
+    if compare is not None:
+        return CompareExplorer(capture, compare, **params)
+    if isinstance(params.get("survey"), str | Path):
+        from attnpanel.capturing.survey import SurveyStore
+
+        params["survey"] = SurveyStore(Path(params["survey"])).read().load()
     if isinstance(capture, str | Path):
         path = Path(capture)
         capture = io.load(path)

@@ -34,8 +34,10 @@ from attnpanel.app.sections import (
     ModelView,
     Positional,
     Projection,
+    QueryKeyEmbedding,
     Rollout,
     ShapeTable,
+    SurveyView,
     TopAttended,
     ValueAggregation,
 )
@@ -62,6 +64,8 @@ class AttentionExplorer(LayerExplorer):
         **{name: name for name in ("sample", "head", "query", "mask", "stage", "step")},
         "show_projection": "projection",
         "show_merge": "merge",
+        "show_survey": "survey",
+        "show_embedding": "embedding",
     }
 
     def make_sections(self, parts: dict) -> dict:
@@ -71,6 +75,7 @@ class AttentionExplorer(LayerExplorer):
             "sequence": InputSequence(**parts),
             "projection": Projection(**parts),
             "matrix": AttentionMatrix(**parts),
+            "embedding": QueryKeyEmbedding(**parts),
             "rollout": Rollout(**parts),
             "aggregation": ValueAggregation(**parts),
             "top attended": TopAttended(**parts),
@@ -78,6 +83,7 @@ class AttentionExplorer(LayerExplorer):
             "positional": Positional(**parts),
             "heads": HeadComparison(linked=self.linked, **parts),
             "importance": HeadImportance(**parts),
+            "survey": SurveyView(**parts),
             "linked zoom": LinkedZoom(linked=self.linked, **parts),
             "merge": MergeOutput(**parts),
             "shapes": ShapeTable(**parts),
@@ -92,6 +98,7 @@ class AttentionExplorer(LayerExplorer):
             pn.Row(
                 s["projection"],
                 s["matrix"],
+                s["embedding"],
                 s["rollout"],
                 s["aggregation"],
                 sizing_mode="stretch_width",
@@ -102,6 +109,7 @@ class AttentionExplorer(LayerExplorer):
             s["positional"],
             s["heads"],
             s["importance"],
+            s["survey"],
             s["linked zoom"],
             s["merge"],
             s["shapes"],

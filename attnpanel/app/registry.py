@@ -33,7 +33,7 @@ from attnpanel.render.elements import PlotKey, Raster
 from attnpanel.render.figures import box_handles, draw
 from attnpanel.render.push import layers_of, write
 
-LINKED_GROUPS = ("Attention", "HeadMap")  # map groups that zoom together
+LINKED_GROUPS = ("Attention", "HeadMap", "Difference")  # map groups that zoom together
 
 
 @dataclass
@@ -121,7 +121,8 @@ class ViewRegistry:
         active : callable, optional
             ``() -> bool``: the view is skipped while it is False (a hidden plot).
         group : str
-            Group of a regridded map; ``Attention`` and ``HeadMap`` maps zoom together.
+            Group of a regridded map; ``Attention``, ``HeadMap`` and ``Difference`` maps
+            zoom together.
         first : bool
             Drawn in the same message as the change, before the other views.
         follows_layer : bool

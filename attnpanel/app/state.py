@@ -103,6 +103,13 @@ class ExplorerState(param.Parameterized):
         default=False,
         doc=("Show the head merge and the output projection Wo; drawn the first time it is shown."),
     )
+    show_embedding = param.Boolean(
+        default=False,
+        doc=(
+            "Show the shown head's queries and keys in one plane, a box of which marks them "
+            "on the matrix; drawn the first time it is shown."
+        ),
+    )
     step = param.Integer(
         default=0,
         bounds=(0, 7),
@@ -111,7 +118,21 @@ class ExplorerState(param.Parameterized):
             "the walk is closed. A step sets the stage it explains."
         ),
     )
+    show_survey = param.Boolean(
+        default=False,
+        doc=(
+            "Show every head's statistics over every sample (a survey); drawn the first "
+            "time it is shown."
+        ),
+    )
     last_error = param.String(default="", doc="The last error a view reported.")
+    survey = param.ClassSelector(
+        class_=xr.Dataset,
+        default=None,
+        allow_None=True,
+        doc="A survey of the model over the trace's samples (attnpanel.survey), or None: "
+        "with the model at hand, the survey is computed when first shown.",
+    )
     model = param.ClassSelector(
         class_=ModelRun,
         default=None,

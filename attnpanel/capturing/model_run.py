@@ -22,6 +22,7 @@ from torch import nn
 from attnpanel.capturing.ablation import ablate, attention_heads
 from attnpanel.capturing.gradients import attention_gradients
 from attnpanel.capturing.importance import output_tensor, relative_change
+from attnpanel.capturing.survey import survey
 
 CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
 MAX_SERIES = 8  # a default prediction of more channels is drawn as its norm
@@ -93,6 +94,8 @@ class ModelRun:
         self._predictions = _Kept(CACHED_RUNS)  # shared by every session
         self._captures = _Kept(CACHED_CAPTURES)
         self._gradients = _Kept(CACHED_CAPTURES)
+        self._survey: xr.Dataset | None = None
+        self._survey_lock = threading.Lock()
         self._heads: dict[str, int] | None = None
 
     @property
@@ -167,6 +170,20 @@ class ModelRun:
             return capture(self.model, *inputs, **kwargs)
 
         return self._captures.get(sample, compute)
+
+    def survey(self) -> xr.Dataset:
+        """Every head's statistics on every sample of the inputs
+        (:func:`attnpanel.survey`), computed once (by the first caller; the others wait
+        for it) and kept."""
+        with self._survey_lock:
+            if self._survey is None:
+                self._survey = survey(
+                    self.model,
+                    [(self.inputs, self.kwargs)],
+                    prepare=lambda batch: batch,
+                    progress=False,
+                )
+            return self._survey
 
     def gradients(self, sample: int) -> xr.DataArray:
         """``d ||output|| / d a_ij`` of every weight of :meth:`capture` of one sample

@@ -26,6 +26,7 @@ from torch import nn
 from attnpanel.capturing.capture import capture, record_calls
 from attnpanel.capturing.intercept import AttentionRecorder
 from attnpanel.kernels.statistics import NAMES, head_statistics_of
+from attnpanel.traces import screening
 
 FORMAT = "attnpanel-survey"
 VERSION = 1
@@ -238,6 +239,7 @@ class SurveyStore:
             raise SurveyStoreError(f"no survey store at {self.path}")
         if attrs.get("format") != FORMAT:
             raise SurveyStoreError(f"{self.path} is not an attnpanel survey store")
+        screening.refuse_unsafe_storage(self.path, "zarr")  # links, pickle, bombs
         ds = xr.open_zarr(str(self.path), consolidated=False)
         return ds.isel(sample=slice(0, int(attrs.get("samples_done", 0))))
 

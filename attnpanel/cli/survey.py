@@ -8,7 +8,7 @@ from pathlib import Path
 from attnpanel.cli.common import CommandError, first_line, say
 from attnpanel.cli.models import checkpoint_run, hugging_face_model, model_inputs
 
-TOP = 5  # heads listed per statistic
+EXTREMES = 5  # heads listed per statistic
 
 
 def survey_lines(found) -> list[str]:
@@ -29,7 +29,7 @@ def survey_lines(found) -> list[str]:
         if stat not in means:
             continue
         series = means[stat].to_series().dropna()
-        series = series.nsmallest(TOP) if order == "least" else series.nlargest(TOP)
+        series = series.nsmallest(EXTREMES) if order == "least" else series.nlargest(EXTREMES)
         picks = ", ".join(
             f"{layer} head {head}: {value:.3g}" for (layer, head), value in series.items()
         )

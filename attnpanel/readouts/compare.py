@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from attnpanel.traces import virtual
@@ -121,6 +122,50 @@ def compare(
     )
     tree.attrs = attrs
     return tree
+
+
+def ranked_heads(comparison: xr.Dataset) -> pd.DataFrame:
+    """Every head of a comparison, most different first (the order a page ranks them in).
+
+    Parameters
+    ----------
+    comparison : xarray.Dataset
+        What :func:`compare` returns for two Datasets (``js``, ``max_abs`` and ``rows``
+        per head, per ``layer`` where the captures have layers).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (layer, head) by descending ``js``, heads without a real query row
+        (NaN ``js``) last: ``layer`` (the layer's position, 0 for a one-layer capture),
+        ``layer_name`` (its module name, or ``""``), ``head`` (its position), ``js``,
+        ``max_abs``, ``rows``.
+    """
+    numbers = comparison[["js", "max_abs", "rows"]]
+    if "layer" not in numbers.dims:
+        name = str(numbers["layer"].values) if "layer" in numbers.coords else ""
+        numbers = numbers.drop_vars("layer", errors="ignore").expand_dims(layer=[name])
+    names = [str(n) for n in numbers["layer"].values] if "layer" in numbers.coords else None
+    rows = []
+    for index in range(numbers.sizes["layer"]):
+        layer = numbers.isel(layer=index)
+        for position in range(layer.sizes["head"]):
+            head = layer.isel(head=position)
+            rows.append(
+                {
+                    "layer": index,
+                    "layer_name": names[index] if names else "",
+                    "head": position,
+                    "js": float(head["js"]),
+                    "max_abs": float(head["max_abs"]),
+                    "rows": int(head["rows"]),
+                }
+            )
+    table = pd.DataFrame(rows, columns=["layer", "layer_name", "head", "js", "max_abs", "rows"])
+    # stable: equal divergences keep the capture's order
+    return table.sort_values("js", ascending=False, na_position="last", kind="stable").reset_index(
+        drop=True
+    )
 
 
 def _kind(capture) -> str:

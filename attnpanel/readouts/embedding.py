@@ -318,3 +318,77 @@ def _umap(points: np.ndarray) -> np.ndarray:
             "pip install attnpanel[umap] (or pip install umap-learn)"
         ) from error
     return np.asarray(umap.UMAP(n_components=2, random_state=0).fit_transform(points), np.float64)
+
+
+def matrix_positions(trace: xr.Dataset, embedding: xr.Dataset) -> np.ndarray:
+    """Each point's place on the trace's attention matrix: a query point's row (its index
+    along ``query``), a key point's column (along ``key``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The one layer the embedding was made from (``qk_embedding(trace, head=...)``).
+    embedding : xarray.Dataset
+        Points along ``point`` with ``kind`` and ``position`` (the trace's labels).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(point,)`` int64.
+    """
+    kinds = embedding["kind"].values
+    labels = embedding["position"].values
+    found = np.empty(len(labels), dtype=np.int64)
+    for kind, dim in (("query", "position"), ("key", _keys_dim(trace))):
+        chosen = kinds == kind
+        found[chosen] = _index_of(trace, dim, labels[chosen])
+    return found
+
+
+def sample_label(trace: xr.Dataset, sample: int):
+    """The ``sample`` coordinate the embedding gives the points of batch index ``sample``."""
+    return _labels(trace, "batch", trace.sizes["batch"])[sample]
+
+
+def box_positions(
+    trace: xr.Dataset, embedding: xr.Dataset, sample: int, x_range, y_range
+) -> tuple[np.ndarray, np.ndarray]:
+    """The queries and keys of one sample whose points lie in a box of the embedding.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The one layer the embedding was made from.
+    embedding : xarray.Dataset
+        What :func:`qk_embedding` returned for it.
+    sample : int
+        The batch index whose points count.
+    x_range, y_range : tuple of float
+        The box, edges included.
+
+    Returns
+    -------
+    queries, keys : numpy.ndarray
+        Sorted int64 rows (query positions) and columns (key positions) of the sample's
+        attention matrix.
+    """
+    (x0, x1), (y0, y1) = sorted(map(float, x_range)), sorted(map(float, y_range))
+    x, y = embedding["x"].values, embedding["y"].values
+    inside = (x >= x0) & (x <= x1) & (y >= y0) & (y <= y1)
+    inside &= embedding["sample"].values == sample_label(trace, sample)
+    positions = matrix_positions(trace, embedding)
+    kinds = embedding["kind"].values
+    return (
+        np.unique(positions[inside & (kinds == "query")]),
+        np.unique(positions[inside & (kinds == "key")]),
+    )
+
+
+def _index_of(ds: xr.Dataset, dim: str, labels: np.ndarray) -> np.ndarray:
+    """Indices along ``dim`` of its coordinate's ``labels`` (the labels themselves when the
+    dim has no coordinate)."""
+    if dim not in ds.coords:
+        return np.asarray(labels, dtype=np.int64)
+    values = ds[dim].values
+    order = np.argsort(values, kind="stable")
+    return order[np.searchsorted(values, labels, sorter=order)].astype(np.int64)

@@ -105,19 +105,21 @@ def color_limits(values: np.ndarray, floor: float | None = None) -> tuple[float,
     return (low, high if high > low else low + 1e-9)
 
 
-def image_limits(values: np.ndarray) -> tuple[float, float]:
+def image_limits(values: np.ndarray, centred: bool = False) -> tuple[float, float]:
     """The colour scale of a drawn map, the one rule every map, render and update follows.
 
     A map of values >= 0 (weights) runs from 0 to its 99.5th percentile, so that 0 always
     has the lowest colour and maps compare; a map with negative values (raw or scaled
     scores, weight matrices) is centred on 0, so that a diverging colormap's middle colour
-    means 0, out to the 99.5th percentile of its magnitude. :func:`scale_title` states the
-    rule in a colour bar's title.
+    means 0, out to the 99.5th percentile of its magnitude. ``centred``: a signed map by
+    nature (a difference ``b - a``) is centred on 0 even where the values shown happen to
+    have one sign (a zoomed window, two equal maps). :func:`scale_title` states the rule in
+    a colour bar's title.
     """
     finite = values[np.isfinite(values)]
     if finite.size == 0:
-        return (0.0, 1.0)
-    if float(finite.min()) < 0:  # signed: centred on 0
+        return (-1.0, 1.0) if centred else (0.0, 1.0)
+    if centred or float(finite.min()) < 0:  # signed: centred on 0
         magnitude = np.abs(finite)
         reach = float(np.percentile(magnitude, COLOR_TOP_PERCENTILE)) or float(magnitude.max())
         return (-reach, reach) if reach > 0 else (-1e-9, 1e-9)

@@ -14,6 +14,9 @@ import numpy as np
 # Groups whose curves are told apart by their label (one curve per series, each its own
 # models); a label of another group changes with the selection and is not part of its key.
 LABELLED_GROUPS = ("Sequence", "Prediction")
+# Groups of maps that are signed by nature (a difference b - a): their colour scale is
+# centred on 0 whatever the values shown (``image_limits(..., centred=True)``).
+CENTRED_GROUPS = ("Difference",)
 
 
 class PlotKey(NamedTuple):

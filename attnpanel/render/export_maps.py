@@ -65,11 +65,14 @@ def display_resolution(weights: xr.DataArray, size: int) -> np.ndarray:
     return reduced.astype(np.float32)
 
 
-def _encode(values: np.ndarray) -> tuple[str, tuple[float, float]]:
-    """Quantise a map to uint8 (255 = masked), zlib + base64 encoded, with its (low, top)."""
+def encode_map(values: np.ndarray, centred: bool = False) -> tuple[str, tuple[float, float]]:
+    """Quantise a map to uint8 (255 = masked), zlib + base64 encoded, with its (low, top).
+
+    ``centred``: a signed map (a difference) whose scale is centred on 0 (``image_limits``).
+    """
     # the explorer's one colour rule: weights from 0 to their 99.5th percentile (a few sharp
     # cells must not push the rest of the map into one colour)
-    low, top = image_limits(values)
+    low, top = image_limits(values, centred)
     scaled = np.clip(np.round((np.nan_to_num(values) - low) / (top - low) * LEVELS), 0, LEVELS)
     levels = np.where(np.isnan(values), MASKED, scaled)
     raw = levels.astype(np.uint8).tobytes()
@@ -137,7 +140,7 @@ def export_maps(
                 weights = weights.where(~xr.DataArray(blocked, dims=("query", "key")))
             values = display_resolution(weights, size)
             n = values.shape[0]
-            encoded, scale = _encode(values)
+            encoded, scale = encode_map(values)
             maps[mask].append(encoded)
             scales[mask].append(scale)
     return {"n": n, "length": ds.sizes["query"], "masks": masks, "maps": maps, "scales": scales}
@@ -228,7 +231,7 @@ class OverviewMaps:
         factor = self.side // n
         maps, scales = {}, {}
         for mask, heads in self.found.items():
-            encoded = [_encode(_coarsened(found, self.length, factor)) for found in heads]
+            encoded = [encode_map(_coarsened(found, self.length, factor)) for found in heads]
             maps[mask] = [text for text, _ in encoded]
             scales[mask] = [scale for _, scale in encoded]
         return {"n": n, "length": self.length, "masks": self.masks, "maps": maps, "scales": scales}

@@ -42,7 +42,7 @@ from attnpanel.render.palette import HIGHLIGHT, curve_styles, head_color
 from attnpanel.traces import virtual
 
 
-class _SelfContained(Resources):
+class SelfContained(Resources):
     """Bokeh's inline resources without the script and style URLs of other libraries' models.
 
     Bokeh adds the ``__javascript__`` and ``__css__`` of every model class registered in the
@@ -55,7 +55,7 @@ class _SelfContained(Resources):
         return []
 
     def clone(self, *, components=None):
-        return _SelfContained(
+        return SelfContained(
             mode="inline", components=components if components is not None else self.components
         )
 
@@ -405,4 +405,4 @@ def page_html(
     document = Document()
     document.add_root(layout)
     document.js_on_event("document_ready", callback)
-    return file_html(document, resources=_SelfContained(mode="inline"), title=title)
+    return file_html(document, resources=SelfContained(mode="inline"), title=title)

@@ -44,6 +44,7 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
+from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.styling import LOOK
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
@@ -329,7 +330,8 @@ def _image(fig, layer: hv.Image, style: dict, cmap, clim) -> dict:
     source = ColumnDataSource(
         dict(image=[values], x=[left], y=[bottom], dw=[right - left], dh=[top - bottom])
     )
-    low, high = image_limits(values) if clim is None else clim  # the one rule
+    centred = layer.group in CENTRED_GROUPS
+    low, high = image_limits(values, centred) if clim is None else clim  # the one rule
     mapper = LinearColorMapper(
         palette=palette(cmap or style.pop("cmap", "viridis")),
         low=low,

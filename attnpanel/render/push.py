@@ -13,7 +13,7 @@ import holoviews as hv
 import numpy as np
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.elements import PlotKey, Raster
+from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
 from attnpanel.render.figures import axis_number, table_html
 
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
@@ -50,7 +50,8 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
             if "glyph_renderer" in handles:
                 handles["glyph_renderer"].visible = True
             if extent is not None:
-                lo, hi = figures.get(id(figure), (figure, (np.inf, -np.inf)))[1]
+                # a layer on a fixed axis (None) beside one that rescales it
+                lo, hi = figures.get(id(figure), (figure, None))[1] or (np.inf, -np.inf)
                 figures[id(figure)] = (figure, (min(lo, extent[0]), max(hi, extent[1])))
             else:
                 figures.setdefault(id(figure), (figure, None))
@@ -91,7 +92,7 @@ def push(handles: dict, element):
         )
         mapper = handles.get("color_mapper")
         if mapper is not None:
-            mapper.low, mapper.high = image_limits(image)
+            mapper.low, mapper.high = image_limits(image, element.group in CENTRED_GROUPS)
         colorbar = handles.get("colorbar")
         if colorbar is not None and colorbar.title:  # a titled bar states the rule
             label = element.value_label or handles.get("colorbar_label", "")

@@ -43,6 +43,10 @@ LOOK = {
     ("Image", "Positional"): dict(cmap="RdBu_r"),
     ("Image", "Importance"): dict(cmap="Blues", nan_color="white"),
     ("Image", "Rollout"): dict(cmap="Greys", nan_color="white"),
+    # b - a of two captures: the weight matrices' diverging map, masked cells black
+    ("Image", "Difference"): dict(cmap="RdBu_r", nan_color="black"),
+    ("Rectangles", "Ranking"): dict(line_color=None),
+    ("Labels", "Ranking"): dict(text_font_size="8pt", text_color="#333333"),
     ("Curve", "Prediction"): dict(line_width=1.2),
     ("HeatMap", "Values"): dict(cmap="RdBu_r"),
 }
@@ -114,6 +118,17 @@ def options(width: int = 400, height: int = 160) -> list:
             title="{label}",
         ),
         hv.opts.Image("Weight", invert_yaxis=True, tools=["hover"], title="{label}"),
+        # b - a: centred on 0, as the served page draws it (image_limits(centred=True))
+        hv.opts.Image(
+            "Difference",
+            symmetric=True,
+            colorbar=True,
+            cformatter="%.3g",
+            tools=["hover"],
+            invert_yaxis=True,
+            title="{label}",
+            toolbar="above",
+        ),
         hv.opts.HeatMap(
             "Values",
             tools=["hover"],

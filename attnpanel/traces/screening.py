@@ -3,7 +3,8 @@
 A file is refused, with a message naming it and the reason, when reading it could run code
 (a zarr codec that unpickles), reach outside it (external links, external storage, virtual
 datasets, symbolic links inside a store) or need more memory than may be used (declared
-sizes of the whole trace, of one stored or dask chunk, of one sample of an attention map).
+sizes of the whole trace, of one stored or dask chunk, of one sample of an attention map;
+a stored chunk that decodes past its declared size, :mod:`attnpanel.traces.bombs`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
+
+from attnpanel.kernels.memory import available_memory
+from attnpanel.traces import bombs
 
 _ZARR_METADATA = {".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"}
 
@@ -119,19 +123,6 @@ def _zarr_shape(metadata_path: Path, shape) -> tuple[int, ...]:
     raise ValueError(f"{metadata_path} declares the shape {shape!r}, which is not a list of sizes")
 
 
-def _zarr_itemsize(dtype) -> int:
-    """Bytes per element of a zarr v2 ``dtype`` or v3 ``data_type``; 8 (one pointer) where
-    numpy cannot tell, as for variable-length strings."""
-    if isinstance(dtype, dict):  # a v3 data type with a configuration
-        configuration = dtype.get("configuration")
-        length = configuration.get("length_bytes") if isinstance(configuration, dict) else None
-        return length if isinstance(length, int) and length > 0 else 8
-    try:
-        return np.dtype(dtype).itemsize
-    except (TypeError, ValueError):
-        return 8
-
-
 def _zarr_arrays(metadata_path: Path, metadata, name: str) -> list[_Declared]:
     """The arrays a metadata document declares: itself (``.zarray``, an array's
     ``zarr.json``) or those it consolidates (``.zmetadata``, a group's ``zarr.json``)."""
@@ -140,7 +131,7 @@ def _zarr_arrays(metadata_path: Path, metadata, name: str) -> list[_Declared]:
     if "shape" in metadata and ("dtype" in metadata or "data_type" in metadata):
         shape = _zarr_shape(metadata_path, metadata["shape"])
         dtype = metadata.get("dtype", metadata.get("data_type"))
-        return [_Declared(name, shape, _zarr_itemsize(dtype))]
+        return [_Declared(name, shape, bombs.zarr_itemsize(dtype))]
     found = []
     for key, value in metadata.items():
         child = name
@@ -150,14 +141,15 @@ def _zarr_arrays(metadata_path: Path, metadata, name: str) -> list[_Declared]:
     return found
 
 
-def _inspect_zarr(path: Path) -> list[_Declared]:
-    """Every array a zarr store declares; links, code-running codecs and oversized or
-    invalid metadata (``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``, ``zarr.json``)
-    are refused."""
+def _inspect_zarr(path: Path) -> tuple[list[_Declared], list[tuple[Path, object]], list[Path]]:
+    """Every array a zarr store declares, its metadata documents and its files; links,
+    code-running codecs and oversized or invalid metadata (``.zarray``, ``.zgroup``,
+    ``.zattrs``, ``.zmetadata``, ``zarr.json``) are refused."""
     if not path.is_dir():
         raise ValueError(f"cannot read {path} as a zarr trace: a .zarr trace is a directory")
-    declared = []
-    for file in _store_files(path):
+    declared, documents = [], []
+    files = _store_files(path)
+    for file in files:
         if file.name not in _ZARR_METADATA:
             continue
         metadata = _read_metadata(file)
@@ -167,7 +159,8 @@ def _inspect_zarr(path: Path) -> list[_Declared]:
             declared.extend(_zarr_arrays(file, metadata, "" if folder == "." else folder))
         except RecursionError as error:
             raise ValueError(f"{file} is not valid zarr metadata: nested too deeply") from error
-    return declared
+        documents.append((file, metadata))
+    return declared, documents, files
 
 
 def _refuse_external_links(path: Path, handle) -> None:
@@ -228,15 +221,20 @@ def _inspect_netcdf(path: Path) -> list[_Declared]:
     return declared
 
 
-def refuse_unsafe_storage(path: Path, fmt: str, budget: int) -> None:
+def refuse_unsafe_storage(path: Path, fmt: str, budget: int | None = None) -> None:
     """Refuse, before any data is read, what no trace holds: code to run, data kept in
-    other files, or coordinates too large to index.
+    other files, coordinates too large to index, or a stored chunk that is, or decodes
+    to, more than its array declares (a compression bomb).
 
     Opening a file reads every 1-D coordinate whole (xarray makes them indexes), so all
-    1-D arrays must fit in ``budget`` bytes.
+    1-D arrays must fit in ``budget`` bytes (by default, the memory that may be used).
     """
+    budget = available_memory() if budget is None else budget
     try:
-        declared = _inspect_zarr(path) if fmt == "zarr" else _inspect_netcdf(path)
+        if fmt == "zarr":
+            declared, documents, files = _inspect_zarr(path)
+        else:
+            declared = _inspect_netcdf(path)
     except OSError as error:  # an unreadable folder or file of a store
         raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
     indexes = [array for array in declared if len(array.shape) == 1]
@@ -248,6 +246,13 @@ def refuse_unsafe_storage(path: Path, fmt: str, budget: int) -> None:
             f"({largest.name} has shape {largest.shape}), but only {_size(budget)} of memory "
             "may be used"
         )
+    try:
+        if fmt == "zarr":
+            bombs.refuse_zarr_bombs(path, documents, files)
+        else:
+            bombs.refuse_hdf5_bombs(path)
+    except OSError as error:
+        raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
 
 
 def _stored_chunk_bytes(var: xr.Variable) -> int:

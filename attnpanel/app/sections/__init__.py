@@ -8,6 +8,7 @@ render it with ``self.engine.render``; ``AttentionExplorer`` only composes the s
 from attnpanel.app.sections.aggregation import ValueAggregation
 from attnpanel.app.sections.base import Section
 from attnpanel.app.sections.controls import Controls
+from attnpanel.app.sections.embedding import QueryKeyEmbedding
 from attnpanel.app.sections.heads import HeadComparison, LinkedZoom
 from attnpanel.app.sections.importance import HeadImportance
 from attnpanel.app.sections.matrix import AttentionMatrix
@@ -17,6 +18,7 @@ from attnpanel.app.sections.projection import Projection
 from attnpanel.app.sections.rollout import Rollout
 from attnpanel.app.sections.sequence import InputSequence
 from attnpanel.app.sections.shapes import ShapeTable
+from attnpanel.app.sections.survey import SurveyView
 from attnpanel.app.sections.walk import GuidedWalk
 
 __all__ = [
@@ -31,9 +33,11 @@ __all__ = [
     "ModelView",
     "Positional",
     "Projection",
+    "QueryKeyEmbedding",
     "Rollout",
     "Section",
     "ShapeTable",
+    "SurveyView",
     "TopAttended",
     "ValueAggregation",
 ]

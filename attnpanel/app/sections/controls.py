@@ -6,6 +6,7 @@ import panel as pn
 
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts.core import layer_names, reference_name
+from attnpanel.render.styling import WRAP
 from attnpanel.traces.schema import STAGES
 
 STAGE_NAMES = {
@@ -101,6 +102,12 @@ class Controls(Section):
         widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
             state.param.show_head_average, name="head average beside the head maps"
         )
+        widgets["show_embedding"] = pn.widgets.Checkbox.from_param(
+            state.param.show_embedding, name="Q/K embedding"
+        )
+        widgets["show_survey"] = pn.widgets.Checkbox.from_param(
+            state.param.show_survey, name="every sample (survey)"
+        )
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):
                 widget.margin = (28, 5, 0, 5)  # level with the player's slider
@@ -129,9 +136,12 @@ class Controls(Section):
                         "show_reference",
                         "show_positional",
                         "show_head_average",
+                        "show_survey",
+                        "show_embedding",
                     )
                 ),
                 sizing_mode="stretch_width",
+                stylesheets=[WRAP],  # the toggles wrap under the player on a narrow page
             ),
             sizing_mode="stretch_width",
             margin=0,

@@ -1,0 +1,128 @@
+"""Every head over every sample: a survey's statistics (:func:`attnpanel.survey`).
+
+One statistic of one layer at a time, each head's distribution over the samples
+(:mod:`attnpanel.render.survey_views`): its quartiles, whiskers and every sample as a
+point, the shown sample larger. A click on a point opens that sample. The survey is the
+explorer's own (``explore(capture, survey=...)``), or, with the model at hand, computed
+over the trace's samples the first time the section is shown.
+"""
+
+from __future__ import annotations
+
+import panel as pn
+import xarray as xr
+
+from attnpanel.app.sections.base import Section
+from attnpanel.render import survey_views
+
+PLOT_SIZE = (760, 300)
+NEEDS_SURVEY = (
+    "A survey needs the model or a survey of it: the served demo has the model; for your "
+    "own, `attnpanel.explore(capture, survey=attnpanel.survey(model, batches))` or "
+    "`model=...` (the survey is then taken over this trace's samples)."
+)
+
+
+class SurveyView(Section):
+    """One statistic of one layer, every head's distribution over the samples."""
+
+    title = "Every head over every sample (survey)"
+    shown_by = "show_survey"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.status = pn.pane.Markdown("", margin=(0, 10))
+        self.statistic = pn.widgets.Select(label="Statistic", width=260)
+        self.layer = pn.widgets.Select(label="Layer", width=260)
+
+    def survey(self) -> xr.Dataset | None:
+        """The explorer's survey, else the model's over the trace's samples, else None."""
+        if self.state.survey is not None:
+            return self.state.survey
+        if self.state.model is not None:
+            return self.state.model.survey()
+        return None
+
+    def shown_layer(self, found: xr.Dataset) -> str:
+        """The survey's layer of the shown trace (its own name where it has one)."""
+        names = [str(n) for n in found["layer"].values]
+        candidates = []
+        if "layer" in self.trace.coords and self.trace["layer"].ndim == 0:
+            candidates.append(str(self.trace["layer"].item()))
+        if self.state.model is not None:
+            candidates += list(self.state.model.layers)
+        return next((name for name in candidates if name in names), names[-1])
+
+    def values(self) -> xr.DataArray:
+        """The chosen statistic of the chosen layer, ``(sample, head)``."""
+        found = self.survey()
+        return found[self.statistic.value].sel(layer=self.layer.value)
+
+    def build(self):
+        found = self.survey()
+        if found is None:
+            return pn.Column(self.heading(), pn.pane.Markdown(NEEDS_SURVEY, margin=(0, 10)))
+        statistics = [name for name in found.data_vars if found[name].dims[-1] == "head"]
+        self.statistic.options = {survey_views.label(name): name for name in statistics}
+        self.statistic.value = statistics[0]
+        self.layer.options = [str(n) for n in found["layer"].values]
+        self.layer.value = self.shown_layer(found)
+        for widget in (self.statistic, self.layer):
+            widget.param.watch(self._on_choice, "value")
+        samples = found.sizes["sample"]
+        note = (
+            f"{samples} samples: per head the box spans the 25th to 75th percentile, the "
+            "whiskers the 5th to 95th; each point is a sample (the shown one larger). A click "
+            "on a point opens its sample."
+        )
+        return pn.Column(
+            self.heading(),
+            pn.pane.Markdown(note, margin=(0, 10)),
+            pn.Row(self.statistic, self.layer),
+            self._plot(),
+            self.status,
+            margin=0,
+        )
+
+    def _plot(self):
+        def build(sel):
+            title = f"{self.layer.value}: {survey_views.label(self.statistic.value)}"
+            return survey_views.distribution(self.values(), sel.sample).relabel(title)
+
+        element = self.engine.add("survey", build, ["sample"], "survey", follows_layer=False)
+        width, height = PLOT_SIZE
+        style = dict(
+            width=width,
+            height=height,
+            tools=("hover", "tap"),
+            xticks=[(h, f"head {h}") for h in range(int(self.values().sizes["head"]))],
+            layer_style={
+                "whiskers": dict(fill_color="#555555", line_color=None),
+                "boxes": dict(fill_color="#9ecae1", fill_alpha=0.55, line_color="#3182bd"),
+                "medians": dict(fill_color="#08306b", line_color=None),
+                "samples": dict(size=4, color="#636363", alpha=0.55),
+                "shown": dict(size=10, color="#e6550d", line_color="black"),
+            },
+            cmap="Greys",
+        )
+        return self.engine.render(element, "survey", style=style, on_tap=self.click)
+
+    def _on_choice(self, _event) -> None:
+        self.engine.redraw(lambda view: view.pane == "survey")
+
+    def click(self, x=None, y=None) -> None:
+        """A click on a point: open its sample (one of this trace's)."""
+        if x is None or y is None:
+            return
+        sample = survey_views.nearest_sample(self.values(), float(x), float(y))
+        if sample is None:
+            return
+        batch = self.trace.sizes["batch"]
+        if sample < batch:
+            self.status.object = ""
+            self.engine.soon(self.state.param.update, sample=sample)
+        else:
+            self.status.object = (
+                f"sample {sample} of the survey is not in this trace ({batch} samples): "
+                "capture it to open its map"
+            )
