@@ -318,6 +318,67 @@ def test_the_rollout_sits_beside_the_matrix_and_weighs_by_gradient(app, artifact
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 
+SURVEY_JS = """(group) => {
+  const pv = attn.plots().find((v) => v.model.title.text.includes(': entropy (nats)') ||
+                                      v.model.title.text.includes(': distance'));
+  const r = pv.model.renderers.find((r) => r.glyph.type === 'Scatter' &&
+                                           r.data_source.data.value.length === group);
+  return [pv.model.title.text, Array.from(r.data_source.data.head),
+          Array.from(r.data_source.data.value)];
+}"""
+
+
+def test_the_survey_shows_every_sample_of_the_models_own_statistics(app, artifacts):
+    """Ticked in the controls: each head's entropy over the 32 windows, as the demo model's
+    own survey computes it; a click on a point opens that window."""
+    from served_app import click_checkbox
+
+    from attnpanel.nilm.demo import demo_model_run
+    from attnpanel.render.survey_views import jitter
+
+    page, console = app
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    click_checkbox(page, "every sample (survey)")
+    page.wait_for_function(
+        "() => attn.plots().some((v) => v.model.title.text.endsWith(': entropy (nats)'))",
+        timeout=120_000,
+    )
+    title, heads, values = page.evaluate(SURVEY_JS, 32 * 8)
+    assert title == "encoder.2.attention: entropy (nats)"
+    own = demo_model_run().survey()["entropy"].sel(layer="encoder.2.attention").values
+    drawn = np.stack([np.asarray(values)[np.round(heads).astype(int) == h] for h in range(8)], 1)
+    np.testing.assert_allclose(drawn, own, rtol=1e-5)
+    page.evaluate(
+        "attn.plots().find((v) => v.model.title.text.endsWith(': entropy (nats)'))"
+        ".el.scrollIntoView({block: 'center'})"
+    )
+    shot(page, artifacts, "survey_1600")
+    page.set_viewport_size({"width": 1280, "height": 1300})
+    page.wait_for_timeout(500)
+    shot(page, artifacts, "survey_1280")
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    page.wait_for_timeout(500)
+    # a click on window 9's point of head 4 opens window 9
+    target = 9
+    point = page.evaluate(
+        "([x, y]) => { const pv = attn.plots().find((v) =>"
+        " v.model.title.text.endsWith(': entropy (nats)'));"
+        " const f = pv.frame; const b = pv.el.getBoundingClientRect();"
+        " return {x: b.left + f.x_scale.compute(x), y: b.top + f.y_scale.compute(y)}; }",
+        [4 + float(jitter(32)[target]), float(own[target, 4])],
+    )
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_function(f"() => attn.widget('Sample').value === {target}")
+    page.wait_for_function(  # the shown window's points move to it
+        f"() => Math.abs(({SURVEY_JS})(8)[2][4] - {float(own[target, 4])}) < 1e-4"
+    )
+    title, heads, values = page.evaluate(SURVEY_JS, 8)
+    np.testing.assert_allclose(values, own[target], rtol=1e-5)
+    click_checkbox(page, "every sample (survey)")
+    set_widget(page, "Sample", 0)
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
 SUMMARY_JS = """() => {
   const table = attn.views().find((v) => v.model && v.model.type === "Div" &&
                                    v.model.text.includes("entropy"));
