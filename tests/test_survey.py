@@ -49,11 +49,12 @@ def own_attention(name):
     return case, model, args, kwargs, weights, padded
 
 
-@pytest.mark.parametrize("name", ["nanogpt_sdpa_causal", "nilmformer_real", "bert_padding"])
+@pytest.mark.parametrize(
+    "name", ["nanogpt_sdpa_causal", "nilmformer_real", "bert_padding", "torch_encoder_padding"]
+)
 def test_survey_statistics_are_the_definitions_on_the_models_own_attention(name):
     case, model, args, kwargs, weights, padded = own_attention(name)
-    batch = (args[0],) if args else kwargs
-    found = survey(model, [batch], progress=False)
+    found = survey(model, [(args, kwargs)], prepare=lambda batch: batch, progress=False)
     assert found.sizes["layer"] == len(weights)
     for index, a in enumerate(weights):
         expected = long_statistics(a, padded)

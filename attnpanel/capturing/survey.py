@@ -144,9 +144,10 @@ class Surveyor:
 
 
 class _Summarising(AttentionRecorder):
-    """A recorder that summarises each attention call once the next one starts (its
-    ``weights @ v`` is done by then) and drops its weights: a batch holds the weights of
-    two layers at most, not of every layer."""
+    """A recorder that summarises each attention call as soon as it is whole and drops its
+    weights: at once where the call brings its values (SDPA, ``nn.MultiheadAttention``),
+    else once the next call starts (its ``weights @ v`` is done by then). A batch holds the
+    weights of one layer, two at most, never of every layer."""
 
     def __init__(self, surveyor: Surveyor):
         super().__init__(dense=True)
@@ -154,11 +155,13 @@ class _Summarising(AttentionRecorder):
         self.summaries: list[dict[str, torch.Tensor]] = []
 
     def record_call(self, call) -> None:
-        self._summarise()
+        self._summarise(len(self.calls))  # every earlier call is whole now
         super().record_call(call)
+        if call.v is not None:
+            self._summarise(len(self.calls))
 
-    def _summarise(self) -> None:
-        while len(self.summaries) < len(self.calls):
+    def _summarise(self, upto: int) -> None:
+        while len(self.summaries) < upto:
             index = len(self.summaries)
             call = self.calls[index]
             if call.unsupported or call.weights is None:  # record_calls says why
@@ -170,7 +173,7 @@ class _Summarising(AttentionRecorder):
 
     def finish(self) -> None:
         """Summarise the last call."""
-        self._summarise()
+        self._summarise(len(self.calls))
 
 
 def _statistics(surveyor: Surveyor, batch, prepare) -> dict[str, np.ndarray]:
