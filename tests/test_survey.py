@@ -187,3 +187,30 @@ def test_a_two_worker_cluster_survey_equals_the_one_here(nanogpt):
         there = survey(model, batches, scheduler=client, progress=False)
     xr.testing.assert_allclose(there, here)
     np.testing.assert_array_equal(there["entropy"].values, here["entropy"].values)
+
+
+def test_statistics_from_scores_equal_those_from_the_weights_and_check_the_output():
+    """The block-by-block path (SDPA's weights never formed) against the weights path, with
+    a padding mask, a causal mask and an additive bias; a wrong output is caught."""
+    from attnpanel.kernels.attention import attention_weights
+    from attnpanel.kernels.statistics import head_statistics_of, head_statistics_of_scores
+
+    generator = torch.Generator().manual_seed(3)
+    batch, heads, length, width = 3, 4, 37, 8
+    q, k, v = (torch.randn(batch, heads, length, width, generator=generator) for _ in range(3))
+    padded = torch.zeros(batch, length, dtype=torch.bool)
+    padded[1, 30:] = True
+    blocked = padded[:, None, None, :] | torch.ones(length, length, dtype=torch.bool).triu(1)
+    bias = torch.randn(1, heads, length, length, generator=generator)
+    norms = torch.rand(batch, heads, length, generator=generator) + 0.1
+    for mask_bias in (None, bias):
+        weights = attention_weights(q, k, blocked, 0.3, bias=mask_bias)
+        context = weights @ v
+        found, error = head_statistics_of_scores(q, k, 0.3, blocked, mask_bias, norms, v, context)
+        expected = head_statistics_of(weights, blocked.all(dim=1).all(dim=1), norms)
+        assert error < 1e-5
+        assert set(found) == set(expected)
+        for name, values in expected.items():
+            np.testing.assert_allclose(found[name], values, rtol=2e-5, atol=1e-7, err_msg=name)
+    _, error = head_statistics_of_scores(q, k, 0.3, blocked, bias, None, v, context + 0.5)
+    assert error == pytest.approx(0.5, abs=1e-4)

@@ -218,6 +218,11 @@ class AttentionRecorder(TorchFunctionMode):
         (:func:`attnpanel.traces.virtual.wants_dense`).
     """
 
+    # A recorder that computes what it needs from q, k and the mask itself (a survey's
+    # statistics, block by block) sets this: an SDPA call then gets no recomputed weights,
+    # and the recorder checks the output it reproduces.
+    defers_weights = False
+
     def __init__(self, dense: bool | None = None):
         super().__init__()
         self.dense = dense

@@ -74,8 +74,9 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
             causal_cells = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
             blocked = union(blocked, causal_cells)
         call.blocked, call.bias = blocked, bias
-        call.weights = recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
-        _check_output(call, _output_error(call.weights, v, result), "the weights from its")
+        if not recorder.defers_weights:  # else the recorder recomputes and checks them
+            call.weights = recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
+            _check_output(call, _output_error(call.weights, v, result), "the weights from its")
     else:
         try:
             if causal:

@@ -24,8 +24,8 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.capture import capture, record_calls
-from attnpanel.capturing.intercept import AttentionRecorder
-from attnpanel.kernels.statistics import NAMES, head_statistics_of
+from attnpanel.capturing.intercept import AttentionRecorder, spread_rows, tolerance
+from attnpanel.kernels.statistics import NAMES, head_statistics_of, head_statistics_of_scores
 from attnpanel.traces import screening
 
 FORMAT = "attnpanel-survey"
@@ -117,15 +117,37 @@ class Surveyor:
         return {stat: np.stack(parts, axis=1) for stat, parts in found.items()}
 
     def summary(self, index: int, call) -> dict[str, torch.Tensor]:
-        """The statistics of one recorded call (the ``index``-th layer), ``(B, H)``."""
+        """The statistics of one recorded call (the ``index``-th layer), ``(B, H)``: from
+        its weights, or, where it deferred them (SDPA), from its q, k and mask block by
+        block, checked against the model's own output."""
+        name = self.layers[index] if index < len(self.layers) else ""
+        norms = self._norms(name, call)
+        if call.weights is None:
+            found, error = head_statistics_of_scores(
+                call.q,
+                call.k,
+                call.scale,
+                call.blocked,
+                call.bias,
+                norms,
+                call.v,
+                call.context,
+                checked=spread_rows(call.q.shape[-2]),  # as capture checks a long call
+            )
+            allowed = tolerance(call.dtype) * max(1.0, float(call.v.abs().max()))
+            if not error <= allowed:
+                raise ValueError(
+                    f"layer {name!r}: its q, k and mask do not reproduce the output of its "
+                    f"scaled_dot_product_attention call (max error {error:.3g})"
+                )
+            return found
         batch, heads = call.q.shape[:2]
         weights = call.weights.reshape(batch, heads, *call.weights.shape[-2:])
         padding = None
         if call.blocked is not None:
             blocked = call.blocked.expand(batch, heads, *weights.shape[-2:])
             padding = blocked.all(dim=1).all(dim=1)  # (B, S): keys no query may see
-        name = self.layers[index] if index < len(self.layers) else ""
-        return head_statistics_of(weights, padding, self._norms(name, call))
+        return head_statistics_of(weights, padding, norms)
 
     def _norms(self, name: str, call) -> torch.Tensor | None:
         """``|| v_j W_o^h ||`` as ``sqrt(v_j G_h v_j)``, ``G_h = W_o^hT W_o^h`` (``E x E``:
@@ -149,6 +171,8 @@ class _Summarising(AttentionRecorder):
     else once the next call starts (its ``weights @ v`` is done by then). A batch holds the
     weights of one layer, two at most, never of every layer."""
 
+    defers_weights = True  # SDPA's weights: recomputed here, block by block
+
     def __init__(self, surveyor: Surveyor):
         super().__init__(dense=True)
         self.surveyor = surveyor
@@ -164,8 +188,9 @@ class _Summarising(AttentionRecorder):
         while len(self.summaries) < upto:
             index = len(self.summaries)
             call = self.calls[index]
-            if call.unsupported or call.weights is None:  # record_calls says why
-                self.summaries.append({})
+            readable = call.weights is not None or call.context is not None  # or deferred
+            if call.unsupported or call.virtual is not None or not readable:
+                self.summaries.append({})  # record_calls says why
                 continue
             self.summaries.append(self.surveyor.summary(index, call))
             call.weights = None

@@ -118,21 +118,177 @@ def head_statistics_of(
     batch, heads, length, keys = weights.shape
     if not weights.is_floating_point() or weights.dtype in (torch.float16, torch.bfloat16):
         weights = weights.float()
-    real = torch.ones(batch, length, dtype=torch.bool)
     first = torch.zeros(batch, dtype=torch.long)
-    previous = real.clone()
     if padding is not None:
         padding = padding.to(torch.bool)
-        if length == keys:
-            real = ~padding
-            previous = real.clone()
-            previous[:, 1:] &= ~padding[:, :-1]
         first = (~padding).to(torch.int8).argmax(dim=1)  # the first real key
-    previous[:, 0] = False
     rows = _row_statistics(weights, first, norms)
+    return _row_means(rows, padding, length, keys)
+
+
+def _row_means(
+    rows: dict[str, torch.Tensor], padding: torch.Tensor | None, length: int, keys: int
+) -> dict[str, torch.Tensor]:
+    """Each statistic's mean over a sample's real queries (``(B, H, L)`` -> ``(B, H)``
+    float64); ``previous_share`` over those whose previous position is real."""
+    batch = next(iter(rows.values())).shape[0]
+    real = torch.ones(batch, length, dtype=torch.bool)
+    if padding is not None and length == keys:
+        real = ~padding
+    previous = real.clone()
+    if padding is not None and length == keys:
+        previous[:, 1:] &= ~padding[:, :-1]
+    previous[:, 0] = False
     found = {}
     for name, values in rows.items():
         weight = (previous if name.endswith("previous_share") else real).to(torch.float64)
         count = weight.sum(-1, keepdim=True).clamp_min(1.0)  # (B, 1)
         found[name] = (values.to(torch.float64) * weight[:, None, :]).sum(-1) / count
     return found
+
+
+FILL = -1e30  # a blocked cell's score: exp() of it is 0, and 0 times it is 0 (not NaN)
+
+
+def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, float]:
+    """The row sums of one block of head-samples from its scores (no weights kept), and
+    how far ``weights @ v`` of the ``checked`` rows lies from the model's own ``context``.
+
+    ``q`` comes scaled; ``added``: the bias plus :data:`FILL` at blocked cells (or None).
+    """
+    s = torch.bmm(q, k.transpose(1, 2)) if added is None else torch.baddbmm(added, q, k.mT)
+    a = torch.softmax(s, dim=-1)
+    top = a.amax(-1)
+    # ln a_ij = s_ij - lse_i, and at the row's largest weight: lse = max s - ln(max a)
+    lse = s.amax(-1) - torch.log(top)
+    found = {
+        "entropy": lse - torch.linalg.vecdot(a, s),  # -sum a ln a = lse - sum a s
+        "distance": torch.linalg.vecdot(a, steps),
+        "max_weight": top,
+        "weights": a,
+    }
+    if norms is not None:
+        w = a * norms[:, None, :]
+        weighted = w.sum(-1)
+        safe = torch.where(weighted > 0, weighted, 1.0)
+        # ln w~ = ln a + ln n - ln Zw = s - lse + ln n - ln Zw
+        n_log_n = (norms * torch.log(norms.clamp_min(TINY)))[:, None, :]
+        mixed = (torch.linalg.vecdot(w, s) + torch.linalg.vecdot(a, n_log_n)) / safe
+        found["vw_entropy"] = torch.where(weighted > 0, lse + torch.log(safe) - mixed, 0.0)
+        found["vw_distance"] = torch.linalg.vecdot(w, steps) / safe
+        found["vw_max_weight"] = w.amax(-1) / safe
+        found["vw_total"] = safe
+    error = 0.0
+    if v is not None and context is not None and v.numel():
+        rows = a[:, checked]
+        error = float((torch.bmm(rows, v) - context[:, checked]).abs().max())
+    return found, error
+
+
+def _added(blocked, bias, cells) -> torch.Tensor | None:
+    """The bias plus :data:`FILL` at blocked cells, as small as it broadcasts."""
+    if blocked is None and bias is None:
+        return None
+    added = torch.zeros(()) if bias is None else bias.float()
+    if blocked is not None:
+        added = torch.where(blocked, torch.tensor(FILL), added)
+    return added.expand(cells) if added.dim() == 0 else added
+
+
+def head_statistics_of_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    blocked: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    norms: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    context: torch.Tensor | None = None,
+    checked: torch.Tensor | None = None,
+) -> tuple[dict[str, torch.Tensor], float]:
+    """:func:`head_statistics_of` from ``q``, ``k``, the scale and the mask, the weights
+    recomputed block by block in cache and never kept whole (for a fused kernel, SDPA,
+    that never formed them).
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(B, H, L, E)`` and ``(B, H, S, E)``.
+    scale : float
+        The multiplier of ``q . k``.
+    blocked, bias : torch.Tensor, optional
+        Broadcastable to ``(B, H, L, S)``: True where blocked; added to the scaled scores.
+    norms : torch.Tensor, optional
+        ``(B, H, S)`` value norms: the ``vw_`` statistics too.
+    v, context : torch.Tensor, optional
+        ``(B, H, S, E)`` and the model's own ``(B, H, L, E)`` output: the largest
+        ``|weights @ v - context|`` is returned, to check the weights were the model's.
+    checked : torch.Tensor, optional
+        The query rows that check covers (every row by default).
+
+    Returns
+    -------
+    (dict, float)
+        Each statistic ``(B, H)`` float64, and that largest difference.
+    """
+    batch, heads, length, width = q.shape
+    keys = k.shape[-2]
+    cells = (batch, heads, length, keys)
+    flat = {
+        "q": (q.float() * scale).reshape(batch * heads, length, width),
+        "k": k.float().expand(batch, heads, keys, width).reshape(batch * heads, keys, -1),
+    }
+    if v is not None and context is not None:
+        flat["v"] = v.float().expand(batch, heads, keys, -1).reshape(batch * heads, keys, -1)
+        flat["context"] = context.float().reshape(batch * heads, length, -1)
+    added = _added(blocked, bias, cells)
+    shared = added is None or added.shape[:-2].numel() == 1  # one (L, S) for every head
+    if added is not None:
+        added = added.reshape(-1, *added.shape[-2:]) if shared else added.expand(cells)
+    scale_n = None if norms is None else norms.float().reshape(batch * heads, keys)
+    rows = torch.arange(length)
+    steps = (rows[:, None] - torch.arange(keys)[None, :]).abs().float()
+    padding = None
+    if blocked is not None:  # keys no query of any head may see, from the mask as it is
+        full = blocked[(None,) * (4 - blocked.dim())]
+        padding = full.all(dim=-2).all(dim=1).expand(batch, keys)  # (B, S)
+    first = (
+        torch.zeros(batch, dtype=torch.long)
+        if padding is None
+        else (~padding).to(torch.int8).argmax(dim=1)
+    )
+    sinks = first.repeat_interleave(heads)
+    own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
+    checked = torch.arange(length) if checked is None else checked
+    per = max(1, CHUNK_CELLS // max(1, length * keys))
+    found: dict[str, list[torch.Tensor]] = {}
+    error = 0.0
+    for start in range(0, batch * heads, per):
+        index = torch.arange(start, min(start + per, batch * heads))
+        b, h = index // heads, index % heads
+        part = {name: t[index] for name, t in flat.items()}
+        block_added = added if added is None or shared else added[b, h]
+        n = None if scale_n is None else scale_n[index]
+        values, gap = _score_block(
+            part["q"], part["k"], block_added, n, steps, part.get("v"), part.get("context"),
+            checked,
+        )  # fmt: skip
+        error = max(error, gap)
+        a = values.pop("weights")
+        take = sinks[index][:, None, None].expand(-1, length, 1)
+        values["sink"] = a.gather(-1, take)[..., 0]
+        values["diagonal_share"] = torch.where(rows < keys, a[:, rows, own], 0.0)
+        values["previous_share"] = torch.where(
+            (rows >= 1) & (rows - 1 < keys), a[:, rows, before], 0.0
+        )
+        if n is not None:
+            total = values.pop("vw_total")
+            values["vw_sink"] = values["sink"] * n.gather(-1, take[..., 0]) / total
+            values["vw_diagonal_share"] = values["diagonal_share"] * n[:, own] / total
+            values["vw_previous_share"] = values["previous_share"] * n[:, before] / total
+        for name, value in values.items():
+            found.setdefault(name, []).append(value)
+    rows_found = {
+        name: torch.cat(parts).reshape(batch, heads, length) for name, parts in found.items()
+    }
+    return _row_means(rows_found, padding, length, keys), error

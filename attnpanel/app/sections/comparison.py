@@ -24,7 +24,12 @@ import xarray as xr
 from bokeh.models import HoverTool
 
 from attnpanel.app.sections.base import Section
-from attnpanel.app.sections.controls import ImmediateIntSlider, ImmediateSelect, layer_selector
+from attnpanel.app.sections.controls import (
+    ImmediateIntSlider,
+    WidgetRow,
+    head_selector,
+    layer_selector,
+)
 from attnpanel.readouts import core
 from attnpanel.readouts.core import StageCache
 from attnpanel.render import compare_views
@@ -93,33 +98,18 @@ class ComparedPair(param.Parameterized):
         return row
 
 
-class CompareControls(Section):
+class CompareControls(WidgetRow):
     """The layer (for a capture of several), sample and head of the three maps."""
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        state = self.state
+    def make_widgets(self, state) -> dict:
         widgets = layer_selector(state)
         if "layer" in widgets:
             widgets["layer"].width = 320  # room for a module's name
         widgets.update(
             sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=180),
-            head=ImmediateSelect.from_param(
-                state.param.head,
-                name="Head",
-                options={f"head {h}": h for h in range(state.n_heads)},
-                width=125,
-            ),
+            head=head_selector(state, width=125),
         )
-        self._widgets = widgets
-
-    @property
-    def widgets(self) -> dict:
-        """The widgets by the state parameter they drive."""
-        return dict(self._widgets)
-
-    def build(self):
-        return pn.Row(*self._widgets.values(), sizing_mode="stretch_width", margin=0)
+        return widgets
 
 
 class ComparedMaps(Section):

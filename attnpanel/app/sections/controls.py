@@ -47,6 +47,36 @@ def layer_selector(state) -> dict:
     return {"layer": select}
 
 
+def head_selector(state, width: int) -> ImmediateSelect:
+    """The select of one head of the shown layer."""
+    return ImmediateSelect.from_param(
+        state.param.head,
+        name="Head",
+        options={f"head {h}": h for h in range(state.n_heads)},
+        width=width,
+    )
+
+
+class WidgetRow(Section):
+    """A row of widgets that drive the state: a subclass says which (``make_widgets``)."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._widgets = self.make_widgets(self.state)
+
+    def make_widgets(self, state) -> dict:
+        """The widgets, by the state parameter each drives."""
+        raise NotImplementedError
+
+    @property
+    def widgets(self) -> dict:
+        """The widgets by the state parameter they drive."""
+        return dict(self._widgets)
+
+    def build(self):
+        return pn.Row(*self._widgets.values(), sizing_mode="stretch_width", margin=0)
+
+
 class Controls(Section):
     """Layer, sample, head, query, mask, stage (and its player), colormap and toggles."""
 

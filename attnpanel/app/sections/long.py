@@ -29,7 +29,13 @@ from holoviews.plotting.util import process_cmap
 
 from attnpanel.app import linked
 from attnpanel.app.sections.base import Section
-from attnpanel.app.sections.controls import ImmediateIntSlider, ImmediateSelect, layer_selector
+from attnpanel.app.sections.controls import (
+    ImmediateIntSlider,
+    ImmediateSelect,
+    WidgetRow,
+    head_selector,
+    layer_selector,
+)
 from attnpanel.app.sections.heads import HEAD_MAP_SIZE, HeadComparison
 from attnpanel.app.sections.matrix import MATRIX_SIZE, matrix_style
 from attnpanel.app.sections.sequence import sequence_styles
@@ -115,21 +121,14 @@ def visible(x_range, n: int) -> slice:
     return slice(max(0, int(np.floor(low))), min(n, int(np.ceil(high)) + 1))
 
 
-class LongControls(Section):
+class LongControls(WidgetRow):
     """Sample, head, query (a slider and an exact number), mask and colour map."""
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        state = self.state
+    def make_widgets(self, state) -> dict:
         widgets = layer_selector(state)
         widgets.update(
             sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
-            head=ImmediateSelect.from_param(
-                state.param.head,
-                name="Head",
-                options={f"head {h}": h for h in range(state.n_heads)},
-                width=110,
-            ),
+            head=head_selector(state, width=110),
             query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=320),
             query_number=pn.widgets.IntInput.from_param(
                 state.param.query, name="Query (exact)", width=120
@@ -137,15 +136,7 @@ class LongControls(Section):
             mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=110),
             colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=110),
         )
-        self._widgets = widgets
-
-    @property
-    def widgets(self) -> dict:
-        """The widgets by the state parameter they drive."""
-        return dict(self._widgets)
-
-    def build(self):
-        return pn.Row(*self._widgets.values(), sizing_mode="stretch_width", margin=0)
+        return widgets
 
 
 class LongSequence(Section):
