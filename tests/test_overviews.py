@@ -175,3 +175,23 @@ def test_a_trace_with_an_additive_bias_is_refused_not_drawn_without_it():
     ds = build_trace(weights=weights, q=q, k=k, bias=bias, scale=0.5)
     with pytest.raises(ValueError, match="'bias'"):
         Overviews(ds).get(Entry(sample=0, head=1, mask="none"))
+
+
+def test_a_stored_overview_holding_a_compression_bomb_is_refused_and_computed_again(lazy, tmp_path):
+    """The overviews' folder may come with a trace from elsewhere: each store is screened
+    before a chunk is decoded, and a refused one is computed again."""
+    from test_bombs import zstd_bomb
+
+    from attnpanel.traces import screening
+
+    folder = tmp_path / "o"
+    entry = Entry(sample=0, head=1, mask="diagonal", pixels=(20, 20))
+    first = Overviews(lazy, folder).get(entry)
+    chunks = [p for p in (folder / entry.name).rglob("*") if p.is_file() and "/c/" in str(p)]
+    assert chunks, "the overview is stored in chunks"
+    chunks[0].write_bytes(zstd_bomb(2**31))
+    with pytest.raises(ValueError, match="compression bomb"):
+        screening.refuse_unsafe_storage(folder / entry.name, "zarr")
+    again = Overviews(lazy, folder).get(entry)
+    np.testing.assert_array_equal(again.max, first.max)
+    np.testing.assert_array_equal(again.mean, first.mean)

@@ -14,6 +14,7 @@ used; every reader failure on a corrupted file becomes a ``ValueError`` naming t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -234,13 +235,25 @@ def _group_names(path: Path, fmt: str) -> list[str]:
 
             with h5py.File(path, "r") as handle:
                 return [name for name, item in handle.items() if isinstance(item, h5py.Group)]
-        return sorted(
-            child.name
-            for child in path.iterdir()
-            if child.is_dir() and any((child / n).exists() for n in (".zgroup", "zarr.json"))
-        )
+        return sorted(child.name for child in path.iterdir() if _is_zarr_group(child))
     except OSError as error:
         raise ValueError(f"cannot read {path} as a {fmt} trace: {error}") from error
+
+
+def _is_zarr_group(folder: Path) -> bool:
+    """A zarr v2 group, or a zarr v3 node whose metadata says group (in v3 every array's
+    folder holds a ``zarr.json`` too)."""
+    if not folder.is_dir():
+        return False
+    if (folder / ".zgroup").exists():
+        return True
+    metadata = folder / "zarr.json"
+    if not metadata.is_file() or metadata.stat().st_size > screening.METADATA_BYTES:
+        return False
+    try:
+        return json.loads(metadata.read_text(encoding="utf-8")).get("node_type") == "group"
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return False
 
 
 def _root_attrs(path: Path, fmt: str) -> dict:

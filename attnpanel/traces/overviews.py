@@ -33,7 +33,7 @@ import zarr
 from attnpanel.kernels import masks as masks_module
 from attnpanel.kernels import tiles
 from attnpanel.kernels.masks import MASK_MODES
-from attnpanel.traces import virtual
+from attnpanel.traces import screening, virtual
 from attnpanel.util import cancel, files
 from attnpanel.util.locks import KeyLocks
 
@@ -267,12 +267,14 @@ class Overviews:
             min(entry.pixels[1], self.ds.sizes["key"]),
         )
         try:
+            # a store of another's making is screened as any file (a compression bomb ...)
+            screening.refuse_unsafe_storage(path, "zarr")
             stored = zarr.open_group(path, mode="r")
             if stored.attrs.get("fingerprint") != self.fingerprint:
                 return None
             arrays = [stored[part] for part in PARTS]
         except (OSError, ValueError, KeyError, TypeError):
-            return None  # unreadable: computed again
+            return None  # unreadable or refused: computed again
         if any(a.shape != shape or a.dtype != np.float32 for a in arrays):
             return None
         return arrays
