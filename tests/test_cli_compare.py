@@ -64,6 +64,10 @@ def test_the_report_and_the_ranking(saved_bert, tmp_path, capsys):
     (layer, head), value = ranking.index[0], ranking.iloc[0]
     assert printed[4].startswith(f"    1. {layer}  head {head:<3d} js {value:.4g}")
     assert len(printed) == 4 + 8
+    from attnpanel.cli.main import main
+
+    assert main(["info", str(out)]) == 0  # the report's ranking again
+    assert capsys.readouterr().out.splitlines() == printed[1:]
 
 
 def test_the_difference_maps_on_request(saved_bert, tmp_path, capsys):

@@ -33,6 +33,10 @@ def test_a_checkpoint_survey_is_written_summarised_and_resumed(tmp_path, capsys)
     np.testing.assert_allclose(found["distance_time"], found["distance"] * 60.0)
     assert main([*argv, "-o", str(store)]) == 0  # nothing left to do: read back
     assert "resuming" in capsys.readouterr().out
+    assert main(["info", str(store)]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    assert summary[0] == "survey of NILMFormer: 8 samples, 3 layers x 8 heads"
+    assert summary == out.splitlines()[-len(summary) :]
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):

@@ -1,15 +1,53 @@
 """``attnpanel info``: the shape table and what each head attends to; a head ranking
-(``attnpanel importance``) most important first."""
+(``attnpanel importance``) most important first; a survey (``attnpanel survey``) or a
+comparison report (``attnpanel compare -o report.nc``) summarised."""
 
 from __future__ import annotations
 
 import argparse
 
-from attnpanel.cli.common import check_sample, load_trace, say
+from attnpanel.cli.common import CommandError, check_sample, load_trace, say
 
 
 def _heading(layer) -> str:
     return f"== layer {layer.name}" + (f" (group {layer.group})" if layer.group else "")
+
+
+def _summary_lines(path: str) -> list[str] | None:
+    """A survey store's or a comparison report's summary; None for anything else."""
+    from pathlib import Path
+
+    import xarray as xr
+
+    from attnpanel.capturing.survey import FORMAT, SurveyStore, SurveyStoreError
+    from attnpanel.cli.compare import divergence_lines
+    from attnpanel.cli.survey import survey_lines
+    from attnpanel.traces import screening
+
+    target = Path(path)
+    if target.suffix.lower() == ".zarr" and target.is_dir():
+        store = SurveyStore(target)
+        try:
+            attrs = store.attrs()
+        except SurveyStoreError:
+            return None
+        if attrs is None or attrs.get("format") != FORMAT:
+            return None
+        try:
+            return survey_lines(store.read())
+        except (SurveyStoreError, ValueError) as error:
+            raise CommandError(str(error)) from error
+    if target.suffix.lower() == ".nc" and target.is_file():
+        try:
+            screening.refuse_unsafe_storage(target, "netcdf")
+            with xr.open_dataset(target, engine="h5netcdf") as ds:
+                if not {"js", "max_abs"} <= set(ds.data_vars):
+                    return None
+                comparison = ds.load()
+        except Exception:  # not a report: the trace reader words what is wrong
+            return None
+        return divergence_lines(comparison)
+    return None
 
 
 def run(args: argparse.Namespace) -> None:
@@ -27,6 +65,11 @@ def run(args: argparse.Namespace) -> None:
         for line in ranking_lines(ranking):
             say(line)
         return
+    summary = _summary_lines(args.trace)
+    if summary is not None:
+        for line in summary:
+            say(line)
+        return
     capture = load_trace(args.trace)
     check_sample(capture, args.sample)
     every = layers(capture)
@@ -41,7 +84,9 @@ def add_parser(sub) -> None:
     """Add the command and its options to the ``attnpanel`` parser's subcommands."""
     info = sub.add_parser("info", help="print the shape table and what each head attends to")
     info.add_argument(
-        "trace", help="a saved trace (.nc or .zarr), or a head ranking (attnpanel importance)"
+        "trace",
+        help="a saved trace (.nc or .zarr), a head ranking (attnpanel importance), a survey "
+        "store (attnpanel survey) or a comparison report (attnpanel compare -o report.nc)",
     )
     info.add_argument("--sample", type=int, default=0, help="which sample to summarise")
     info.add_argument(
