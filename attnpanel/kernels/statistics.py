@@ -185,6 +185,23 @@ def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, 
     return found, error
 
 
+def _single_cells(a, sinks, rows, own, before, square: bool) -> dict[str, torch.Tensor]:
+    """Per row of ``a`` ``(n, L, S)``: the weight on the sink (each head-sample's first real
+    key, ``sinks``), on its own position and on the previous one (0 where there is none)."""
+    if square:  # the diagonals as views
+        diagonal = torch.diagonal(a, dim1=-2, dim2=-1)
+        previous = torch.nn.functional.pad(torch.diagonal(a, offset=-1, dim1=-2, dim2=-1), (1, 0))
+    else:
+        keys = a.shape[-1]
+        diagonal = torch.where(rows < keys, a[:, rows, own], 0.0)
+        previous = torch.where((rows >= 1) & (rows - 1 < keys), a[:, rows, before], 0.0)
+    if bool((sinks == 0).all()):
+        sink = a[..., 0]
+    else:
+        sink = a.gather(-1, sinks[:, None, None].expand(-1, a.shape[1], 1))[..., 0]
+    return {"sink": sink, "diagonal_share": diagonal, "previous_share": previous}
+
+
 def _added(blocked, bias, cells) -> torch.Tensor | None:
     """The bias plus :data:`FILL` at blocked cells, as small as it broadcasts."""
     if blocked is None and bias is None:
@@ -263,29 +280,29 @@ def head_statistics_of_scores(
     per = max(1, CHUNK_CELLS // max(1, length * keys))
     found: dict[str, list[torch.Tensor]] = {}
     error = 0.0
+    square = length == keys
     for start in range(0, batch * heads, per):
-        index = torch.arange(start, min(start + per, batch * heads))
-        b, h = index // heads, index % heads
-        part = {name: t[index] for name, t in flat.items()}
-        block_added = added if added is None or shared else added[b, h]
-        n = None if scale_n is None else scale_n[index]
+        part = slice(start, min(start + per, batch * heads))  # views, no copies
+        block = {name: t[part] for name, t in flat.items()}
+        block_added = added
+        if added is not None and not shared:
+            index = torch.arange(part.start, part.stop)
+            block_added = added[index // heads, index % heads]
+        n = None if scale_n is None else scale_n[part]
         values, gap = _score_block(
-            part["q"], part["k"], block_added, n, steps, part.get("v"), part.get("context"),
+            block["q"], block["k"], block_added, n, steps, block.get("v"), block.get("context"),
             checked,
         )  # fmt: skip
         error = max(error, gap)
         a = values.pop("weights")
-        take = sinks[index][:, None, None].expand(-1, length, 1)
-        values["sink"] = a.gather(-1, take)[..., 0]
-        values["diagonal_share"] = torch.where(rows < keys, a[:, rows, own], 0.0)
-        values["previous_share"] = torch.where(
-            (rows >= 1) & (rows - 1 < keys), a[:, rows, before], 0.0
-        )
+        cells = _single_cells(a, sinks[part], rows, own, before, square)
+        values.update(cells)
         if n is not None:
             total = values.pop("vw_total")
-            values["vw_sink"] = values["sink"] * n.gather(-1, take[..., 0]) / total
-            values["vw_diagonal_share"] = values["diagonal_share"] * n[:, own] / total
-            values["vw_previous_share"] = values["previous_share"] * n[:, before] / total
+            at_sink = n.gather(-1, sinks[part][:, None]).expand(-1, length)
+            values["vw_sink"] = cells["sink"] * at_sink / total
+            values["vw_diagonal_share"] = cells["diagonal_share"] * n[:, own] / total
+            values["vw_previous_share"] = cells["previous_share"] * n[:, before] / total
         for name, value in values.items():
             found.setdefault(name, []).append(value)
     rows_found = {
