@@ -174,6 +174,15 @@ def test_the_probe_changes_no_output_bit_and_the_model_is_left_as_it_was():
     assert not any(p.grad is not None for p in model.parameters())
 
 
+def test_the_gradients_are_the_same_inside_a_no_grad_block():
+    model, args, kwargs = zoo.case("nanogpt_sdpa_causal").build()
+    free = attention_gradients(model, *args, score=score, **kwargs)
+    with torch.no_grad():
+        inside = attention_gradients(model, *args, score=score, **kwargs)
+    np.testing.assert_allclose(inside.values, free.values, rtol=1e-6)
+    assert float(abs(free).max()) > 0
+
+
 def test_gradients_of_other_inputs_are_refused_by_rollout():
     model, args, kwargs = zoo.case("nanogpt_sdpa_causal").build()
     traces = attnpanel.capture(model, *args, **kwargs)

@@ -156,7 +156,7 @@ def test_the_gradient_weighted_rollout_weighs_the_models_own_weights(page, run):
 
     page.param.update(sample=2)
     section = page.sections["rollout"]
-    section.weighing.value = "gradient × weights"
+    section.weighing = "gradient × weights"
     try:
         inputs, kwargs = run.one(2)
         explicit = ExplicitSDPA()
@@ -170,7 +170,7 @@ def test_the_gradient_weighted_rollout_weighs_the_models_own_weights(page, run):
         np.testing.assert_allclose(page.drawn("rollout", "Rollout"), regridded, atol=1e-5)
         assert page.engine.title("rollout").startswith("gradient rollout through 3 layers")
     finally:
-        section.weighing.value = "weights"
+        section.weighing = "weights"
     assert page.engine.title("rollout").startswith("rollout through 3 layers")
 
 

@@ -134,21 +134,78 @@ def test_an_interrupted_survey_resumes_after_its_last_whole_batch(nanogpt, tmp_p
     xr.testing.assert_allclose(resumed.load(), whole.assign_attrs(resumed.attrs))
 
 
-def test_a_half_written_batch_is_never_read_and_is_trimmed_on_resume(nanogpt, tmp_path):
+def test_a_half_written_batch_is_never_read_and_is_trimmed_on_resume(
+    nanogpt, tmp_path, monkeypatch
+):
+    """A crash in the middle of an append: xarray has replaced the store's attributes and
+    written part of the rows when it stops. The whole batches stay readable, and the resume
+    runs only the batches left."""
+    from xarray.backends.zarr import ZarrStore
+
     model, batches = nanogpt
     store = tmp_path / "survey.zarr"
     survey(model, batches[:2], store=store, progress=False)
-    # a crash in the middle of the third append: rows written, never marked whole
-    garbage = SurveyStore(store).read().isel(sample=[0, 1]).load()
-    garbage = garbage.assign_coords(sample=[4, 5]) * 0 - 1
-    garbage.to_zarr(str(store), append_dim="sample", consolidated=False)
+    written = ZarrStore.set_variables
+
+    def crash(self, *args, **kwargs):
+        written(self, *args, **kwargs)  # the rows are in the store ...
+        raise KeyboardInterrupt  # ... and the counts never follow
+
+    monkeypatch.setattr(ZarrStore, "set_variables", crash)
+    with pytest.raises(KeyboardInterrupt):
+        survey(model, batches, store=store, progress=False)
+    monkeypatch.setattr(ZarrStore, "set_variables", written)
     assert xr.open_zarr(str(store), consolidated=False).sizes["sample"] == 6
     assert SurveyStore(store).read().sizes["sample"] == 4
-    resumed = survey(model, batches, store=store, progress=False)
-    assert resumed.sizes["sample"] == 8
-    assert float(resumed["entropy"].min()) > 0
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        resumed = survey(model, batches, store=store, progress=False)
+    finally:
+        hook.remove()
+    assert len(seen) == 2 + 1  # the two batches left, and the first sample's layer check
     whole = survey(model, batches, progress=False)
+    assert resumed.sizes["sample"] == 8
     np.testing.assert_allclose(resumed["entropy"].values, whole["entropy"].values)
+
+
+def test_a_resume_with_other_batches_is_refused(nanogpt, tmp_path):
+    model, batches = nanogpt
+    store = tmp_path / "survey.zarr"
+    survey(model, batches[:1], store=store, progress=False)  # 2 samples
+    ones = [x[i : i + 1] for x in batches for i in range(2)]  # batches of 1: fine
+    assert survey(model, ones, store=store, progress=False).sizes["sample"] == 8
+    other = tmp_path / "other.zarr"
+    survey(model, [torch.cat(batches)[:3]], store=other, progress=False)  # 3 samples
+    with pytest.raises(SurveyStoreError, match="holds 3 whole samples.*end at 2 and 4"):
+        survey(model, batches, store=other, progress=False)
+
+
+def test_a_survey_beside_other_threads_running_the_same_model(tmp_path):
+    """A served page runs the model in other threads while the survey records (layer names
+    come from module hooks: they must follow only the recording thread)."""
+    import threading
+
+    model, args, kwargs = zoo.case("torch_encoder_padding").build()
+    alone = survey(model, [(args, kwargs)], prepare=lambda b: b, progress=False)
+    stop = threading.Event()
+
+    def busy():
+        with torch.no_grad():
+            while not stop.is_set():
+                model(*args, **kwargs)
+
+    workers = [threading.Thread(target=busy) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in range(5):
+            beside = survey(model, [(args, kwargs)], prepare=lambda b: b, progress=False)
+            xr.testing.assert_allclose(beside, alone)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
 
 
 def test_a_store_of_another_model_or_version_is_refused_by_name(nanogpt, tmp_path):

@@ -55,22 +55,22 @@ def by_head(xs, ys, heads: int) -> np.ndarray:
 
 def test_the_survey_draws_each_samples_statistic_of_the_models_own_weights(page, own):
     section = page.sections["survey"]
-    assert section.layer.value == "encoder.2.attention"  # the trace's own layer
+    assert section.layer == "encoder.2.attention"  # the trace's own layer
     weights = own[2]
     entropy = -(weights * np.log(np.where(weights > 0, weights, 1.0))).sum(-1).mean(-1)
     xs, ys = drawn_points(page)
     np.testing.assert_allclose(by_head(xs, ys, 8), entropy, rtol=1e-5)
     length = weights.shape[-1]
     steps = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :])
-    section.statistic.value = "distance"
+    section.statistic = "distance"
     xs, ys = drawn_points(page)
     np.testing.assert_allclose(by_head(xs, ys, 8), (weights * steps).sum(-1).mean(-1), rtol=1e-5)
     assert page.engine.title("survey") == "encoder.2.attention: distance (steps)"
-    section.layer.value = "encoder.0.attention"
-    section.statistic.value = "sink"
+    section.layer = "encoder.0.attention"
+    section.statistic = "sink"
     xs, ys = drawn_points(page)
     np.testing.assert_allclose(by_head(xs, ys, 8), own[0][..., 0].mean(-1), rtol=1e-5, atol=1e-9)
-    section.layer.value, section.statistic.value = "encoder.2.attention", "entropy"
+    section.param.update(layer="encoder.2.attention", statistic="entropy")
 
 
 def test_the_shown_sample_is_marked_and_a_click_on_a_point_opens_its_sample(page):

@@ -215,7 +215,7 @@ class HeadGate(TorchFunctionMode):
         gate[list(off)] = 0.0
         return gate
 
-    def _apply(self, layer, gate, context, lead_shape, lead_axes, query_axis, batch):
+    def apply_gate(self, layer, gate, context, lead_shape, lead_axes, query_axis, batch):
         """``context`` with each head's lane times its gate (or, for ``how="mean"``,
         moved towards its mean over the queries by ``1 - gate``).
 
@@ -240,7 +240,7 @@ class HeadGate(TorchFunctionMode):
         if gate is None:
             return context
         axes = list(range(len(lead)))
-        return self._apply(layer, gate, context, lead, axes, context.dim() - 2, batch)
+        return self.apply_gate(layer, gate, context, lead, axes, context.dim() - 2, batch)
 
     # torch calls
 
@@ -296,7 +296,7 @@ class HeadGate(TorchFunctionMode):
             if gate is None:
                 return result
             axes = list(range(result.dim() - 2 - len(info.lead), result.dim() - 2))
-            return self._apply(
+            return self.apply_gate(
                 info.layer, gate, result, info.lead, axes, result.dim() - 2, info.batch
             )
         parts = einsum_parts(args)
@@ -311,7 +311,7 @@ class HeadGate(TorchFunctionMode):
             return result
         axes = [out.index(c) for c in sub_w[:-2]]
         query_axis = out.index(sub_w[-2])
-        return self._apply(info.layer, gate, result, info.lead, axes, query_axis, info.batch)
+        return self.apply_gate(info.layer, gate, result, info.lead, axes, query_axis, info.batch)
 
     def _mha(self, func, args, kwargs):
         """``nn.MultiheadAttention``'s function: the heads are merged and projected inside
@@ -334,7 +334,7 @@ class HeadGate(TorchFunctionMode):
         batch = 1 if merged.dim() == 2 else merged.shape[1]
         lead_axes = [lanes.dim() - 2] if merged.dim() == 2 else [1, 2]
         lead = torch.Size([heads] if merged.dim() == 2 else [batch, heads])
-        gated = self._apply(layer, gate, lanes, lead, lead_axes, 0, batch)
+        gated = self.apply_gate(layer, gate, lanes, lead, lead_axes, 0, batch)
         return F.linear(gated.reshape(merged.shape), w_o, b_o), weights
 
 

@@ -63,7 +63,7 @@ class ContextProbe(HeadGate):
         super().__init__(model, gradient=True)
         self.lanes: dict[str, _Lane] = {}
 
-    def _apply(self, layer, gate, context, lead_shape, lead_axes, query_axis, batch):
+    def apply_gate(self, layer, gate, context, lead_shape, lead_axes, query_axis, batch):
         probe = torch.zeros_like(context, requires_grad=True)
         self.lanes[layer] = _Lane(probe, lead_shape, tuple(lead_axes), query_axis, batch)
         self.gated.add(layer)
@@ -78,15 +78,17 @@ def output_gradients(
     norm)."""
     probe = ContextProbe(model)
     with evaluating(model), fused_path_off():
-        with torch.enable_grad(), probe.watching(), probe:
-            y = output_tensor(model(*inputs, **kwargs))
-        value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise AblationError("score(y) must return a scalar tensor to be differentiated")
-        if not probe.lanes:
-            raise AblationError(f"{type(model).__name__} computed no attention")
-        lanes = list(probe.lanes.items())
-        grads = torch.autograd.grad(value, [lane.probe for _, lane in lanes], allow_unused=True)
+        with torch.enable_grad():
+            with probe.watching(), probe:
+                y = output_tensor(model(*inputs, **kwargs))
+            value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise AblationError("score(y) must return a scalar tensor to be differentiated")
+            if not probe.lanes:
+                raise AblationError(f"{type(model).__name__} computed no attention")
+            lanes = list(probe.lanes.items())
+            probes = [lane.probe for _, lane in lanes]
+            grads = torch.autograd.grad(value, probes, allow_unused=True)
     found = {}
     for (layer, lane), grad in zip(lanes, grads, strict=True):
         grad = torch.zeros_like(lane.probe) if grad is None else grad

@@ -227,14 +227,17 @@ def _on_cluster(client, model, inputs, kwargs, tasks, y, score, base, how, progr
 def _gradient(model, inputs, kwargs, score, how):
     gate = HeadGate(model, how=how, gradient=True)
     with fused_path_off():
-        with torch.enable_grad(), gate.watching(), gate:
-            y = output_tensor(model(*inputs, **kwargs))
-        value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise AblationError("the gradient method needs score(y) to return a scalar tensor")
-        if not gate.gates:
-            raise AblationError(f"{type(model).__name__} computed no attention: no head to rank")
-        grads = torch.autograd.grad(value, list(gate.gates.values()), allow_unused=True)
+        with torch.enable_grad():
+            with gate.watching(), gate:
+                y = output_tensor(model(*inputs, **kwargs))
+            value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise AblationError("the gradient method needs score(y) to return a scalar tensor")
+            if not gate.gates:
+                raise AblationError(
+                    f"{type(model).__name__} computed no attention: no head to rank"
+                )
+            grads = torch.autograd.grad(value, list(gate.gates.values()), allow_unused=True)
     layers = dict(gate.seen)
     values = {
         layer: (np.zeros(layers[layer]) if g is None else g.detach().abs().double().cpu().numpy())

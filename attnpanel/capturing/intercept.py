@@ -343,14 +343,19 @@ class _Watch:
 
     def __enter__(self):
         stack = self.recorder.stack
+        thread = threading.get_ident()  # the recorder (a torch mode) sees only this thread
         for name, module in self.model.named_modules():
 
             def enter(module, args, kwargs, name=name):
+                if threading.get_ident() != thread:
+                    return  # another thread's forward of the same model: not recorded
                 stack.append((name, module, args, kwargs))
                 if isinstance(module, nn.Linear) and args:
                     self._consumer(module, args[0], name)
 
             def leave(module, args, kwargs, output, name=name):
+                if threading.get_ident() != thread:
+                    return
                 pending = self.pending.pop(id(module), None)
                 if pending is not None:
                     pending[2] = output

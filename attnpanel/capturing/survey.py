@@ -110,17 +110,32 @@ class Surveyor:
         recorder.finish()
         if names != self.layers:
             raise ValueError(f"this batch ran layers {names}, the survey's are {self.layers}")
-        found: dict[str, list[np.ndarray]] = {}
-        for stats in recorder.summaries:
-            for stat, values in stats.items():
-                found.setdefault(stat, []).append(values.numpy())
-        return {stat: np.stack(parts, axis=1) for stat, parts in found.items()}
+        batch = next(
+            t.shape[0] for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.dim()
+        )
+        heads = max(self.heads.values())
+        names = list(dict.fromkeys(n for stats in recorder.summaries for n in stats))
+        found = {}
+        for stat in names:  # NaN where a layer lacks it (no values) or has fewer heads
+            table = np.full((batch, len(self.layers), heads), np.nan)
+            for index, stats in enumerate(recorder.summaries):
+                if stat in stats:
+                    values = stats[stat].cpu().numpy()
+                    table[:, index, : values.shape[1]] = values
+            found[stat] = table
+        return found
 
     def summary(self, index: int, call) -> dict[str, torch.Tensor]:
         """The statistics of one recorded call (the ``index``-th layer), ``(B, H)``: from
         its weights, or, where it deferred them (SDPA), from its q, k and mask block by
         block, checked against the model's own output."""
         name = self.layers[index] if index < len(self.layers) else ""
+        if call.q.dim() != 4:
+            raise ValueError(
+                f"layer {name!r}: a survey reads attention as (batch, head, query, dim); this "
+                f"one runs with q of shape {tuple(call.q.shape)} (heads folded into the batch): "
+                "capture it instead"
+            )
         norms = self._norms(name, call)
         if call.weights is None:
             found, error = head_statistics_of_scores(
@@ -161,7 +176,7 @@ class Surveyor:
 
     def _gram(self, name: str, v: torch.Tensor) -> torch.Tensor:
         heads, width = v.shape[1], v.shape[3]
-        blocks = self.w_o[name].reshape(-1, heads, width).transpose(0, 1)  # (H, D, E)
+        blocks = self.w_o[name].to(v.device).reshape(-1, heads, width).transpose(0, 1)  # (H, D, E)
         return (blocks.transpose(1, 2) @ blocks)[None]  # (1, H, E, E)
 
 
@@ -239,16 +254,26 @@ class SurveyStore:
                 f"{print_}: survey it into a new store"
             )
 
-    def append(self, part: xr.Dataset, first: bool, done: int, batches: int) -> None:
-        """Write one batch's statistics, then mark them whole."""
+    def append(self, part: xr.Dataset, first: bool, before: tuple[int, int]) -> None:
+        """Write one batch's statistics, then mark them whole.
+
+        ``before``: the whole samples and batches the store held before it. Writing a part
+        replaces the store's attributes with the part's, before its data is written, so the
+        part carries these counts: an interrupted write leaves them as they were.
+        """
         import zarr
 
+        done, batches = before
+        counts = {"samples_done": done, "batches_done": batches}
+        part = part.assign_attrs(counts)
         if first:
             part.to_zarr(str(self.path), mode="w", consolidated=False)
         else:
             part.to_zarr(str(self.path), append_dim="sample", consolidated=False)
         group = zarr.open_group(str(self.path), mode="r+")
-        group.attrs.update({"samples_done": done, "batches_done": batches})
+        group.attrs.update(
+            {"samples_done": done + part.sizes["sample"], "batches_done": batches + 1}
+        )
 
     def trim(self, done: int) -> None:
         """Drop the rows an interrupted write left past the whole samples."""
@@ -344,17 +369,15 @@ def survey(
     target = None if store is None else SurveyStore(Path(store))
     model_name, print_ = type(model).__name__, model_fingerprint(model)
     attrs = None if target is None else target.attrs()
-    skip, done = 0, 0
+    done = 0
     if attrs is not None:
         target.check(attrs, model_name, print_)
-        skip, done = int(attrs.get("batches_done", 0)), int(attrs.get("samples_done", 0))
+        screening.refuse_unsafe_storage(target.path, "zarr")  # before anything is changed
+        done = int(attrs.get("samples_done", 0))
         target.trim(done)
     iterator = iter(batches)
-    for _ in range(skip):  # the whole batches the store holds
-        next(iterator, None)
-    try:
-        first = next(iterator)
-    except StopIteration:
+    first, skip = _after(iterator, prepare, done, target)
+    if first is None:
         return target.read() if target is not None else xr.Dataset()
     iterator = itertools.chain([first], iterator)
     with torch.no_grad():
@@ -372,17 +395,13 @@ def survey(
     batch_index = skip
     for stats in _computed(surveyor, iterator, prepare, scheduler):
         part = _part(stats, done, surveyor, step).assign_attrs(header)
-        done += part.sizes["sample"]
-        batch_index += 1
         if target is not None:
-            target.append(
-                part,
-                first=(attrs is None and batch_index == skip + 1),
-                done=done,
-                batches=batch_index,
-            )
+            first_write = attrs is None and batch_index == skip
+            target.append(part, first=first_write, before=(done, batch_index))
         else:
             parts.append(part)
+        done += part.sizes["sample"]
+        batch_index += 1
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -390,6 +409,27 @@ def survey(
     if target is not None:
         return target.read()
     return xr.concat(parts, dim="sample").assign_attrs(header)
+
+
+def _after(iterator, prepare, done: int, target) -> tuple[object | None, int]:
+    """The first batch past the ``done`` samples a store holds, and how many batches came
+    before it; refused where ``done`` falls inside a batch (other batches than the
+    survey's)."""
+    seen, skipped = 0, 0
+    for batch in iterator:
+        if seen >= done:
+            return batch, skipped
+        args, kwargs = prepare(batch)
+        sizes = [t.shape[0] for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.dim()]
+        seen += sizes[0] if sizes else 1
+        skipped += 1
+        if seen > done:
+            raise SurveyStoreError(
+                f"{target.path} holds {done} whole samples, but these inputs' batches end at "
+                f"{seen - (sizes[0] if sizes else 1)} and {seen}: give the batches (batch size "
+                "and order) the survey began with"
+            )
+    return None, skipped
 
 
 def _length(batches) -> int | None:

@@ -131,8 +131,9 @@ def _row_means(
 ) -> dict[str, torch.Tensor]:
     """Each statistic's mean over a sample's real queries (``(B, H, L)`` -> ``(B, H)``
     float64); ``previous_share`` over those whose previous position is real."""
-    batch = next(iter(rows.values())).shape[0]
-    real = torch.ones(batch, length, dtype=torch.bool)
+    some = next(iter(rows.values()))
+    batch = some.shape[0]
+    real = torch.ones(batch, length, dtype=torch.bool, device=some.device)
     if padding is not None and length == keys:
         real = ~padding
     previous = real.clone()
@@ -263,20 +264,21 @@ def head_statistics_of_scores(
     if added is not None:
         added = added.reshape(-1, *added.shape[-2:]) if shared else added.expand(cells)
     scale_n = None if norms is None else norms.float().reshape(batch * heads, keys)
-    rows = torch.arange(length)
-    steps = (rows[:, None] - torch.arange(keys)[None, :]).abs().float()
+    device = q.device
+    rows = torch.arange(length, device=device)
+    steps = (rows[:, None] - torch.arange(keys, device=device)[None, :]).abs().float()
     padding = None
     if blocked is not None:  # keys no query of any head may see, from the mask as it is
         full = blocked[(None,) * (4 - blocked.dim())]
         padding = full.all(dim=-2).all(dim=1).expand(batch, keys)  # (B, S)
     first = (
-        torch.zeros(batch, dtype=torch.long)
+        torch.zeros(batch, dtype=torch.long, device=device)
         if padding is None
         else (~padding).to(torch.int8).argmax(dim=1)
     )
     sinks = first.repeat_interleave(heads)
     own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
-    checked = torch.arange(length) if checked is None else checked
+    checked = (rows if checked is None else checked).to(device)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
     found: dict[str, list[torch.Tensor]] = {}
     error = 0.0

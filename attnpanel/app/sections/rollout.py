@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import holoviews as hv
 import panel as pn
+import param
 import xarray as xr
 
 from attnpanel.app.sections.base import Section
@@ -25,13 +26,13 @@ class Rollout(Section):
     """The rollout map of the shown sample, plain or gradient-weighted."""
 
     title = "Attention rollout (every layer)"
+    weighing = param.Selector(
+        objects=list(WEIGHINGS), default="weights", doc="What weighs each layer's weights."
+    )
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.weighing = pn.widgets.RadioButtonGroup(
-            options=list(WEIGHINGS), value="weights", margin=(0, 10)
-        )
-        self.weighing.param.watch(self._on_weighing, "value")
+        self.param.watch(self._on_weighing, "weighing")
 
     @property
     def run(self):
@@ -41,7 +42,7 @@ class Rollout(Section):
     @property
     def weighted(self) -> bool:
         """Whether the buttons ask for the gradient-weighted rollout (with a model only)."""
-        return self.run is not None and WEIGHINGS[self.weighing.value] == "gradient"
+        return self.run is not None and WEIGHINGS[self.weighing] == "gradient"
 
     def rolled_out(self, sel) -> xr.Dataset | None:
         """The layers a rollout of the shown sample composes: the stacked trace, else (and
@@ -55,6 +56,16 @@ class Rollout(Section):
             return None
         return stacked.isel(batch=[sel.sample]) if stacked is self.state.layers else stacked
 
+    def _model_rolls_out(self) -> bool:
+        """Whether the model's own capture is one square stack (not an encoder-decoder):
+        the gradient-weighted rollout reads it."""
+        found = self.run.capture(self.state.sample)
+        return (
+            isinstance(found, xr.Dataset)
+            and "layer" in found.dims
+            and (found.sizes["query"] == found.sizes["key"])
+        )
+
     def rollout(self, sel) -> xr.DataArray:
         """The rollout of the shown sample, weighed as the buttons say."""
         layers = self.rolled_out(sel)
@@ -66,8 +77,9 @@ class Rollout(Section):
         if self.rolled_out(self.state.selection) is None:
             return pn.Column(margin=0, visible=False)
         parts = [self.heading()]
-        if self.run is not None:
-            parts.append(self.weighing)
+        if self.run is not None and self._model_rolls_out():
+            buttons = pn.widgets.RadioButtonGroup.from_param(self.param.weighing, margin=(0, 10))
+            parts.append(buttons)
         return pn.Column(*parts, self._map(), margin=0)
 
     def _map(self):

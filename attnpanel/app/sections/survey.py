@@ -10,6 +10,7 @@ over the trace's samples the first time the section is shown.
 from __future__ import annotations
 
 import panel as pn
+import param
 import xarray as xr
 
 from attnpanel.app.sections.base import Section
@@ -28,12 +29,12 @@ class SurveyView(Section):
 
     title = "Every head over every sample (survey)"
     shown_by = "show_survey"
+    statistic = param.Selector(objects=[], doc="The statistic drawn (a survey variable).")
+    layer = param.Selector(objects=[], doc="The survey's layer drawn (its name).")
 
     def __init__(self, **params):
         super().__init__(**params)
         self.status = pn.pane.Markdown("", margin=(0, 10))
-        self.statistic = pn.widgets.Select(label="Statistic", width=260)
-        self.layer = pn.widgets.Select(label="Layer", width=260)
 
     def survey(self) -> xr.Dataset | None:
         """The explorer's survey, else the model's over the trace's samples, else None."""
@@ -56,19 +57,26 @@ class SurveyView(Section):
     def values(self) -> xr.DataArray:
         """The chosen statistic of the chosen layer, ``(sample, head)``."""
         found = self.survey()
-        return found[self.statistic.value].sel(layer=self.layer.value)
+        return found[self.statistic].sel(layer=self.layer)
 
     def build(self):
         found = self.survey()
         if found is None:
             return pn.Column(self.heading(), pn.pane.Markdown(NEEDS_SURVEY, margin=(0, 10)))
         statistics = [name for name in found.data_vars if found[name].dims[-1] == "head"]
-        self.statistic.options = {survey_views.label(name): name for name in statistics}
-        self.statistic.value = statistics[0]
-        self.layer.options = [str(n) for n in found["layer"].values]
-        self.layer.value = self.shown_layer(found)
-        for widget in (self.statistic, self.layer):
-            widget.param.watch(self._on_choice, "value")
+        self.param.statistic.objects = statistics
+        self.param.layer.objects = [str(n) for n in found["layer"].values]
+        self.param.update(statistic=statistics[0], layer=self.shown_layer(found))
+        self.param.watch(self._on_choice, ["statistic", "layer"])
+        choose = pn.Row(
+            pn.widgets.Select.from_param(
+                self.param.statistic,
+                name="Statistic",
+                options={survey_views.label(name): name for name in statistics},
+                width=260,
+            ),
+            pn.widgets.Select.from_param(self.param.layer, name="Layer", width=260),
+        )
         samples = found.sizes["sample"]
         note = (
             f"{samples} samples: per head the box spans the 25th to 75th percentile, the "
@@ -78,7 +86,7 @@ class SurveyView(Section):
         return pn.Column(
             self.heading(),
             pn.pane.Markdown(note, margin=(0, 10)),
-            pn.Row(self.statistic, self.layer),
+            choose,
             self._plot(),
             self.status,
             margin=0,
@@ -86,7 +94,7 @@ class SurveyView(Section):
 
     def _plot(self):
         def build(sel):
-            title = f"{self.layer.value}: {survey_views.label(self.statistic.value)}"
+            title = f"{self.layer}: {survey_views.label(self.statistic)}"
             return survey_views.distribution(self.values(), sel.sample).relabel(title)
 
         element = self.engine.add("survey", build, ["sample"], "survey", follows_layer=False)
@@ -107,7 +115,7 @@ class SurveyView(Section):
         )
         return self.engine.render(element, "survey", style=style, on_tap=self.click)
 
-    def _on_choice(self, _event) -> None:
+    def _on_choice(self, *_events) -> None:
         self.engine.redraw(lambda view: view.pane == "survey")
 
     def click(self, x=None, y=None) -> None:
