@@ -189,15 +189,15 @@ def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, 
 def _single_cells(a, sinks, rows, own, before, square: bool) -> dict[str, torch.Tensor]:
     """Per row of ``a`` ``(n, L, S)``: the weight on the sink (each head-sample's first real
     key, ``sinks``), on its own position and on the previous one (0 where there is none)."""
-    if square:  # the diagonals as views
-        diagonal = torch.diagonal(a, dim1=-2, dim2=-1)
+    if square:  # the diagonals, copied out: a view would keep the whole block alive
+        diagonal = torch.diagonal(a, dim1=-2, dim2=-1).clone()
         previous = torch.nn.functional.pad(torch.diagonal(a, offset=-1, dim1=-2, dim2=-1), (1, 0))
     else:
         keys = a.shape[-1]
         diagonal = torch.where(rows < keys, a[:, rows, own], 0.0)
         previous = torch.where((rows >= 1) & (rows - 1 < keys), a[:, rows, before], 0.0)
     if bool((sinks == 0).all()):
-        sink = a[..., 0]
+        sink = a[..., 0].clone()
     else:
         sink = a.gather(-1, sinks[:, None, None].expand(-1, a.shape[1], 1))[..., 0]
     return {"sink": sink, "diagonal_share": diagonal, "previous_share": previous}
