@@ -11,7 +11,8 @@ import pytest
 import xarray as xr
 import zoo
 from test_compare import NUDGE, second_checkpoint
-from test_compare_page import document_texts, loaded_files
+from test_compare_page import document_texts
+from test_export import external_references
 
 import attnpanel
 from attnpanel.cli import compare as compare_command
@@ -96,7 +97,7 @@ def test_an_html_page_of_the_ranking_and_the_most_different_heads(saved_bert, tm
     assert printed[0] == f"wrote {out}: 8 heads compared, the maps of the 3 most different"
     assert printed[1:3] == ["a: BertModel (float32)", "b: BertModel (float32)"]
     html = out.read_text()
-    assert loaded_files(html) == []  # works offline: no tag loads another file
+    assert external_references(html) == []  # works offline: no tag loads another file
     texts = document_texts(html)
     ranking = ranked_heads(compare(attnpanel.load(a), attnpanel.load(b)))
     names = [head_name(row.layer_name, row.head) for row in ranking.itertuples()]

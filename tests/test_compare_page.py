@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from html import unescape
-from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import xarray as xr
 import zoo
 from bokeh.document import Document
 from test_compare import NUDGE, long_way, own_attention, second_checkpoint
+from test_export import external_references
 
 import attnpanel
 from attnpanel.app.compare_explorer import CompareExplorer
@@ -217,20 +217,6 @@ def test_paths_open_and_what_cannot_be_compared_is_refused(pair, tmp_path):
         attnpanel.explore(a, compare=np.zeros(3))
 
 
-def loaded_files(html: str) -> list[str]:
-    """The tags of a page (not strings inside its scripts) that would load another file."""
-    found = []
-
-    class Tags(HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            for name, value in attrs:
-                if name in ("src", "href") and value and not value.startswith(("data:", "#")):
-                    found.append(f"<{tag} {name}={value}>")
-
-    Tags().feed(html)
-    return found
-
-
 def document_texts(html: str) -> list[str]:
     """Every text of a standalone Bokeh page (its Divs' HTML, its plots' titles), read from
     the document the page embeds."""
@@ -261,7 +247,7 @@ def test_the_offline_report_holds_the_ranking_and_the_top_heads_maps(page, pair,
     path = page.save(tmp_path / "report.html", heads=3)
     html = path.read_text()
     assert html.lower().startswith("<!doctype html")
-    assert loaded_files(html) == []  # no tag loads another file: the scripts are inline
+    assert external_references(html) == []  # no tag loads another file: the scripts are inline
     texts = document_texts(html)
     table = next(t for t in texts if "<table>" in t)
     # every head in the table, most different first, with its divergence

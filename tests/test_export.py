@@ -99,7 +99,7 @@ def test_sample_out_of_range_is_refused(trace_480, tmp_path):
         export_html(trace_480, tmp_path / "x.html", sample=5)
 
 
-def _external_references(html: str) -> list[str]:
+def external_references(html: str) -> list[str]:
     """Tags of the page (not strings inside its scripts) that would load another file."""
     from html.parser import HTMLParser
 
@@ -125,7 +125,7 @@ def test_export_references_no_other_file_even_with_panel_models_registered(tmp_p
     pn.panel("loaded")
     torch.manual_seed(3)
     path = export_html(_trace(64), tmp_path / "small.html")
-    assert _external_references(path.read_text()) == []
+    assert external_references(path.read_text()) == []
 
 
 def _open_offline(browser, path, artifacts, name):
@@ -191,7 +191,7 @@ def test_export_is_small_self_contained_and_switchable_offline(
     assert path.stat().st_size <= MAX_BYTES, f"{path.stat().st_size / 1e6:.2f} MB at L={length}"
     stored = int(re.search(r"stored at (\d+) x", html).group(1))
     assert 200 <= stored <= DISPLAY, f"maps stored at {stored} x {stored}"
-    assert _external_references(html) == [], "a tag of the file loads another file"
+    assert external_references(html) == [], "a tag of the file loads another file"
 
     context, page, attempted, errors = _open_offline(browser, path, artifacts, length)
     try:

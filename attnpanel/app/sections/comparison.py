@@ -30,6 +30,7 @@ from attnpanel.app.sections.controls import (
     head_selector,
     layer_selector,
 )
+from attnpanel.app.sections.matrix import matrix_style
 from attnpanel.readouts import core
 from attnpanel.readouts.core import StageCache
 from attnpanel.render import compare_views
@@ -173,16 +174,9 @@ class ComparedMaps(Section):
             group=group,
             first=True,
         )
-        style = dict(
-            frame_width=COMPARED_SIZE,
-            frame_height=COMPARED_SIZE,
-            colorbar=True,
-            toolbar=True,
-            map_tools=True,
-            title_size="11pt",
-        )
-        if side is not None:
-            style["cmap"] = self.state.colormap  # the attention matrix's colours
+        # A and B in the attention matrix's colours; B - A in its group's centred map
+        cmap = self.state.colormap if side is not None else None
+        style = matrix_style(cmap, title_size="11pt", size=COMPARED_SIZE)
         element = raster.element(hv.Dimension("value", label=value_label))
         # every map of the page shares one pair of ranges: zoom one, the others follow
         return self.engine.render(element, pane, style=style, linked=True, margin=(0, 10, 10, 0))

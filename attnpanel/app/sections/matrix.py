@@ -58,12 +58,15 @@ def set_clock_labels(figure, labels: list[str]) -> None:
                 formatter.args = dict(labels=labels)
 
 
-def matrix_style(cmap: str, title_size: str = "12pt", **more) -> dict:
-    """How the large map looks (``attnpanel.render.figures.draw``'s keywords): 480 px square,
-    a colour bar, a toolbar with the map tools (wheel zoom)."""
+def matrix_style(
+    cmap: str | None, title_size: str = "12pt", size: int = MATRIX_SIZE, **more
+) -> dict:
+    """How a map looks (``attnpanel.render.figures.draw``'s keywords): ``size`` px square
+    (the large matrix's 480 by default), a colour bar, a toolbar with the map tools (wheel
+    zoom); ``cmap`` None: the group's own."""
     return dict(
-        frame_width=MATRIX_SIZE,
-        frame_height=MATRIX_SIZE,
+        frame_width=size,
+        frame_height=size,
         cmap=cmap,
         colorbar=True,
         toolbar=True,

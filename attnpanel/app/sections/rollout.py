@@ -15,6 +15,7 @@ import param
 import xarray as xr
 
 from attnpanel.app.sections.base import Section
+from attnpanel.app.sections.matrix import matrix_style
 from attnpanel.readouts.flow import rollout
 from attnpanel.render import importance_views
 
@@ -92,13 +93,7 @@ class Rollout(Section):
             group="Rollout",
             follows_layer=False,
         )
-        style = dict(
-            frame_width=ROLLOUT_SIZE,
-            frame_height=ROLLOUT_SIZE,
-            colorbar=True,
-            toolbar=True,
-            map_tools=True,
-        )
+        style = matrix_style(None, title_size="10pt", size=ROLLOUT_SIZE)
         image = raster.element(hv.Dimension("flow", label=raster.value_label))
         return self.engine.render(image, "rollout", style=style)
 
