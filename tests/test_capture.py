@@ -269,6 +269,94 @@ def test_transformer_encoder_layers_despite_the_fast_path():
     )
 
 
+def _padded_encoder():
+    torch.manual_seed(3)
+    layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    x = torch.randn(2, 6, 16)
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1, 4:] = True
+    return encoder, x, padding
+
+
+def test_a_capture_keeps_the_fused_path_off_without_the_process_wide_switch():
+    """The nested-tensor encoder is captured whole (both layers, the model's own weights),
+    while the process-wide fast-path switch, which other threads read, stays on."""
+    encoder, x, padding = _padded_encoder()
+    switch = []
+
+    class Reading(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, x, padding):
+            switch.append(torch.backends.mha.get_fastpath_enabled())
+            return self.encoder(x, src_key_padding_mask=padding)
+
+    ds = capture(Reading(), x, padding)
+    assert switch == [True]
+    assert list(ds["layer"].values) == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    with torch.no_grad():
+        _, expected = encoder.layers[0].self_attn(
+            x, x, x, key_padding_mask=padding, average_attn_weights=False
+        )
+    numerics.assert_kernels_agree(
+        ds["weights"].isel(layer=0), expected, logits=numerics.trace_logits(ds)
+    )
+
+
+def test_a_capture_beside_a_thread_running_the_fused_encoder():
+    """A served page's other session runs the model plainly (the fused, nested-tensor path)
+    while this one captures: neither disturbs the other."""
+    import threading
+
+    encoder, x, padding = _padded_encoder()
+    with torch.no_grad():
+        alone = encoder(x, src_key_padding_mask=padding)
+    stop, failures, runs = threading.Event(), [], [0]
+
+    def plainly():
+        try:
+            with torch.no_grad():
+                while not stop.is_set():
+                    y = encoder(x, src_key_padding_mask=padding)
+                    torch.testing.assert_close(y, alone, rtol=1e-5, atol=1e-6)
+                    runs[0] += 1
+        except Exception as error:  # reported below, on the test's thread
+            failures.append(error)
+
+    bystander = threading.Thread(target=plainly)
+    bystander.start()
+    try:
+        first = capture(encoder, x, src_key_padding_mask=padding)
+        for _ in range(10):
+            again = capture(encoder, x, src_key_padding_mask=padding)
+            np.testing.assert_array_equal(again["weights"].values, first["weights"].values)
+    finally:
+        stop.set()
+        bystander.join()
+    assert failures == [] and runs[0] > 0
+
+
+def test_where_modes_do_not_keep_the_fused_path_off_the_switch_is_shared(monkeypatch):
+    """The fallback for a torch whose modes leave the fused path on: the process-wide
+    switch, off while any user is inside, restored by the last one out."""
+    from attnpanel.capturing import intercept
+
+    monkeypatch.setattr(intercept, "MODES_SKIP_FUSED_PATH", False)
+    before = torch.backends.mha.get_fastpath_enabled()
+    with intercept.fused_path_off():
+        with intercept.fused_path_off():
+            assert not torch.backends.mha.get_fastpath_enabled()
+        assert not torch.backends.mha.get_fastpath_enabled()
+    assert torch.backends.mha.get_fastpath_enabled() == before
+    encoder, x, padding = _padded_encoder()
+    ds = capture(encoder, x, src_key_padding_mask=padding)
+    assert ds.sizes["layer"] == 2
+    assert torch.backends.mha.get_fastpath_enabled() == before
+
+
 def test_multihead_attention_cross_attention():
     mha = nn.MultiheadAttention(16, 2, batch_first=True)
     query, memory = torch.randn(1, 4, 16), torch.randn(1, 7, 16)

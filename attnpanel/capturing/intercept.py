@@ -68,15 +68,37 @@ STRUCTURE_ROWS = 1024  # rows of a model's mask compared with a mode at a time
 _FUSED_PATH = {"lock": threading.Lock(), "users": 0, "was": True}
 
 
+class _Passing(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _modes_skip_fused_path() -> bool:
+    """Whether a :class:`TorchFunctionMode` on this thread's stack keeps PyTorch off its
+    fused encoder path: the path's guard asks ``has_torch_function``, which a mode turns on."""
+    with _Passing():
+        return bool(torch.overrides.has_torch_function((torch.empty(0),)))
+
+
+MODES_SKIP_FUSED_PATH = _modes_skip_fused_path()
+
+
 @contextlib.contextmanager
 def fused_path_off() -> Iterator[None]:
-    """PyTorch's fused ``nn.TransformerEncoderLayer`` path switched off while open.
+    """PyTorch's fused ``nn.TransformerEncoderLayer`` path kept off while a mode of this
+    package runs the model inside this context.
 
     That path computes attention without calling ``F.multi_head_attention_forward``, so
-    neither capture nor ablation would see it. The switch is one flag for the whole
-    process: the first of overlapping users (threads of a server) turns it off and the last
-    one out restores what it was.
+    neither capture nor ablation would see it. Where a mode alone keeps the path off (every
+    release with ``has_torch_function`` answering for modes), nothing global is touched: the
+    mode stack is this thread's, so a model running plainly in another thread (a served
+    page's other session) keeps its fused path. Otherwise the process-wide switch is
+    turned off: the first of overlapping users turns it off and the last one out restores
+    what it was.
     """
+    if MODES_SKIP_FUSED_PATH:
+        yield
+        return
     with _FUSED_PATH["lock"]:
         if _FUSED_PATH["users"] == 0:
             _FUSED_PATH["was"] = torch.backends.mha.get_fastpath_enabled()

@@ -293,8 +293,27 @@ class SurveyStore:
         if attrs.get("format") != FORMAT:
             raise SurveyStoreError(f"{self.path} is not an attnpanel survey store")
         screening.refuse_unsafe_storage(self.path, "zarr")  # links, pickle, bombs
-        ds = xr.open_zarr(str(self.path), consolidated=False)
-        return ds.isel(sample=slice(0, int(attrs.get("samples_done", 0))))
+        return self._rows(int(attrs.get("samples_done", 0)), attrs)
+
+    def _rows(self, done: int, attrs: dict) -> xr.Dataset:
+        """The store's first ``done`` samples, lazily, read array by array: a write under
+        way or cut (Ctrl-C) leaves some arrays longer than others, which ``xr.open_zarr``
+        refuses as a whole."""
+        import dask.array as da
+        import zarr
+
+        variables, coords = {}, {}
+        for name, array in zarr.open_group(str(self.path), mode="r").arrays():
+            dims = tuple(array.metadata.dimension_names or ())
+            if dims == (name,):  # a coordinate: small, read now
+                coords[name] = array[:done] if name == "sample" else array[:]
+                continue
+            data = da.from_zarr(array)
+            if dims[:1] == ("sample",):
+                data = data[:done]
+            kept = {k: v for k, v in array.attrs.items() if k != "_FillValue"}
+            variables[name] = xr.Variable(dims, data, attrs=kept)
+        return xr.Dataset(variables, coords=coords, attrs=attrs)
 
 
 def _part(stats: dict[str, np.ndarray], start: int, surveyor: Surveyor, step) -> xr.Dataset:
