@@ -7,6 +7,14 @@
   1.5x). Its peak memory: a fresh process runs the forwards, then the survey, and the
   peak resident memory of each is printed beside one batch's weights (issue #28's
   budget: one batch's weights + 300 MB).
+* ``floor``: what the target leaves for the statistics. On the demo's own q, k, v and mask
+  (layer 0 of one batch, in blocks of head-samples that stay in cache, as the survey reads
+  them), the model's own attention call beside each eager operation an exact statistic
+  cannot do without, each timed on a block in cache, once per block of the layer: the
+  scores, the softmax, and one pass over the cells per row sum (``sum a s``,
+  ``sum a |i - j|``, ``max a``; for the value-weighted forms the product ``a n``, then
+  ``sum a n``, ``sum a n s``, ``sum a n ln n``, ``sum a n |i - j|``, ``max a n``). Their
+  sum per layer, against the budget the target leaves per layer (``--floor``: only this).
 * ``compare``: two checkpoints of the demo model (its trained weights, and a copy with
   every matrix nudged by 1 % of its spread), each captured on 32 windows, then
   ``attnpanel.compare``; beside the plain forward of those windows.
@@ -116,12 +124,89 @@ def memory(windows: int, batch: int, what: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def floor(model, inputs, repeats: int, forward_s: float) -> None:
+    """The cost of the operations an exact survey cannot do without, per layer (see the
+    module's docstring), beside the model's own attention call and the target's budget."""
+    import torch.nn.functional as F
+
+    import attnpanel
+    from attnpanel.kernels.masks import build_mask
+    from attnpanel.kernels.statistics import CHUNK_CELLS
+
+    whole = attnpanel.capture(model, *inputs)
+    layers, trace = whole.sizes["layer"], whole.isel(layer=0)
+    q, k, v = (torch.from_numpy(np.ascontiguousarray(trace[n].values)) for n in "qkv")
+    batch, heads, length, width = q.shape
+    scale = float(trace.attrs["scale"])
+    blocked = build_mask(trace.attrs["mask"], length)  # True where blocked
+    allowed = None if blocked is None else ~blocked
+    n = batch * heads
+    qf, kf = (q * scale).reshape(n, length, width), k.reshape(n, length, width)
+    added = torch.zeros(length, length) if blocked is None else torch.where(blocked, -1e30, 0.0)
+    steps = (torch.arange(length)[:, None] - torch.arange(length)[None, :]).abs().float()
+    norms = torch.linalg.vector_norm(v, dim=-1).reshape(n, length)
+    per = max(1, CHUNK_CELLS // (length * length))
+    blocks = [slice(i, i + per) for i in range(0, n, per)]
+
+    def median(call) -> float:
+        return summary(timed(call, repeats))[0]
+
+    with torch.no_grad():
+        sdpa = median(
+            lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+        )
+        first = blocks[0]  # one block in cache, as the survey keeps each: its cells
+        s = torch.baddbmm(added, qf[first], kf[first].mT)
+        a = torch.softmax(s, dim=-1)
+        w = norms[first][:, None, :]
+
+        def each_block(operation) -> float:
+            """An operation over the layer: once per block, on a block in cache."""
+            return median(lambda: [operation() for _ in blocks])
+
+        cost = {
+            "scores (q k^T + mask)": median(
+                lambda: [torch.baddbmm(added, qf[p], kf[p].mT) for p in blocks]
+            ),
+            "softmax": each_block(lambda: torch.softmax(s, dim=-1)),
+            "3 row sums of a (sum a s, sum a |i-j|, max a), each": each_block(
+                lambda: torch.linalg.vecdot(a, s)
+            ),
+            "a n (value-weighted cells)": each_block(lambda: a * w),
+            "5 row sums of a n, each": each_block(lambda: torch.linalg.vecdot(a, steps)),
+        }
+    total = (
+        cost["scores (q k^T + mask)"]
+        + cost["softmax"]
+        + 3 * cost["3 row sums of a (sum a s, sum a |i-j|, max a), each"]
+        + cost["a n (value-weighted cells)"]
+        + 5 * cost["5 row sums of a n, each"]
+    )
+    budget = 0.5 * forward_s / layers
+    cells = n * length * length
+    print(f"\nthe floor of an exact survey, per layer of {batch} windows ({cells:,} cells)")
+    print("| what | median ms |")
+    print("| --- | --- |")
+    print(f"| the model's own attention call (SDPA) | {1e3 * sdpa:.1f} |")
+    for name, seconds in cost.items():
+        print(f"| {name} | {1e3 * seconds:.1f} |")
+    print(f"| **the floor: their sum** | **{1e3 * total:.1f}** |")
+    print(
+        f"| the target's budget per layer (0.5 x the forward {1e3 * forward_s:.0f} ms / "
+        f"{layers} layers) | {1e3 * budget:.1f} |"
+    )
+    print(
+        f"floor / budget: {total / budget:.2f}; floor / the model's attention: {total / sdpa:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-child", choices=("forward", "survey"))
+    parser.add_argument("--floor", action="store_true", help="only the floor of the statistics")
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.windows, args.batch, args.memory_child)
@@ -132,6 +217,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     model, batches = demo_batches(args.windows, args.batch)
     forwards(model, batches[:1])  # warm-up
+    if args.floor:
+        one_forward = summary(timed(lambda: forwards(model, batches[:1]), max(5, args.repeats)))[0]
+        floor(model, batches[0], max(5, args.repeats), one_forward)
+        return
     plain, surveyed = [], []
     for _ in range(args.repeats):  # interleaved: the machine's drift hits both
         plain += timed(lambda: forwards(model, batches), 1)
@@ -162,6 +251,9 @@ def main() -> None:
         f"one batch's weights (3 layers x {args.batch} x 8 x 480 x 480 float32): "
         f"{weights_mb:.0f} MB; budget {weights_mb + 300:.0f} MB above the loaded model"
     )
+
+    one_forward = summary(timed(lambda: forwards(model, batches[:1]), max(5, args.repeats)))[0]
+    floor(model, batches[0], max(5, args.repeats), one_forward)
 
     other = copy.deepcopy(model)
     with torch.no_grad():

@@ -341,3 +341,34 @@ def test_reference_series_are_checked_by_their_contract():
     wrong = ds.assign(truth=(("batch", "position"), np.ones((n_batch, length), np.float32)))
     with pytest.raises(ValueError, match="truth"):
         validate(wrong)
+
+
+@pytest.mark.parametrize("given", ["causal", "array"])
+def test_a_mask_given_beside_a_bias_is_kept_not_dropped(given):
+    """``mask=`` (a mode, or a bool array) with ``bias=`` and no ``blocked=``: the trace
+    keeps both, so the weights recomputed from its q, k, mask and bias are its own."""
+    rng = np.random.default_rng(5)
+    batch, heads, length, width = 2, 3, 12, 4
+    q, k = (rng.normal(size=(batch, heads, length, width)) for _ in range(2))
+    blocked = np.triu(np.ones((length, length), dtype=bool), 1)
+    if given == "array":
+        blocked = blocked | (rng.random((length, length)) < 0.2)
+        np.fill_diagonal(blocked, False)
+    slopes = -(2.0 ** -np.arange(1, heads + 1))[:, None, None]  # ALiBi, one slope per head
+    bias = slopes * np.abs(np.subtract.outer(np.arange(length), np.arange(length)))
+    logits = np.einsum("bhle,bhse->bhls", q, k) * width**-0.5 + bias
+    weights = torch.softmax(torch.from_numpy(np.where(blocked, -np.inf, logits)), -1).numpy()
+    ds = build_trace(
+        weights=weights.astype(np.float32),
+        q=q.astype(np.float32),
+        k=k.astype(np.float32),
+        mask="causal" if given == "causal" else blocked,
+        bias=bias[None],
+    )
+    assert ds.attrs["mask"] == ("causal" if given == "causal" else "custom")
+    assert (ds["bias"].values[..., blocked] == 0).all()  # 0 on blocked cells, as documented
+    mask = ds.attrs["mask"] if given == "causal" else ds["mask"].values
+    again = recompute_weights(ds, mask)
+    np.testing.assert_allclose(again.values, weights, atol=1e-6)
+    with pytest.raises(ValueError, match="mask='custom' with a bias"):
+        build_trace(weights=weights.astype(np.float32), mask="custom", bias=bias[None])

@@ -87,6 +87,26 @@ def _minimal(array: np.ndarray, keep: Sequence[str] = ("key",)) -> tuple[tuple, 
     return tuple(dims), np.ascontiguousarray(np.squeeze(array, axis=squeeze))
 
 
+def _given_cells(mask, shape: tuple) -> np.ndarray | None:
+    """The cells ``mask=`` (a mode or a ``(query, key)`` bool array) blocks, True where
+    blocked, for a trace whose mask truth is recorded (a ``bias`` beside it)."""
+    if not isinstance(mask, str):
+        return _numpy(mask).astype(bool)
+    if mask not in MASK_MODES:
+        raise ValueError(
+            f"mask={mask!r} with a bias: give the blocked cells (blocked=) or a mode of "
+            f"{MASK_MODES}"
+        )
+    length, n_keys = shape[2], shape[3]
+    if mask == "none":
+        return None
+    if length != n_keys:
+        raise ValueError(
+            f"mask={mask!r} is a self-attention mode; this trace is {length} x {n_keys}"
+        )
+    return masks.build_mask(mask, length).numpy()
+
+
 def _mask_truth(blocked, bias, shape: tuple, cross: bool) -> dict:
     """The ``mask`` argument and the variables that record a model's full mask.
 
@@ -177,7 +197,8 @@ def build_trace(
         ``(out, in)`` projection matrices, as ``nn.Linear.weight``.
     mask : str or bool array
         A mode name, or a ``(query, key)`` bool array (stored as variable ``mask``).
-        Ignored when ``blocked`` is given.
+        Ignored when ``blocked`` is given; beside a ``bias`` without ``blocked``, its cells
+        are the blocked ones.
     blocked : bool array, optional
         Every cell the model blocked, broadcastable to ``(batch, head, query, key)``
         (True = blocked): the mask truth of a captured model. It is stored as the mode or
@@ -322,6 +343,8 @@ def trace_parts(
     attrs = {"n_heads": n_heads, "source": source}
     if cross:
         attrs["attention"] = "cross"
+    if blocked is None and bias is not None:  # mask= still says what is blocked
+        blocked = _given_cells(mask, weights_shape)
     if blocked is not None or bias is not None:
         truth = _mask_truth(blocked, bias, weights_shape, cross)
         mask = truth.pop("mask")
