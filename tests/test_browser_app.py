@@ -466,3 +466,37 @@ def test_weight_matrices_have_colour_bars_axes_and_a_scale_centred_on_zero(app, 
     assert sorted(found[-1]["axes"]) == ["in", "out"]  # Wo's; the small three have a caption
     text = page.evaluate(PAGE_TEXT_JS)
     assert "rows: out, columns: in; colours ±p99.5 of |value| (centred on 0)" in text
+
+
+def test_the_matrix_row_keeps_its_layout_through_every_stage_and_mask(app):
+    """At 1280 and 1600 px the matrix takes the same room whatever its colour bar's labels
+    (-12.5 or 0.0005): the row never re-wraps, and the page below never jumps, as the
+    stage player steps through the stages."""
+    page, console = app
+    found = {}
+    for width in (1280, 1600):
+        page.set_viewport_size({"width": width, "height": 1300})
+        for mask in ("diagonal", "causal"):
+            set_widget(page, "Mask", mask)
+            for stage in ("raw scores", "scaled", "masked", "softmax", "value-weighted"):
+                before = matrix_hash(page)
+                set_widget(page, "Stage", stage)
+                if (mask, stage) != ("diagonal", "raw scores"):
+                    wait_matrix_change(page, before)
+                page.wait_for_timeout(150)  # the layout settles after the paint
+                found[width, mask, stage] = tuple(
+                    page.evaluate(
+                        f"""() => {{
+                      const m = {matrix_js()}.el.getBoundingClientRect();
+                      const a = attn.plot('weights of query').el.getBoundingClientRect();
+                      return [Math.round(m.width), Math.round(a.top - m.top),
+                              document.documentElement.scrollHeight];
+                    }}"""
+                    )
+                )
+        layouts = {v for (w, _, _), v in found.items() if w == width}
+        assert len(layouts) == 1, {k: v for k, v in found.items() if k[0] == width}
+    set_widget(page, "Mask", "diagonal")
+    set_widget(page, "Stage", "softmax")
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []

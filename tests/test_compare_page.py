@@ -19,7 +19,7 @@ from test_compare import NUDGE, long_way, own_attention, second_checkpoint
 from test_export import external_references
 
 import attnpanel
-from attnpanel.app.compare_explorer import CompareExplorer
+from attnpanel.app.compare_explorer import CompareExplorer, shortened
 from attnpanel.app.sections.comparison import COMPARED_SIZE as SIZE
 from attnpanel.readouts.raster import window_raster
 from attnpanel.render.elements import PlotKey
@@ -137,6 +137,8 @@ def test_the_ranking_is_the_order_of_the_divergence(page, pair):
     assert list(bars["name"]) == names
     ticks = page.engine.handles("ranking", PlotKey("Rectangles", "Ranking"))[0]["yaxis"]
     assert [ticks.major_label_overrides[float(i)] for i in range(16)] == names
+    divergence = page.engine.handles("ranking", PlotKey("Rectangles", "Ranking"))[0]["xaxis"]
+    assert divergence.formatter.use_scientific is False  # 0.0001, not 1.000e-4
 
 
 def test_a_click_on_a_ranked_head_opens_it(page, pair):
@@ -194,6 +196,9 @@ def test_the_page_is_driven_by_its_state_and_names_its_captures(page):
     page.param.update(layer=1, head=0, sample=1)
     assert page.widgets["sample"].value == 1
     assert page.title == "TinyNILMFormer (float32) vs TinyNILMFormer (float32)"
+    long = "NILMFormer demo (nilmformer.pt), encoder layer 2 of 3, 32 held-out windows"
+    assert shortened(long, 60) == "NILMFormer demo (nilmformer.pt), encoder layer 2 of 3, 32…"
+    assert shortened("short", 60) == "short"
     assert page.sections["maps"].caption.object.startswith("layer 1, head 0: rank")
     assert set(page.URL_PARAMS) == {"sample", "layer", "head"}
     with pytest.raises(ValueError):

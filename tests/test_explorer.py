@@ -401,6 +401,8 @@ def test_positional_encoding_is_drawn_when_first_shown(explorer):
     assert not layout.visible and layout.select(pn.pane.HoloViews) == []
     explorer.show_positional = True
     assert layout.visible and len(layout.select(pn.pane.HoloViews)) == 1
+    notes = [pane.object for pane in layout.select(pn.pane.Markdown)]
+    assert any("declares no positional encoding" in note for note in notes)
 
 
 def test_the_guided_walk_steps_through_one_query(explorer, trace):
@@ -426,12 +428,35 @@ def test_the_guided_walk_steps_through_one_query(explorer, trace):
         if step == 4:
             weights = trace["weights"].isel(batch=0, head=3, query=12).values
             assert f"Key {int(np.argmax(weights))} takes {weights.max():.3f}" in walk.text.object
+        if step in (4, 5):  # names the section it points to: it is right of or below the matrix
+            assert "*value aggregation*" in walk.text.object
+            assert "on the right" not in walk.text.object
         if step == 6:
             assert "features 36-47" in walk.text.object
     explorer.query = 13  # the text follows the selection
     assert "query 13" in walk.text.object
     explorer.step = 0
     assert walk.text.object == ""
+
+
+def test_the_walk_steers_only_while_walking_and_closes_what_it_opened(trace):
+    explorer = AttentionExplorer(trace)
+    explorer.__panel__().get_root(Document())
+    walk = explorer.sections["walk"]
+    assert [b.visible for b in walk.steering] == [False, False, False]
+    assert not explorer.show_projection and not explorer.show_merge
+    explorer.step = 1
+    assert [b.visible for b in walk.steering] == [True, True, True]
+    assert explorer.show_projection  # step 1 talks about the projections: opened
+    explorer.step = 7
+    assert explorer.show_merge
+    explorer.step = 0
+    assert [b.visible for b in walk.steering] == [False, False, False]
+    assert not explorer.show_projection and not explorer.show_merge  # closed with the walk
+    explorer.show_merge = True  # opened by the user: the walk leaves it open
+    explorer.step = 6
+    explorer.step = 0
+    assert explorer.show_merge
 
 
 def test_the_busy_indicator_waits_for_changes_expected_to_be_slow(trace):
@@ -457,3 +482,13 @@ def test_the_busy_indicator_waits_for_changes_expected_to_be_slow(trace):
     learnt = cost.seconds_per_cell
     state.sample = 0  # cached: nothing learnt
     assert cost.seconds_per_cell == learnt
+
+
+def test_the_short_q_k_v_bar_charts_keep_their_value_labels_apart(explorer):
+    """112 px tall: about 3 value ticks (eight ran into one black blob); taller charts keep
+    Bokeh's default."""
+    for pane in ("Q vector", "K vector", "V vector"):
+        (handles, *_) = next(iter(explorer.engine.plots(pane).values()))
+        assert handles["yaxis"].ticker.desired_num_ticks == 3
+    (handles, *_) = next(iter(explorer.engine.plots("sequence").values()))
+    assert handles["yaxis"].ticker.desired_num_ticks != 3

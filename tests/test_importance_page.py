@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.document import Document
+from bokeh.models import HoverTool
 
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.sections.importance import NEEDS_MODEL
@@ -105,6 +106,10 @@ def test_the_importance_map_is_each_head_switched_off_alone(page, run):
         change = np.linalg.norm(without - every) / np.linalg.norm(every)
         assert drawn[2, head] == pytest.approx(change, rel=1e-4)
     assert drawn.shape == (3, 8)
+    (handles,) = page.engine.handles("importance", PlotKey("Image", "Importance"))
+    (hover,) = [t for t in handles["plot"].tools if isinstance(t, HoverTool)]
+    named = [name for name, _ in hover.tooltips]
+    assert named[:2] == ["head", "layer"] and named[2].startswith("‖Δ output‖")
 
 
 def test_a_click_on_the_map_opens_the_head(page):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.document import Document
+from bokeh.models import HoverTool
 from test_gradients import ExplicitSDPA
 
 import attnpanel
@@ -66,6 +67,8 @@ def test_the_survey_draws_each_samples_statistic_of_the_models_own_weights(page,
     xs, ys = drawn_points(page)
     np.testing.assert_allclose(by_head(xs, ys, 8), (weights * steps).sum(-1).mean(-1), rtol=1e-5)
     assert page.engine.title("survey") == "encoder.2.attention: distance (steps)"
+    axes = {h["yaxis"].axis_label for f in page.engine.plots("survey").values() for h in f}
+    assert axes == {"distance (steps)"}  # the value axis follows the statistic
     section.layer = "encoder.0.attention"
     section.statistic = "sink"
     xs, ys = drawn_points(page)
@@ -79,6 +82,16 @@ def test_the_shown_sample_is_marked_and_a_click_on_a_point_opens_its_sample(page
     xs, ys = drawn_points(page, "Shown")
     values = section.values().values
     np.testing.assert_allclose(ys, values[1])
+    found = page.engine.plots("survey")
+    data = {k.group: found[k][0]["source"].data for k in found}
+    assert list(data["Shown"]["sample"]) == [1] * 8  # the hover names each point's sample
+    samples, heads = np.asarray(data["Samples"]["sample"]), np.asarray(data["Samples"]["head"])
+    np.testing.assert_allclose(
+        np.asarray(data["Samples"]["value"]), values[samples, np.round(heads).astype(int)]
+    )
+    figure = found[next(iter(found))][0]["plot"]
+    (hover,) = [t for t in figure.tools if isinstance(t, HoverTool)]
+    assert [name for name, _ in hover.tooltips] == ["sample", "head", "entropy (nats)"]
     assert np.allclose(xs, np.arange(8) + survey_views.jitter(WINDOWS)[1])
     head = 5
     x = head + survey_views.jitter(WINDOWS)[3]
@@ -125,6 +138,9 @@ def test_many_samples_are_drawn_as_their_density():
     np.testing.assert_allclose(boxes.dimension_values(3), q75)
     ends = element.get(4).dimension_values(1)  # each head's extremes
     np.testing.assert_allclose(ends, np.concatenate([values.min("sample"), values.max("sample")]))
+    picked = element.get(4).dimension_values("sample")  # and their samples
+    expected = np.concatenate([values.argmin("sample").values, values.argmax("sample").values])
+    np.testing.assert_array_equal(picked, expected)
 
 
 def test_without_a_model_or_a_survey_the_section_says_what_it_needs():

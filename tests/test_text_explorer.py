@@ -158,11 +158,12 @@ def test_positional_encoding_view(trace):
     image = model_views.positional_encoding(trace.isel(layer=0))
     expected = attnpanel.sinusoidal_encoding(13, 384).values
     np.testing.assert_array_equal(image.dimension_values(2, flat=False), expected)
-    assert "declares no positional encoding" in image.label
+    assert image.label == "sinusoidal positional encoding (13 x 384)"  # short: never cut
+    assert "declares no positional encoding" in model_views.positional_note(trace.isel(layer=0))
     assert AttentionExplorer(trace).show_positional is False
     declared = trace.assign_attrs(positional_encoding="sinusoidal")
     assert AttentionExplorer(declared).show_positional is True
-    assert "used by this model" in model_views.positional_encoding(declared).label
+    assert model_views.positional_note(declared) == "Used by this model."
 
 
 class Encoder(nn.Module):

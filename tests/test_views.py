@@ -165,6 +165,10 @@ def test_value_aggregation_is_the_trace_context(trace):
     assert len(set(top.dimension_values("key"))) == views.TOP_VALUES
     best = int(np.argmax(weights))
     assert top.dimension_values("key")[0].startswith(f"{best}: ")
+    first = views.top_values(trace, Selection(sample=2, head=4, query=1, mask="causal"))
+    keys = list(dict.fromkeys(first.dimension_values("key")))  # 2 keys allowed, 0 and 1
+    assert [key.split(":")[0] for key in sorted(keys)] == ["0", "1"]
+    assert first.label == "value vectors of the top 2 keys"
 
 
 def test_merged_output_matches_trace_and_changes_without_a_head(trace):

@@ -49,6 +49,14 @@ def compared_capture(capture, which: str) -> xr.Dataset:
     return capture
 
 
+def shortened(text: str, most: int) -> str:
+    """``text`` cut to at most ``most`` characters at a word's end, "…" where cut."""
+    if len(text) <= most:
+        return text
+    cut = text[: most - 1].rsplit(" ", 1)[0].rstrip(" ,;:·")
+    return f"{cut}…"
+
+
 class CompareExplorer(LayerExplorer):
     """Explore how two captures of the same inputs differ, head by head.
 
@@ -107,7 +115,7 @@ class CompareExplorer(LayerExplorer):
 
     @property
     def title(self) -> str:
-        a, b = (str(label).splitlines()[0][:60] for label in self.pair.labels)
+        a, b = (shortened(str(label).splitlines()[0], 60) for label in self.pair.labels)
         return f"{a} vs {b}"
 
     def make_sections(self, parts: dict) -> dict:

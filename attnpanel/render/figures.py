@@ -69,6 +69,10 @@ def box_handles():
 WEBGL_MIN_POINTS = 5_000
 
 
+COLORBAR_ROOM = 84  # px right of a map's frame: its colour bar, labels and title
+SHORT_PLOT = 150  # px: a chart this tall or less gets about 3 value ticks
+
+
 def _key(element):
     from attnpanel.render.elements import PlotKey
 
@@ -231,12 +235,15 @@ def draw(
         _map_frame(fig, found, first if image is None else image, colorbar, cformat)
     x_axis, y_axis = axes_of(fig)
     _axes(x_axis, y_axis, first, xticks, yticks, xrotation)
+    tall = frame_height or (height if not frame_width else None)
+    if y_axis is not None and not yticks and tall and tall <= SHORT_PLOT:
+        y_axis.ticker.desired_num_ticks = 3  # a short chart's labels would run into each other
     if xlabel is not None and x_axis is not None:
         x_axis.axis_label = xlabel or None
     if ylabel is not None and y_axis is not None:
         y_axis.axis_label = ylabel or None
     if "hover" in tools:
-        fig.add_tools(_hover(found))
+        fig.add_tools(_hover(found, layers))
     if xlim is not None and x_range is None:
         fig.x_range = Range1d(*xlim)
     if ylim is not None and y_range is None:
@@ -304,7 +311,8 @@ def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
             renderer = fig.line(x=x, y=y, source=source, **style)
     elif isinstance(layer, hv.Scatter):
         x, y = layer.kdims[0].name, layer.vdims[0].name
-        source = ColumnDataSource({x: layer.dimension_values(0), y: layer.dimension_values(1)})
+        # every dimension a column: the further ones (a survey point's sample) for the hover
+        source = ColumnDataSource({d.name: layer.dimension_values(d) for d in layer.dimensions()})
         renderer = fig.scatter(x=x, y=y, source=source, **style)
     elif isinstance(layer, hv.Labels):
         x, y, text = (d.name for d in layer.dimensions()[:3])
@@ -405,6 +413,8 @@ def _map_frame(fig, found, layer, colorbar, cformat: str) -> None:
             padding=4,
         )
         fig.add_layout(bar, "below" if below else "right")
+        if not below:  # room for the widest labels ("-12.5", "0.0005"): the width never changes
+            fig.min_border_right = COLORBAR_ROOM
         handles["colorbar"] = bar
         handles["colorbar_label"] = layer.vdims[0].pprint_label if layer.vdims else ""
     fig.center = [r for r in fig.center if not isinstance(r, Grid)]  # a map covers its grid
@@ -443,17 +453,27 @@ def _axes(x_axis, y_axis, first, xticks, yticks, xrotation) -> None:
         x_axis.major_label_orientation = np.deg2rad(xrotation)
     if isinstance(first, hv.Rectangles) and first.group == "Vector" and y_axis is not None:
         y_axis.formatter = BasicTickFormatter(use_scientific=False)  # 0.007, not 7.000e-3
+    if isinstance(first, hv.Rectangles) and first.group == "Ranking" and x_axis is not None:
+        x_axis.formatter = BasicTickFormatter(use_scientific=False)  # 0.0001, not 1.000e-4
 
 
-def _hover(found) -> HoverTool:
-    """Hover on the first data layer: its columns, maps by whole cell."""
-    for key, handles in found:
+def _hover(found, layers) -> HoverTool:
+    """Hover on the first data layer: its columns named by its own dimensions (a map's
+    axes and value: key and query, or head and layer), maps by whole cell."""
+    for (key, handles), layer in zip(found, layers, strict=True):
         renderer = handles.get("glyph_renderer")
         if renderer is None or not hasattr(renderer, "data_source"):
             continue
         columns = list(renderer.data_source.data)
         if key.kind == "Image":
-            tips = [("key", "$x{0}"), ("query", "$y{0}"), ("value", "@image{0.0000}")]
+            named = isinstance(layer, hv.Image)  # a Raster is an attention map
+            x, y = (d.label for d in layer.kdims[:2]) if named else ("key", "query")
+            value = layer.vdims[0].label if named else "value"
+            tips = [(x, "$x{0}"), (y, "$y{0}"), (value, "@image{0.0000}")]
+        elif key.kind == "Scatter" and "sample" in columns:  # a survey's points
+            x, y = layer.kdims[0], layer.vdims[0]
+            tips = [("sample", "@sample"), (x.label, f"@{{{x.name}}}{{0}}")]
+            tips.append((y.label, f"@{{{y.name}}}{{0.0000}}"))
         elif key.kind == "HeatMap":
             tips = [("dim", "@dim"), ("key", "@key"), ("value", "@value{0.000}")]
         elif key.kind == "Rectangles" and "value" in columns:

@@ -242,26 +242,26 @@ def model_width(ds: xr.Dataset) -> int:
 
 
 def positional_encoding(ds: xr.Dataset) -> hv.Image:
-    """The sinusoidal encoding for the trace's length and ``d_model``, position x dimension.
-
-    The title says whether the trace declares it (``attrs["positional_encoding"]``) or it
-    is the encoding a model of this size would add.
-    """
+    """The sinusoidal encoding for the trace's length and ``d_model``, position x dimension
+    (:func:`positional_note` says whether the model uses it)."""
     encoding = sinusoidal_encoding(int(ds.sizes["query"]), model_width(ds))
     length, width = encoding.shape
-    note = (
-        "used by this model"
-        if uses_sinusoidal(ds)
-        else ("what a model of this size would add; this trace declares no positional encoding")
-    )
     return hv.Image(
         encoding.values[::-1],
         bounds=(-0.5, -0.5, width - 0.5, length - 0.5),
         kdims=["dimension", "position"],
         vdims=[hv.Dimension("encoding", range=(-1, 1))],
         group="Positional",
-        label=f"sinusoidal positional encoding ({length} x {width}): {note}",
+        label=f"sinusoidal positional encoding ({length} x {width})",
     )
+
+
+def positional_note(ds: xr.Dataset) -> str:
+    """Whether the trace declares the sinusoidal encoding (``attrs["positional_encoding"]``)
+    or it is only what a model of this size would add."""
+    if uses_sinusoidal(ds):
+        return "Used by this model."
+    return "What a model of this size would add: this trace declares no positional encoding."
 
 
 def head_average_values(

@@ -79,18 +79,23 @@ def distribution(values: xr.DataArray, sample: int | None = None) -> hv.Overlay:
     )
     xs = (centre[None, :] + jitter(samples)[:, None]).ravel()
     ys = data.ravel()
+    ids = np.repeat(np.arange(samples), heads)  # each point's sample, for the hover
     layers = [whiskers, boxes, medians]
+    points = [x], [y, hv.Dimension("sample")]
     if samples * heads > DENSE_POINTS:
         # their density, and each head's extremes as points (they also set the value axis)
         layers.append(density(xs, ys, heads))
-        low, high = np.nanmin(data, axis=0), np.nanmax(data, axis=0)
-        ends = (np.concatenate([centre, centre]), np.concatenate([low, high]))
-        layers.append(hv.Scatter(ends, kdims=[x], vdims=[y], group="Samples", label="samples"))
+        filled = np.isfinite(data).any(axis=0)
+        low = np.where(filled, np.nanargmin(np.where(np.isfinite(data), data, np.inf), axis=0), 0)
+        high = np.where(filled, np.nanargmax(np.where(np.isfinite(data), data, -np.inf), axis=0), 0)
+        picked = np.concatenate([low, high])
+        ends = (np.tile(centre, 2), data[picked, np.tile(np.arange(heads), 2)], picked)
+        layers.append(hv.Scatter(ends, *points, group="Samples", label="samples"))
     else:
-        layers.append(hv.Scatter((xs, ys), kdims=[x], vdims=[y], group="Samples", label="samples"))
+        layers.append(hv.Scatter((xs, ys, ids), *points, group="Samples", label="samples"))
     if sample is not None and 0 <= sample < samples:
-        shown = (centre + jitter(samples)[sample], data[sample])
-        layers.append(hv.Scatter(shown, kdims=[x], vdims=[y], group="Shown", label="shown"))
+        shown = (centre + jitter(samples)[sample], data[sample], np.full(heads, sample))
+        layers.append(hv.Scatter(shown, *points, group="Shown", label="shown"))
     return hv.Overlay(layers)
 
 

@@ -305,6 +305,8 @@ def top_values(
     weights = selected_weights(ds, sel, cache)
     values = values_for(ds, sel)
     order = np.argsort(weights, kind="stable")[::-1][:top]
+    seen = order[weights[order] > 0]  # a blocked key (query 0, causal) is no top key
+    order = seen if len(seen) else order[:1]
     n_dims = values.shape[1]
     labels = np.repeat([f"{key}: w {weights[key]:.3f}" for key in order], n_dims)
     table = pd.DataFrame(

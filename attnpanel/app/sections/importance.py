@@ -18,7 +18,7 @@ from attnpanel.readouts.core import PREDICTED
 from attnpanel.render import importance_views
 from attnpanel.render.palette import SERIES_COLORS
 
-MAP_SIZE = (460, 220)
+MAP_SIZE = (460, 290)
 PREDICTION_HEIGHT = 230
 NEEDS_MODEL = (
     "Switching heads off needs the model itself, not only its trace: the served demo has "

@@ -140,4 +140,5 @@ class Positional(Section):
         image = image.opts(*styling.options()).opts(
             frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length))
         )
-        return pn.Column(self.heading(), pn.pane.HoloViews(image, margin=(0, 5)), margin=0)
+        note = pn.pane.Markdown(model_views.positional_note(self.trace), margin=(0, 10))
+        return pn.Column(self.heading(), note, pn.pane.HoloViews(image, margin=(0, 5)), margin=0)

@@ -117,6 +117,10 @@ class SurveyView(Section):
 
     def _on_choice(self, *_events) -> None:
         self.engine.redraw(lambda view: view.pane == "survey")
+        for found in self.engine.plots("survey").values():  # the value axis names the statistic
+            for handles in found:
+                if handles.get("yaxis") is not None:
+                    handles["yaxis"].axis_label = survey_views.label(self.statistic)
 
     def click(self, x=None, y=None) -> None:
         """A click on a point: open its sample (one of this trace's)."""

@@ -81,14 +81,14 @@ def step_text(ds, sel: core.Selection, step: int, cache=None) -> str:
         return (
             f"**{STEP_TITLES[3]}.** Softmax turns row {query} into weights: exp(score) over "
             f"the row's sum, all ≥ 0 and summing to {weights.sum():.3f}. Key {top} takes "
-            f"{weights[top]:.3f} of it; the bars on the right and the band behind the curve "
-            "show the whole row."
+            f"{weights[top]:.3f} of it; the bars of the *value aggregation* and the band behind "
+            "the curve show the whole row."
         )
     if step == 5:
         return (
             f"**{STEP_TITLES[4]}.** The context of {who} is Σ w·v: every key's value vector "
-            f"weighted by its weight (key {top}'s v counts {weights[top]:.3f}). See the value "
-            "vectors of the top keys and the context vector on the right."
+            f"weighted by its weight (key {top}'s v counts {weights[top]:.3f}). The *value "
+            "aggregation* shows the value vectors of the top keys and the context vector."
         )
     if step == 6:
         dim = int(ds.sizes.get("head_dim", 0)) or int(ds.attrs.get("head_dim", 0))
@@ -114,6 +114,8 @@ class GuidedWalk(Section):
     def __init__(self, **params):
         super().__init__(**params)
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", margin=(0, 10))
+        self.steering: list[pn.widgets.Button] = []  # previous, next, close: while walking
+        self.opened: set[str] = set()  # the sections the walk opened, closed with it
         self.state.param.watch(self._on_step, "step")
         self.state.param.watch(self._refresh, ["sample", "head", "query", "mask", "layer"])
 
@@ -126,6 +128,7 @@ class GuidedWalk(Section):
         back.on_click(lambda _: self.state.param.update(step=max(1, self.state.step - 1)))
         forward.on_click(lambda _: self.state.param.update(step=min(7, self.state.step + 1)))
         close.on_click(lambda _: self.state.param.update(step=0))
+        self.steering = [back, forward, close]
         self._refresh()
         return pn.Column(
             pn.Row(start, back, forward, close, margin=0),
@@ -137,14 +140,21 @@ class GuidedWalk(Section):
     def _on_step(self, event) -> None:
         if event.new:
             shown = STEP_SHOWS.get(event.new)
+            if shown and not getattr(self.state, shown):
+                self.opened.add(shown)
             # the step's stage, and the section it talks about opened
             self.state.param.update(
                 stage=STEP_STAGES[event.new - 1], **({shown: True} if shown else {})
             )
+        else:  # closed: the sections it opened close with it
+            self.state.param.update(**dict.fromkeys(self.opened, False))
+            self.opened.clear()
         self._refresh()
 
     def _refresh(self, *_events) -> None:
         step = self.state.step
+        for button in self.steering:
+            button.visible = bool(step)
         if not step:
             self.text.object = ""
             return
