@@ -150,6 +150,29 @@ def test_the_rollout_map_composes_every_layer_of_the_model(page, run):
     assert page.engine.title("rollout").startswith("rollout through 3 layers")
 
 
+def test_the_rollout_reads_clock_times_marks_the_query_and_a_click_picks_one(page):
+    """Beside the matrix it reads as the matrix does: clock times on its axes and hover,
+    the shown query's row marked, a click on a row picking that query."""
+    from bokeh.models import CustomJSTickFormatter
+
+    from attnpanel.readouts import core
+
+    page.param.update(sample=2, query=40)
+    (image,) = page.engine.handles("rollout", PlotKey("Image", "Rollout"))
+    formatter = image["xaxis"].formatter
+    assert isinstance(formatter, CustomJSTickFormatter)
+    assert formatter.args["labels"] == core.clock_labels(page.trace, 2)
+    (marker,) = page.engine.handles("rollout", PlotKey("HSpan", "Marker"))
+    assert (marker["glyph"].bottom, marker["glyph"].top) == (39.5, 40.5)
+    with page.engine.drawing_now():
+        page.sections["rollout"].click(x=10.0, y=120.2)
+    assert page.query == 120
+    assert (marker["glyph"].bottom, marker["glyph"].top) == (119.5, 120.5)
+    assert core.clock_labels(page.trace, 3) != core.clock_labels(page.trace, 2)
+    page.param.update(sample=3)
+    assert image["xaxis"].formatter.args["labels"] == core.clock_labels(page.trace, 3)
+
+
 def test_the_gradient_weighted_rollout_weighs_the_models_own_weights(page, run):
     """The buttons beside the rollout: each weight times the gradient of the model's
     output norm, taken by autograd at the weights of SDPA written out, composed by
