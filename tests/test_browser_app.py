@@ -500,3 +500,21 @@ def test_the_matrix_row_keeps_its_layout_through_every_stage_and_mask(app):
     set_widget(page, "Stage", "softmax")
     page.set_viewport_size({"width": 1600, "height": 1300})
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
+def test_the_section_checkboxes_wrap_tightly_beside_the_player(app):
+    """One line at 1600 px; at 1280 px the last ones wrap onto a second line right under
+    the first (each once kept a 28 px top margin there: a 50 px gap)."""
+    page, console = app
+    js = """() => attn.views().filter((v) => v.model && v.model.type === 'Checkbox' &&
+                                            v.el.getBoundingClientRect().width > 0)
+                  .map((v) => Math.round(v.el.getBoundingClientRect().top))"""
+    lines = {}
+    for width in (1600, 1280):
+        page.set_viewport_size({"width": width, "height": 1300})
+        page.wait_for_timeout(500)
+        lines[width] = sorted(set(page.evaluate(js)))
+    assert len(lines[1600]) == 1, lines
+    assert len(lines[1280]) == 2 and lines[1280][1] - lines[1280][0] < 35, lines
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    assert [e for e in console if e[0] in ("error", "pageerror")] == []

@@ -9,6 +9,16 @@ from attnpanel.readouts.core import layer_names, reference_name
 from attnpanel.render.styling import WRAP
 from attnpanel.traces.schema import STAGES
 
+TOGGLES = (  # the sections' checkboxes, in the order the page shows them
+    "show_projection",
+    "show_merge",
+    "side_by_side",
+    "show_reference",
+    "show_positional",
+    "show_head_average",
+    "show_survey",
+    "show_embedding",
+)
 STAGE_NAMES = {
     "raw scores": "raw",
     "scaled": "scaled",
@@ -140,7 +150,7 @@ class Controls(Section):
         )
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):
-                widget.margin = (28, 5, 0, 5)  # level with the player's slider
+                widget.margin = (4, 5, 4, 5)  # their row is level with the player's slider
         self._widgets = widgets
 
     @property
@@ -157,21 +167,13 @@ class Controls(Section):
             pn.Row(*selectors, w["stage"], w["colormap"], sizing_mode="stretch_width"),
             pn.Row(
                 w["player"],
-                *(
-                    w[name]
-                    for name in (
-                        "show_projection",
-                        "show_merge",
-                        "side_by_side",
-                        "show_reference",
-                        "show_positional",
-                        "show_head_average",
-                        "show_survey",
-                        "show_embedding",
-                    )
+                pn.Row(
+                    *(w[name] for name in TOGGLES),
+                    sizing_mode="stretch_width",
+                    margin=(24, 0, 0, 0),  # level with the player's slider
+                    stylesheets=[WRAP],  # on a narrow page they wrap beside the player
                 ),
                 sizing_mode="stretch_width",
-                stylesheets=[WRAP],  # the toggles wrap under the player on a narrow page
             ),
             sizing_mode="stretch_width",
             margin=0,
