@@ -235,3 +235,19 @@ def test_explore_a_capture_with_its_model_and_inputs():
         attnpanel.explore(captured, model="gpt", inputs=args)
     with pytest.raises(ValueError, match="does not name its layers"):
         attnpanel.explore(captured.isel(layer=0).drop_vars("layer"), model=model, inputs=args)
+
+
+def test_a_metrics_change_is_written_to_the_decimals_of_its_metric():
+    from attnpanel.render.importance_views import change_text, metric_table
+
+    assert change_text("10.91", 0.00792) == "+0.01"
+    assert change_text("0.9152", -0.007925) == "-0.0079"
+    assert change_text("16.04", 24.87) == "+24.87"
+    assert change_text("1", 0.0) == "+0"
+    assert change_text("5.334", 0.00004) == "+4e-05"  # too small for its decimals: still shown
+    table = metric_table(
+        {"MAE kettle (W)": 16.04, "F1 kettle": 0.9152},
+        {"MAE kettle (W)": 40.91, "F1 kettle": 0.9073},
+        [2],
+    )
+    assert list(table.dimension_values("change")) == ["+24.87", "-0.0079"]

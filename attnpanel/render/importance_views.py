@@ -85,12 +85,27 @@ def prediction_curves(
     return hv.Overlay(curves, label=f"the model's prediction, sample {sel.sample}: {what}")
 
 
+def change_text(before: str, change: float) -> str:
+    """A change written to the decimals of the value it changes (``10.91`` -> ``+0.01``,
+    ``0.9152`` -> ``-0.0079``); a change too small for them in one significant digit."""
+    if not np.isfinite(change):
+        return "–"
+    if "e" in before or "." not in before:
+        decimals = 0 if "e" not in before else 4
+    else:
+        decimals = len(before.split(".")[1])
+    text = f"{change:+.{decimals}f}"
+    if change != 0 and float(text) == 0:
+        return f"{change:+.1g}"
+    return "+0" if change == 0 else text
+
+
 def metric_table(with_all: dict[str, float], without: dict[str, float], off: list[int]) -> hv.Table:
     """Each metric with every head and with the switched-off heads, and the change."""
-    rows = [
-        (name, f"{value:.4g}", f"{without[name]:.4g}", f"{without[name] - value:+.4g}")
-        for name, value in with_all.items()
-    ]
+    rows = []
+    for name, value in with_all.items():
+        shown, other = f"{value:.4g}", f"{without[name]:.4g}"
+        rows.append((name, shown, other, change_text(shown, without[name] - value)))
     label = "heads off" if off else "heads off (none)"
     return hv.Table(
         rows,
