@@ -10,6 +10,7 @@ import panel as pn
 import pytest
 import torch
 from bokeh.document import Document
+from bokeh.models import Legend
 from drawn import handles, shown_matrix, table_rows
 
 import attnpanel
@@ -368,6 +369,12 @@ def test_the_power_curve_shows_the_query_weights_and_the_predictions(explorer, t
     explorer.param.update(head="mean", mask="causal")
     recomputed = core.attention_values(trace, explorer.selection)[17]
     assert list(band["source"].data["color"]) == shade(np.nan_to_num(recomputed))
+    (legend,) = band["plot"].select({"type": Legend})
+    (item,) = [i for i in legend.items if i.label.value == "selected query's weights"]
+    swatch, drawn = item.renderers  # a dark-red swatch (the band's first row may be white)
+    assert drawn is band["glyph_renderer"] and swatch.glyph.fill_color == shade([1.0])[0]
+    box = swatch.data_source.data  # one row, of no area: nothing on the plot
+    assert list(box["left"]) == list(box["right"]) and list(box["top"]) == list(box["bottom"])
     curves = explorer.engine.plots("sequence")
     predicted = [k for k in curves if k.label.endswith("(predicted)")]
     assert [k.label for k in predicted] == ["fridge (predicted)", "kettle (predicted)"]

@@ -234,7 +234,7 @@ def _sequence_figure(
         line_color=None,
         legend_label="max weight of the query's pixel row"
         if pixel_rows
-        else "weights of the selected query",
+        else "selected query's weights",
     )
     labels = [label for label, _ in found.series]
     for label, series, line in zip(labels, values, curve_styles(labels), strict=True):

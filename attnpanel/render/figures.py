@@ -45,7 +45,7 @@ from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
 from attnpanel.render.elements import CENTRED_GROUPS
-from attnpanel.render.styling import LOOK
+from attnpanel.render.styling import LEGEND_SWATCH, LOOK
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
@@ -225,9 +225,11 @@ def draw(
         handles["plot"] = fig
         found.append((_key(layer), handles))
         if legend and layer.label and "glyph_renderer" in handles:
-            legend_items.append(
-                LegendItem(label=layer.label, renderers=[handles["glyph_renderer"]])
-            )
+            renderers = [handles["glyph_renderer"]]
+            swatch = LEGEND_SWATCH.get((type(layer).__name__, layer.group))
+            if swatch is not None:  # a square of no area on the plot: the legend's swatch
+                renderers.insert(0, _swatch(fig, layer, swatch))
+            legend_items.append(LegendItem(label=layer.label, renderers=renderers))
     for renderer in fig.renderers:
         # nothing here is ever selected or muted (legends hide): no glyphs for those
         renderer.nonselection_glyph = renderer.muted_glyph = None
@@ -256,13 +258,21 @@ def draw(
                 items=legend_items,
                 ncols=legend_cols,
                 label_text_font_size="8pt",
-                spacing=0,
+                spacing=4,  # between columns too: a long label ends before the next glyph
                 padding=4,
                 click_policy="hide",
             ),
             "right",
         )
     return fig, found
+
+
+def _swatch(fig, layer, color: str):
+    """A quad of no area at the layer's first corner, coloured ``color``: Bokeh draws a
+    legend item's glyph from its data, and needs a row to draw from."""
+    corner = [layer.dimension_values(i)[:1] for i in range(2)] if len(layer) else [[], []]
+    x, y = corner
+    return fig.quad(left=x, right=x, bottom=y, top=y, fill_color=color, line_color=None)
 
 
 def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:

@@ -192,6 +192,12 @@ WEIGHT_LOW = np.array([255, 255, 255], dtype=float)  # no weight: white
 WEIGHT_HIGH = np.array([178, 24, 43], dtype=float)  # the most-attended position: dark red
 
 
+# A legend entry's swatch for a layer coloured row by row (its first row may be white).
+LEGEND_SWATCH = {
+    ("Rectangles", "QueryWeights"): "#{:02x}{:02x}{:02x}".format(*WEIGHT_HIGH.astype(int))
+}
+
+
 def shade(weights: np.ndarray) -> list[str]:
     """White to dark red, by each weight relative to the largest (token boxes, curve bands)."""
     weights = np.asarray(weights, dtype=np.float64)

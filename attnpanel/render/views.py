@@ -129,7 +129,7 @@ def weight_band(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     """
     xs, xdim, ydim, series, _ = _sequence_series(ds, sel)
     weights = np.asarray(selected_weights(ds, sel, cache), dtype=np.float32)
-    label = "weights of the selected query"  # a legend entry: the same for every query
+    label = "selected query's weights"  # a legend entry: the same for every query
     if len(weights) != len(xs) or len(xs) == 0:
         empty = np.zeros(0, dtype=np.float32)
         columns = (empty, empty, empty, empty, empty, np.zeros(0, dtype=object))
