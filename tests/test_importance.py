@@ -43,6 +43,24 @@ def test_ablation_importance_is_each_head_switched_off_alone(nilmformer):
     assert importance.attrs["measure"] == "||y - y_ablated|| / ||y||"
 
 
+def test_a_padded_fused_encoder_is_ranked_on_one_path():
+    """``nn.TransformerEncoder`` with a padding mask runs fused and nested (padded rows 0)
+    outside a mode, unfused inside one: the baseline runs where the ablated forwards run,
+    so a head's importance is its own change (every head once read 0.50: the two paths'
+    padded rows)."""
+    model, args, kwargs = zoo.case("torch_encoder_padding").build()
+    importance = attnpanel.head_importance(model, *args, progress=False, **kwargs)
+    with torch.no_grad(), attnpanel.ablate(model, {}):
+        plain = model(*args, **kwargs).double()
+    for layer in importance["layer"].values:
+        for head in range(importance.sizes["head"]):
+            with torch.no_grad(), attnpanel.ablate(model, {str(layer): [head]}):
+                ablated = model(*args, **kwargs).double()
+            expected = float((plain - ablated).norm() / plain.norm())
+            assert float(importance.sel(layer=layer, head=head)) == pytest.approx(expected)
+    assert float(importance.max()) < 0.4  # not the paths' difference
+
+
 def test_a_score_gives_its_signed_change(nilmformer):
     model, args, kwargs = nilmformer
     importance = attnpanel.head_importance(model, *args, score=squared, how="mean", progress=False)

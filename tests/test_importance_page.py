@@ -162,6 +162,10 @@ def test_the_rollout_reads_clock_times_marks_the_query_and_a_click_picks_one(pag
     formatter = image["xaxis"].formatter
     assert isinstance(formatter, CustomJSTickFormatter)
     assert formatter.args["labels"] == core.clock_labels(page.trace, 2)
+    (hover,) = [t for t in image["plot"].tools if isinstance(t, HoverTool)]
+    names = [name for name, _ in hover.tooltips]  # clock times, under the map's own names
+    assert names[:2] == ["key", "query"] and names[2].startswith("flow")
+    assert hover.tooltips[0][1] == "$x{custom}"
     (marker,) = page.engine.handles("rollout", PlotKey("HSpan", "Marker"))
     assert (marker["glyph"].bottom, marker["glyph"].top) == (39.5, 40.5)
     with page.engine.drawing_now():
@@ -240,11 +244,13 @@ def test_explore_a_capture_with_its_model_and_inputs():
 def test_a_metrics_change_is_written_to_the_decimals_of_its_metric():
     from attnpanel.render.importance_views import change_text, metric_table
 
-    assert change_text("10.91", 0.00792) == "+0.01"
-    assert change_text("0.9152", -0.007925) == "-0.0079"
-    assert change_text("16.04", 24.87) == "+24.87"
-    assert change_text("1", 0.0) == "+0"
-    assert change_text("5.334", 0.00004) == "+4e-05"  # too small for its decimals: still shown
+    assert change_text("10.91", "10.92", 0.00792) == "+0.01"
+    assert change_text("0.9152", "0.9073", -0.007925) == "-0.0079"
+    assert change_text("16", "17.55", 1.55) == "+1.55"  # the finer of the two
+    assert change_text("1", "0.9152", -0.0848) == "-0.0848"
+    assert change_text("1.234e+04", "1.3e+04", 660.0) == "+660"
+    assert change_text("1", "1", 0.0) == "+0"
+    assert change_text("5.334", "5.334", 0.00004) == "+4e-05"  # too small for its decimals
     table = metric_table(
         {"MAE kettle (W)": 16.04, "F1 kettle": 0.9152},
         {"MAE kettle (W)": 40.91, "F1 kettle": 0.9073},

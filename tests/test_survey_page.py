@@ -15,6 +15,7 @@ from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.sections.survey import NEEDS_SURVEY
 from attnpanel.nilm.demo import demo_model_run
 from attnpanel.render import survey_views
+from attnpanel.render.figures import draw
 
 WINDOWS = 4
 
@@ -69,6 +70,9 @@ def test_the_survey_draws_each_samples_statistic_of_the_models_own_weights(page,
     assert page.engine.title("survey") == "encoder.2.attention: distance (steps)"
     axes = {h["yaxis"].axis_label for f in page.engine.plots("survey").values() for h in f}
     assert axes == {"distance (steps)"}  # the value axis follows the statistic
+    figure = next(iter(page.engine.plots("survey").values()))[0]["plot"]
+    (hover,) = [t for t in figure.tools if isinstance(t, HoverTool)]
+    assert hover.tooltips[-1][0] == "distance (steps)"  # and so does the hover
     section.layer = "encoder.0.attention"
     section.statistic = "sink"
     xs, ys = drawn_points(page)
@@ -141,6 +145,10 @@ def test_many_samples_are_drawn_as_their_density():
     picked = element.get(4).dimension_values("sample")  # and their samples
     expected = np.concatenate([values.argmin("sample").values, values.argmax("sample").values])
     np.testing.assert_array_equal(picked, expected)
+    figure, _ = draw(element, tools=("hover",))  # the hover is the points', not the density's
+    (hover,) = [t for t in figure.tools if isinstance(t, HoverTool)]
+    assert [name for name, _ in hover.tooltips] == ["sample", "head", "entropy (nats)"]
+    assert type(hover.renderers[0].glyph).__name__ == "Scatter"
 
 
 def test_without_a_model_or_a_survey_the_section_says_what_it_needs():

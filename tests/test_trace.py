@@ -372,3 +372,7 @@ def test_a_mask_given_beside_a_bias_is_kept_not_dropped(given):
     np.testing.assert_allclose(again.values, weights, atol=1e-6)
     with pytest.raises(ValueError, match="mask='custom' with a bias"):
         build_trace(weights=weights.astype(np.float32), mask="custom", bias=bias[None])
+    with pytest.raises(
+        ValueError, match=r"mask= must be a \(query, key\) array of shape \(12, 12\)"
+    ):
+        build_trace(weights=weights.astype(np.float32), mask=blocked[:5], bias=bias[None])

@@ -155,7 +155,10 @@ def head_importance(
 def _ablation(model, inputs, kwargs, score, how, client, progress):
     with torch.no_grad():
         layers = attention_heads(model, *inputs, **kwargs)
-        y = output_tensor(model(*inputs, **kwargs))
+        # the baseline on the path the ablated forwards take (a padded nn.TransformerEncoder
+        # runs fused and nested outside a mode: its padded rows come out 0 there only)
+        with ablate(model, {}, how=how):
+            y = output_tensor(model(*inputs, **kwargs))
     if not layers:
         raise AblationError(f"{type(model).__name__} computed no attention: no head to rank")
     base = None if score is None else float(score(y))

@@ -152,12 +152,10 @@ class ModelRun:
 
     def _run(self, sample: int, off: dict[str, list[int]]) -> np.ndarray:
         inputs, kwargs = self.one(sample)
-        with torch.no_grad():
-            if off:
-                with ablate(self.model, off):
-                    output = self.model(*inputs, **kwargs)
-            else:
-                output = self.model(*inputs, **kwargs)
+        # every head on, too, on the path the ablated forwards take: a padded
+        # nn.TransformerEncoder runs fused (its padded rows 0) outside a mode only
+        with torch.no_grad(), ablate(self.model, off):
+            output = self.model(*inputs, **kwargs)
         return self._series(output)
 
     def capture(self, sample: int) -> xr.Dataset | xr.DataTree:

@@ -281,7 +281,7 @@ class SurveyStore:
 
         group = zarr.open_group(str(self.path), mode="r+")
         for _, array in group.arrays():
-            dims = array.metadata.dimension_names or array.attrs.get("_ARRAY_DIMENSIONS", ())
+            dims = _dimensions(array)
             if dims and dims[0] == "sample" and array.shape[0] != done:
                 array.resize((done, *array.shape[1:]))
 
@@ -304,16 +304,26 @@ class SurveyStore:
 
         variables, coords = {}, {}
         for name, array in zarr.open_group(str(self.path), mode="r").arrays():
-            dims = tuple(array.metadata.dimension_names or ())
+            dims = _dimensions(array)
             if dims == (name,):  # a coordinate: small, read now
                 coords[name] = array[:done] if name == "sample" else array[:]
                 continue
             data = da.from_zarr(array)
             if dims[:1] == ("sample",):
                 data = data[:done]
-            kept = {k: v for k, v in array.attrs.items() if k != "_FillValue"}
+            kept = {k: v for k, v in array.attrs.items() if k not in XARRAY_KEYS}
             variables[name] = xr.Variable(dims, data, attrs=kept)
         return xr.Dataset(variables, coords=coords, attrs=attrs)
+
+
+XARRAY_KEYS = ("_FillValue", "_ARRAY_DIMENSIONS")  # what xarray keeps in a zarr array's attrs
+
+
+def _dimensions(array) -> tuple:
+    """A zarr array's dimension names: in its metadata (zarr v3), else in the attribute
+    xarray writes (zarr v2)."""
+    names = getattr(array.metadata, "dimension_names", None)
+    return tuple(names or array.attrs.get("_ARRAY_DIMENSIONS", ()))
 
 
 def _part(stats: dict[str, np.ndarray], start: int, surveyor: Surveyor, step) -> xr.Dataset:

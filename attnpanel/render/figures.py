@@ -238,8 +238,9 @@ def draw(
     x_axis, y_axis = axes_of(fig)
     _axes(x_axis, y_axis, first, xticks, yticks, xrotation)
     tall = frame_height or (height if not frame_width else None)
-    if y_axis is not None and not yticks and tall and tall <= SHORT_PLOT:
-        y_axis.ticker.desired_num_ticks = 3  # a short chart's labels would run into each other
+    ticker = getattr(y_axis, "ticker", None)
+    if hasattr(ticker, "desired_num_ticks") and not yticks and tall and tall <= SHORT_PLOT:
+        ticker.desired_num_ticks = 3  # a short chart's labels would run into each other
     if xlabel is not None and x_axis is not None:
         x_axis.axis_label = xlabel or None
     if ylabel is not None and y_axis is not None:
@@ -423,7 +424,7 @@ def _map_frame(fig, found, layer, colorbar, cformat: str) -> None:
             padding=4,
         )
         fig.add_layout(bar, "below" if below else "right")
-        if not below:  # room for the widest labels ("-12.5", "0.0005"): the width never changes
+        if not below:  # room for the usual labels ("-12.5", "0.0005"): one width every stage
             fig.min_border_right = COLORBAR_ROOM
         handles["colorbar"] = bar
         handles["colorbar_label"] = layer.vdims[0].pprint_label if layer.vdims else ""
@@ -468,9 +469,13 @@ def _axes(x_axis, y_axis, first, xticks, yticks, xrotation) -> None:
 
 
 def _hover(found, layers) -> HoverTool:
-    """Hover on the first data layer: its columns named by its own dimensions (a map's
-    axes and value: key and query, or head and layer), maps by whole cell."""
-    for (key, handles), layer in zip(found, layers, strict=True):
+    """Hover on the first data layer (points that name their sample first): its columns
+    named by its own dimensions (a map's axes and value: key and query, or head and layer),
+    maps by whole cell."""
+    pairs = list(zip(found, layers, strict=True))
+    named = [pair for pair in pairs if pair[0][0].kind == "Scatter"]
+    named = [p for p in named if "sample" in getattr(p[0][1].get("source"), "data", {})]
+    for (key, handles), layer in named[:1] + pairs:
         renderer = handles.get("glyph_renderer")
         if renderer is None or not hasattr(renderer, "data_source"):
             continue

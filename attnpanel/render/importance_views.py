@@ -85,19 +85,19 @@ def prediction_curves(
     return hv.Overlay(curves, label=f"the model's prediction, sample {sel.sample}: {what}")
 
 
-def change_text(before: str, change: float) -> str:
-    """A change written to the decimals of the value it changes (``10.91`` -> ``+0.01``,
-    ``0.9152`` -> ``-0.0079``); a change too small for them in one significant digit."""
+def change_text(before: str, after: str, change: float) -> str:
+    """A change written to the decimals of the two values it lies between (``10.91`` and
+    ``10.92`` -> ``+0.01``; ``1`` and ``0.9152`` -> ``-0.0848``); four significant digits
+    where either is in e-notation; one significant digit where it is too small for them."""
     if not np.isfinite(change):
         return "–"
-    if "e" in before or "." not in before:
-        decimals = 0 if "e" not in before else 4
-    else:
-        decimals = len(before.split(".")[1])
+    if change == 0:
+        return "+0"
+    if "e" in before or "e" in after:
+        return f"{change:+.4g}"
+    decimals = max(len(text.split(".")[1]) if "." in text else 0 for text in (before, after))
     text = f"{change:+.{decimals}f}"
-    if change != 0 and float(text) == 0:
-        return f"{change:+.1g}"
-    return "+0" if change == 0 else text
+    return f"{change:+.1g}" if float(text) == 0 else text
 
 
 def metric_table(with_all: dict[str, float], without: dict[str, float], off: list[int]) -> hv.Table:
@@ -105,7 +105,7 @@ def metric_table(with_all: dict[str, float], without: dict[str, float], off: lis
     rows = []
     for name, value in with_all.items():
         shown, other = f"{value:.4g}", f"{without[name]:.4g}"
-        rows.append((name, shown, other, change_text(shown, without[name] - value)))
+        rows.append((name, shown, other, change_text(shown, other, without[name] - value)))
     label = "heads off" if off else "heads off (none)"
     return hv.Table(
         rows,

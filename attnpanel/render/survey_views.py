@@ -84,7 +84,7 @@ def distribution(values: xr.DataArray, sample: int | None = None) -> hv.Overlay:
     points = [x], [y, hv.Dimension("sample")]
     if samples * heads > DENSE_POINTS:
         # their density, and each head's extremes as points (they also set the value axis)
-        layers.append(density(xs, ys, heads))
+        layers.append(density(xs, ys, heads, y))
         filled = np.isfinite(data).any(axis=0)
         low = np.where(filled, np.nanargmin(np.where(np.isfinite(data), data, np.inf), axis=0), 0)
         high = np.where(filled, np.nanargmax(np.where(np.isfinite(data), data, -np.inf), axis=0), 0)
@@ -99,7 +99,7 @@ def distribution(values: xr.DataArray, sample: int | None = None) -> hv.Overlay:
     return hv.Overlay(layers)
 
 
-def density(xs: np.ndarray, ys: np.ndarray, heads: int) -> hv.Image:
+def density(xs: np.ndarray, ys: np.ndarray, heads: int, value="value") -> hv.Image:
     """Points as their count per cell, aggregated by datashader."""
     real = np.isfinite(ys)
     low, high = (float(np.min(ys[real])), float(np.max(ys[real]))) if real.any() else (0.0, 1.0)
@@ -114,6 +114,7 @@ def density(xs: np.ndarray, ys: np.ndarray, heads: int) -> hv.Image:
     return hv.Image(
         image[::-1],
         bounds=(-0.5, low, heads - 0.5, high),
+        kdims=["head", value],
         vdims=["samples"],
         group="Density",
         label="density",

@@ -91,7 +91,12 @@ def _given_cells(mask, shape: tuple) -> np.ndarray | None:
     """The cells ``mask=`` (a mode or a ``(query, key)`` bool array) blocks, True where
     blocked, for a trace whose mask truth is recorded (a ``bias`` beside it)."""
     if not isinstance(mask, str):
-        return _numpy(mask).astype(bool)
+        cells = _numpy(mask).astype(bool)
+        if cells.shape != tuple(shape[2:]):
+            raise ValueError(
+                f"mask= must be a (query, key) array of shape {tuple(shape[2:])}, got {cells.shape}"
+            )
+        return cells
     if mask not in MASK_MODES:
         raise ValueError(
             f"mask={mask!r} with a bias: give the blocked cells (blocked=) or a mode of "

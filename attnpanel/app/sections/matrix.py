@@ -16,7 +16,7 @@ from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
-from attnpanel.render.elements import MAP_KEY
+from attnpanel.render.elements import MAP_KEY, PlotKey
 
 MATRIX_SIZE = 480  # one pixel per cell at the demo length
 # Browser-side lookups of a position's clock time (the labels are data passed as args).
@@ -40,10 +40,12 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
         if n_query == len(labels):
             fields["$y"] = formatter
         hover.formatters = fields
-        hover.tooltips = [
-            ("key", "$x{custom}" if "$x" in fields else "$x{0}"),
-            ("query", "$y{custom}" if "$y" in fields else "$y{0}"),
-            ("value", "@image{0.0000}"),
+        names = [name for name, _ in hover.tooltips or []]
+        names = names if len(names) == 3 else ["key", "query", "value"]
+        hover.tooltips = [  # the names the map gave (key, query, its value's own), as clocks
+            (names[0], "$x{custom}" if "$x" in fields else "$x{0}"),
+            (names[1], "$y{custom}" if "$y" in fields else "$y{0}"),
+            (names[2], "@image{0.0000}"),
         ]
 
 
@@ -76,10 +78,47 @@ def matrix_style(
     )
 
 
-class AttentionMatrix(Section):
+class PositionMap(Section):
+    """A section of maps over the trace's positions (rows: queries, columns: keys): clock
+    times on their axes and in their hover, and a click on a row picks that query."""
+
+    # the group of the maps it labels, and the (pane, key) of each
+    map_group = "Attention"
+    map_panes: tuple[tuple[str, PlotKey], ...] = ()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.state.param.watch(self._relabel_axes, ["sample", "layer"], precedence=1)
+        self.engine.on_render(self._on_render)
+
+    def click(self, x=None, y=None) -> None:
+        """What a click on a map does: pick the query of the clicked row."""
+        if y is None:
+            return
+        n_query = self.trace.sizes["query"]
+        query = int(np.clip(round(float(y)), 0, n_query - 1))
+        self.engine.soon(self.state.param.update, query=query)
+
+    def _on_render(self, figure, element, handles) -> None:
+        labels = core.clock_labels(self.trace, self.state.sample)
+        if labels is None or getattr(element, "group", "") != self.map_group:
+            return
+        clock_axes(figure, labels, self.trace.sizes["query"], self.trace.sizes["key"])
+
+    def _relabel_axes(self, *_events) -> None:
+        """The shown sample's clock times on every map of the section."""
+        labels = core.clock_labels(self.trace, self.state.sample)
+        if labels is not None:
+            for pane, key in self.map_panes:
+                for handles in self.engine.handles(pane, key):
+                    set_clock_labels(handles["plot"], labels)
+
+
+class AttentionMatrix(PositionMap):
     """The matrix, its colour map, token tick labels, and the side-by-side unmasked copy."""
 
     title = "Attention matrix (click a row to pick its query)"
+    map_panes = (("matrix", MAP_KEY), ("unmasked", MAP_KEY))
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -87,8 +126,6 @@ class AttentionMatrix(Section):
         self._beside = None
         self.state.param.watch(self._on_colormap, "colormap")
         self.state.param.watch(self._on_side_by_side, "side_by_side")
-        self.state.param.watch(self._relabel_axes, ["sample", "layer"], precedence=1)
-        self.engine.on_render(self._on_render)
 
     def build(self):
         try:
@@ -148,35 +185,17 @@ class AttentionMatrix(Section):
         pairs = list(ticks.items())
         return dict(xticks=pairs, yticks=pairs, xrotation=90)
 
-    def _on_render(self, figure, element, handles) -> None:
-        labels = core.clock_labels(self.trace, self.state.sample)
-        if labels is None or element.group != "Attention":
-            return
-        clock_axes(figure, labels, self.trace.sizes["query"], self.trace.sizes["key"])
-
     def _relabel_axes(self, *_events) -> None:
-        labels = core.clock_labels(self.trace, self.state.sample)
-        if labels is not None:
-            for pane in ("matrix", "unmasked"):
-                for handles in self.engine.handles(pane, MAP_KEY):
-                    set_clock_labels(handles["plot"], labels)
+        super()._relabel_axes()
         ticks = model_views.token_ticks(self.trace, self.state.sample)
         if not ticks:
             return
         overrides = {int(k): v for k, v in ticks.items()}
-        for pane in ("matrix", "unmasked"):
-            for handles in self.engine.handles(pane, MAP_KEY):
+        for pane, key in self.map_panes:
+            for handles in self.engine.handles(pane, key):
                 for axis in ("xaxis", "yaxis"):
                     if axis in handles:
                         handles[axis].major_label_overrides = overrides
-
-    def click(self, x=None, y=None) -> None:
-        """What a click on a matrix does: pick the query of the clicked row."""
-        if y is None:
-            return
-        n_query = self.trace.sizes["query"]
-        query = int(np.clip(round(float(y)), 0, n_query - 1))
-        self.engine.soon(self.state.param.update, query=query)
 
     def _on_colormap(self, event) -> None:
         palette = process_cmap(event.new, 256)

@@ -10,14 +10,11 @@ one layer and no model shows nothing here.
 from __future__ import annotations
 
 import holoviews as hv
-import numpy as np
 import panel as pn
 import param
 import xarray as xr
 
-from attnpanel.app.sections.base import Section
-from attnpanel.app.sections.matrix import clock_axes, matrix_style, set_clock_labels
-from attnpanel.readouts import core
+from attnpanel.app.sections.matrix import PositionMap, matrix_style
 from attnpanel.readouts.flow import rollout
 from attnpanel.render import importance_views
 from attnpanel.render.elements import PlotKey
@@ -27,10 +24,12 @@ ROLLOUT_KEY = PlotKey("Image", "Rollout")
 WEIGHINGS = {"weights": "plain", "gradient × weights": "gradient"}
 
 
-class Rollout(Section):
+class Rollout(PositionMap):
     """The rollout map of the shown sample, plain or gradient-weighted."""
 
     title = "Attention rollout (every layer)"
+    map_group = "Rollout"
+    map_panes = (("rollout", ROLLOUT_KEY),)
     weighing = param.Selector(
         objects=list(WEIGHINGS), default="weights", doc="What weighs each layer's weights."
     )
@@ -38,8 +37,6 @@ class Rollout(Section):
     def __init__(self, **params):
         super().__init__(**params)
         self.param.watch(self._on_weighing, "weighing")
-        self.engine.on_render(self._on_render)
-        self.state.param.watch(self._relabel_axes, "sample", precedence=1)
 
     @property
     def run(self):
@@ -103,26 +100,6 @@ class Rollout(Section):
         image = raster.element(hv.Dimension("flow", label=raster.value_label))
         plot = self.marked(image, "query marker", "rollout")  # the row of the shown query
         return self.engine.render(plot, "rollout", style=style, on_tap=self.click)
-
-    def click(self, x=None, y=None) -> None:
-        """A click on the map picks the query of the clicked row, as on the matrix."""
-        if y is None:
-            return
-        query = int(np.clip(round(float(y)), 0, self.trace.sizes["query"] - 1))
-        self.engine.soon(self.state.param.update, query=query)
-
-    def _on_render(self, figure, element, handles) -> None:
-        """Clock times on the axes and in the hover, as the matrix beside it reads."""
-        labels = core.clock_labels(self.trace, self.state.sample)
-        if labels is not None and getattr(element, "group", "") == "Rollout":
-            length = int(self.trace.sizes["query"])
-            clock_axes(figure, labels, length, length)
-
-    def _relabel_axes(self, *_events) -> None:
-        labels = core.clock_labels(self.trace, self.state.sample)
-        if labels is not None:
-            for handles in self.engine.handles("rollout", ROLLOUT_KEY):
-                set_clock_labels(handles["plot"], labels)
 
     def _on_weighing(self, _event) -> None:
         self.engine.redraw(lambda view: view.pane == "rollout")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import panel as pn
 import param
 import xarray as xr
+from bokeh.models import HoverTool
 
 from attnpanel.app.sections.base import Section
 from attnpanel.render import survey_views
@@ -117,10 +118,14 @@ class SurveyView(Section):
 
     def _on_choice(self, *_events) -> None:
         self.engine.redraw(lambda view: view.pane == "survey")
-        for found in self.engine.plots("survey").values():  # the value axis names the statistic
+        label = survey_views.label(self.statistic)
+        for found in self.engine.plots("survey").values():  # the axis and hover name it
             for handles in found:
                 if handles.get("yaxis") is not None:
-                    handles["yaxis"].axis_label = survey_views.label(self.statistic)
+                    handles["yaxis"].axis_label = label
+                for hover in handles["plot"].select({"type": HoverTool}):
+                    if isinstance(hover.tooltips, list) and hover.tooltips:
+                        hover.tooltips = [*hover.tooltips[:-1], (label, hover.tooltips[-1][1])]
 
     def click(self, x=None, y=None) -> None:
         """A click on a point: open its sample (one of this trace's)."""
