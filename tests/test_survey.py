@@ -112,6 +112,16 @@ def test_batches_one_by_one_equal_one_batch_and_time_distances(nanogpt):
         survey(model, [3.0], progress=False)
 
 
+def resumed_counting(model, batches, store) -> tuple[xr.Dataset, int]:
+    """The survey resumed on ``store``, and how many forwards the model ran for it."""
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        return survey(model, batches, store=store, progress=False), len(seen)
+    finally:
+        hook.remove()
+
+
 def test_an_interrupted_survey_resumes_after_its_last_whole_batch(nanogpt, tmp_path):
     model, batches = nanogpt
     whole = survey(model, batches, progress=False)
@@ -125,13 +135,8 @@ def test_an_interrupted_survey_resumes_after_its_last_whole_batch(nanogpt, tmp_p
         survey(model, interrupted(), store=store, progress=False)
     partial = SurveyStore(store).read()
     assert partial.sizes["sample"] == 4
-    seen = []
-    hook = model.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
-    try:
-        resumed = survey(model, batches, store=store, progress=False)
-    finally:
-        hook.remove()
-    assert len(seen) == 2 + 1  # the two batches left, and the first sample's layer check
+    resumed, forwards = resumed_counting(model, batches, store)
+    assert forwards == 2 + 1  # the two batches left, and the first sample's layer check
     xr.testing.assert_allclose(resumed.load(), whole.assign_attrs(resumed.attrs))
 
 
@@ -158,13 +163,8 @@ def test_a_half_written_batch_is_never_read_and_is_trimmed_on_resume(
     monkeypatch.setattr(ZarrStore, "set_variables", written)
     assert xr.open_zarr(str(store), consolidated=False).sizes["sample"] == 6
     assert SurveyStore(store).read().sizes["sample"] == 4
-    seen = []
-    hook = model.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
-    try:
-        resumed = survey(model, batches, store=store, progress=False)
-    finally:
-        hook.remove()
-    assert len(seen) == 2 + 1  # the two batches left, and the first sample's layer check
+    resumed, forwards = resumed_counting(model, batches, store)
+    assert forwards == 2 + 1  # the two batches left, and the first sample's layer check
     whole = survey(model, batches, progress=False)
     assert resumed.sizes["sample"] == 8
     np.testing.assert_allclose(resumed["entropy"].values, whole["entropy"].values)
@@ -297,6 +297,7 @@ def test_statistics_from_scores_equal_those_from_the_weights_and_check_the_outpu
     q, k, v = (torch.randn(batch, heads, length, width, generator=generator) for _ in range(3))
     padded = torch.zeros(batch, length, dtype=torch.bool)
     padded[1, 30:] = True
+    padded[2, :4] = True  # padded on the left: its sink is key 4
     blocked = padded[:, None, None, :] | torch.ones(length, length, dtype=torch.bool).triu(1)
     bias = torch.randn(1, heads, length, length, generator=generator)
     norms = torch.rand(batch, heads, length, generator=generator) + 0.1
@@ -308,6 +309,9 @@ def test_statistics_from_scores_equal_those_from_the_weights_and_check_the_outpu
         assert error < 1e-5
         assert set(found) == set(expected)
         for name, values in expected.items():
+            np.testing.assert_allclose(found[name], values, rtol=2e-5, atol=1e-7, err_msg=name)
+        long = long_statistics(weights.double().numpy(), padded.numpy())
+        for name, values in long.items():  # the sink of sample 2 on key 4, as defined
             np.testing.assert_allclose(found[name], values, rtol=2e-5, atol=1e-7, err_msg=name)
     _, error = head_statistics_of_scores(q, k, 0.3, blocked, bias, None, v, context + 0.5)
     assert error == pytest.approx(0.5, abs=1e-4)

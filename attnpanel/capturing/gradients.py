@@ -29,7 +29,7 @@ from torch import nn
 
 from attnpanel.capturing.ablation import AblationError, HeadGate
 from attnpanel.capturing.capture import capture as capture_model
-from attnpanel.capturing.importance import evaluating, output_tensor
+from attnpanel.capturing.importance import differentiable_score, evaluating, output_tensor
 from attnpanel.capturing.intercept import fused_path_off
 
 
@@ -81,9 +81,7 @@ def output_gradients(
         with torch.enable_grad():
             with probe.watching(), probe:
                 y = output_tensor(model(*inputs, **kwargs))
-            value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
-            if not isinstance(value, torch.Tensor) or value.numel() != 1:
-                raise AblationError("score(y) must return a scalar tensor to be differentiated")
+            value = differentiable_score(y, score)
             if not probe.lanes:
                 raise AblationError(f"{type(model).__name__} computed no attention")
             lanes = list(probe.lanes.items())

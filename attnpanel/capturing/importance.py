@@ -50,6 +50,15 @@ def output_tensor(output) -> torch.Tensor:
     raise TypeError(f"the model's output holds no tensor: {type(output).__name__}")
 
 
+def differentiable_score(y: torch.Tensor, score: Callable | None) -> torch.Tensor:
+    """``score(y)`` (default ``||y||`` in float64), refused unless it is a scalar tensor a
+    backward pass can start from."""
+    value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise AblationError("score(y) must return a scalar tensor to be differentiated")
+    return value
+
+
 def relative_change(y: torch.Tensor, ablated: torch.Tensor) -> float:
     """``||y - ablated|| / ||y||`` in float64 (NaN entries, padded outputs say, left out)."""
     y, ablated = y.detach().double(), ablated.detach().double()
@@ -233,9 +242,7 @@ def _gradient(model, inputs, kwargs, score, how):
         with torch.enable_grad():
             with gate.watching(), gate:
                 y = output_tensor(model(*inputs, **kwargs))
-            value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
-            if not isinstance(value, torch.Tensor) or value.numel() != 1:
-                raise AblationError("the gradient method needs score(y) to return a scalar tensor")
+            value = differentiable_score(y, score)
             if not gate.gates:
                 raise AblationError(
                     f"{type(model).__name__} computed no attention: no head to rank"

@@ -63,6 +63,13 @@ def split_batch(batch) -> tuple[tuple, dict]:
     )
 
 
+def batch_size(args: tuple, kwargs: dict) -> int:
+    """The samples in one batch of inputs: the first dimension of its first tensor (1
+    where no input is a batched tensor)."""
+    sizes = (t.shape[0] for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.dim())
+    return int(next(sizes, 1))
+
+
 def _cut(value, batch: int):
     if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch:
         return value[:1]
@@ -110,9 +117,7 @@ class Surveyor:
         recorder.finish()
         if names != self.layers:
             raise ValueError(f"this batch ran layers {names}, the survey's are {self.layers}")
-        batch = next(
-            t.shape[0] for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.dim()
-        )
+        batch = batch_size(args, kwargs)
         heads = max(self.heads.values())
         names = list(dict.fromkeys(n for stats in recorder.summaries for n in stats))
         found = {}
@@ -448,15 +453,14 @@ def _after(iterator, prepare, done: int, target) -> tuple[object | None, int]:
     for batch in iterator:
         if seen >= done:
             return batch, skipped
-        args, kwargs = prepare(batch)
-        sizes = [t.shape[0] for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.dim()]
-        seen += sizes[0] if sizes else 1
+        size = batch_size(*prepare(batch))
+        seen += size
         skipped += 1
         if seen > done:
             raise SurveyStoreError(
                 f"{target.path} holds {done} whole samples, but these inputs' batches end at "
-                f"{seen - (sizes[0] if sizes else 1)} and {seen}: give the batches (batch size "
-                "and order) the survey began with"
+                f"{seen - size} and {seen}: give the batches (batch size and order) the "
+                "survey began with"
             )
     return None, skipped
 

@@ -75,24 +75,12 @@ def _row_statistics(
         ).items():
             found.setdefault(name, []).append(value)
     values = {name: torch.cat(parts) for name, parts in found.items()}  # (B H, L)
-    # single cells: the sink, the diagonal and the previous key, plain and weighted
-    sinks = first.repeat_interleave(heads)[:, None, None].expand(-1, length, 1)
+    sinks = _sinks(first, heads)
     own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
-    cells = {
-        "sink": flat.gather(-1, sinks)[..., 0],
-        "diagonal_share": torch.where(rows < keys, flat[:, rows, own], 0.0),
-        "previous_share": torch.where((rows >= 1) & (rows - 1 < keys), flat[:, rows, before], 0.0),
-    }
-    if scale is not None:
-        total = values.pop("vw_total")
-        key_norm = {
-            "sink": scale.gather(-1, sinks[:, :, 0]),
-            "diagonal_share": scale[:, own],
-            "previous_share": scale[:, before],
-        }
-        for name, cell in list(cells.items()):
-            cells["vw_" + name] = cell * key_norm[name] / total
+    cells = _single_cells(flat, sinks, rows, own, before, length == keys)
     values.update(cells)
+    if scale is not None:
+        values.update(_weighted_cells(cells, scale, sinks, own, before, values.pop("vw_total")))
     return {name: value.reshape(batch, heads, length) for name, value in values.items()}
 
 
@@ -151,7 +139,7 @@ def _row_means(
 FILL = -1e30  # a blocked cell's score: exp() of it is 0, and 0 times it is 0 (not NaN)
 
 
-def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, float]:
+def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, torch.Tensor]:
     """The row sums of one block of head-samples from its scores (no weights kept), and
     how far ``weights @ v`` of the ``checked`` rows lies from the model's own ``context``.
 
@@ -159,9 +147,9 @@ def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, 
     """
     s = torch.bmm(q, k.transpose(1, 2)) if added is None else torch.baddbmm(added, q, k.mT)
     a = torch.softmax(s, dim=-1)
-    top = a.amax(-1)
+    top, peak = a.amax(-1), s.amax(-1)
     # ln a_ij = s_ij - lse_i, and at the row's largest weight: lse = max s - ln(max a)
-    lse = s.amax(-1) - torch.log(top)
+    lse = peak - torch.log(top)
     found = {
         "entropy": lse - torch.linalg.vecdot(a, s),  # -sum a ln a = lse - sum a s
         "distance": torch.linalg.vecdot(a, steps),
@@ -179,16 +167,25 @@ def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, 
         found["vw_distance"] = torch.linalg.vecdot(w, steps) / safe
         found["vw_max_weight"] = w.amax(-1) / safe
         found["vw_total"] = safe
-    error = 0.0
+    error = torch.zeros((), device=s.device)
     if v is not None and context is not None and v.numel():
-        rows = a[:, checked]
-        error = float((torch.bmm(rows, v) - context[:, checked]).abs().max())
+        # a row blocked from every key is 0 in the kernels (uniform in a softmax of FILLs)
+        live = peak[:, checked] > FILL / 2
+        rows = a[:, checked] * live[..., None]
+        error = (torch.bmm(rows, v) - context[:, checked]).abs().max()
     return found, error
+
+
+def _sinks(first: torch.Tensor, heads: int) -> torch.Tensor | None:
+    """Each head-sample's sink key (its sample's first real key); None where it is key 0
+    for every sample (read as a column, with no gather; asked once, not per block)."""
+    return None if bool((first == 0).all()) else first.repeat_interleave(heads)
 
 
 def _single_cells(a, sinks, rows, own, before, square: bool) -> dict[str, torch.Tensor]:
     """Per row of ``a`` ``(n, L, S)``: the weight on the sink (each head-sample's first real
-    key, ``sinks``), on its own position and on the previous one (0 where there is none)."""
+    key, ``sinks``; None: key 0), on its own position and on the previous one (0 where
+    there is none)."""
     if square:  # the diagonals, copied out: a view would keep the whole block alive
         diagonal = torch.diagonal(a, dim1=-2, dim2=-1).clone()
         previous = torch.nn.functional.pad(torch.diagonal(a, offset=-1, dim1=-2, dim2=-1), (1, 0))
@@ -196,11 +193,23 @@ def _single_cells(a, sinks, rows, own, before, square: bool) -> dict[str, torch.
         keys = a.shape[-1]
         diagonal = torch.where(rows < keys, a[:, rows, own], 0.0)
         previous = torch.where((rows >= 1) & (rows - 1 < keys), a[:, rows, before], 0.0)
-    if bool((sinks == 0).all()):
+    if sinks is None:
         sink = a[..., 0].clone()
     else:
         sink = a.gather(-1, sinks[:, None, None].expand(-1, a.shape[1], 1))[..., 0]
     return {"sink": sink, "diagonal_share": diagonal, "previous_share": previous}
+
+
+def _weighted_cells(cells, norms, sinks, own, before, total) -> dict[str, torch.Tensor]:
+    """The single cells of :func:`_single_cells` on the value-weighted rows: each cell
+    times its key's norm (``norms`` ``(n, S)``), over the row's weighted ``total``."""
+    length = own.shape[0]
+    at_sink = norms[:, :1] if sinks is None else norms.gather(-1, sinks[:, None])
+    return {
+        "vw_sink": cells["sink"] * at_sink.expand(-1, length) / total,
+        "vw_diagonal_share": cells["diagonal_share"] * norms[:, own] / total,
+        "vw_previous_share": cells["previous_share"] * norms[:, before] / total,
+    }
 
 
 def _added(blocked, bias, cells) -> torch.Tensor | None:
@@ -276,12 +285,12 @@ def head_statistics_of_scores(
         if padding is None
         else (~padding).to(torch.int8).argmax(dim=1)
     )
-    sinks = first.repeat_interleave(heads)
+    sinks = _sinks(first, heads)
     own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
     checked = (rows if checked is None else checked).to(device)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
     found: dict[str, list[torch.Tensor]] = {}
-    error = 0.0
+    error = torch.zeros((), device=device)  # read once, at the end (no sync per block)
     square = length == keys
     for start in range(0, batch * heads, per):
         part = slice(start, min(start + per, batch * heads))  # views, no copies
@@ -295,19 +304,17 @@ def head_statistics_of_scores(
             block["q"], block["k"], block_added, n, steps, block.get("v"), block.get("context"),
             checked,
         )  # fmt: skip
-        error = max(error, gap)
+        error = torch.maximum(error, gap)
         a = values.pop("weights")
-        cells = _single_cells(a, sinks[part], rows, own, before, square)
+        block_sinks = None if sinks is None else sinks[part]
+        cells = _single_cells(a, block_sinks, rows, own, before, square)
         values.update(cells)
         if n is not None:
             total = values.pop("vw_total")
-            at_sink = n.gather(-1, sinks[part][:, None]).expand(-1, length)
-            values["vw_sink"] = cells["sink"] * at_sink / total
-            values["vw_diagonal_share"] = cells["diagonal_share"] * n[:, own] / total
-            values["vw_previous_share"] = cells["previous_share"] * n[:, before] / total
+            values.update(_weighted_cells(cells, n, block_sinks, own, before, total))
         for name, value in values.items():
             found.setdefault(name, []).append(value)
     rows_found = {
         name: torch.cat(parts).reshape(batch, heads, length) for name, parts in found.items()
     }
-    return _row_means(rows_found, padding, length, keys), error
+    return _row_means(rows_found, padding, length, keys), float(error)
