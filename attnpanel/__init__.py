@@ -1,12 +1,11 @@
 """attnpanel: an interactive explorer for multi-head self-attention at full resolution."""
 
-from attnpanel.capturing.ablation import AblationError, ablate, attention_heads
 from attnpanel.capturing.capture import FusedQKV, capture
-from attnpanel.capturing.gradients import attention_gradients
-from attnpanel.capturing.importance import head_importance
-from attnpanel.capturing.intercept import CaptureError
-from attnpanel.capturing.model_run import ModelRun
-from attnpanel.capturing.survey import survey
+from attnpanel.capturing.recorder import CaptureError
+from attnpanel.interventions.gate import AblationError, ablate, attention_heads
+from attnpanel.interventions.gradients import attention_gradients
+from attnpanel.interventions.importance import head_importance
+from attnpanel.interventions.model_run import ModelRun
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
 from attnpanel.nilm.demo import demo, head_statistics
@@ -16,6 +15,7 @@ from attnpanel.readouts.compare import compare
 from attnpanel.readouts.embedding import qk_embedding
 from attnpanel.readouts.flow import rollout, value_weighted
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
+from attnpanel.surveys.survey import survey
 from attnpanel.traces.build import build_trace, trace
 from attnpanel.traces.io import load, save
 from attnpanel.traces.stages import attention_stage, recompute_weights

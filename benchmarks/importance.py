@@ -36,7 +36,7 @@ from capture import SENTENCES  # noqa: E402 - the same 8 sentences as the captur
 from scipy.stats import spearmanr
 
 import attnpanel
-from attnpanel.capturing.importance import output_tensor
+from attnpanel.interventions.importance import output_tensor
 
 
 def score(y: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,7 @@ def rss_mb() -> float:
 def memory_child(windows: int, batch: int, what: str) -> None:
     """In a fresh process: the resident memory before, and its peak during, the forwards
     or the survey (sampled every 5 ms)."""
-    from attnpanel.capturing.survey import survey
+    from attnpanel.surveys.survey import survey
 
     model, batches = demo_batches(windows, batch)
     forwards(model, batches[:1])  # torch's own first-call allocations, in both
@@ -229,7 +229,7 @@ def main() -> None:
         memory_child(args.windows, args.batch, args.memory_child)
         return
     import attnpanel
-    from attnpanel.capturing.survey import survey
+    from attnpanel.surveys.survey import survey
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     model, batches = demo_batches(args.windows, args.batch)

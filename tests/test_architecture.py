@@ -17,7 +17,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attnpanel"
 # Bottom to top: a module may import its own layer and the layers below it, never above.
-LAYERS = ("util", "kernels", "traces", "capturing", "readouts", "render", "app", "nilm", "cli")
+LAYERS = (
+    "util",
+    "kernels",
+    "traces",
+    "watching",
+    "capturing",
+    "surveys",
+    "interventions",
+    "readouts",
+    "render",
+    "app",
+    "nilm",
+    "cli",
+)
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 300
 

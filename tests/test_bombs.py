@@ -32,7 +32,8 @@ from hostile import Hostile
 from test_io_hostile import small_trace
 
 import attnpanel
-from attnpanel.capturing.survey import FORMAT, VERSION, SurveyStore, survey
+from attnpanel.surveys.store import FORMAT, VERSION, SurveyStore
+from attnpanel.surveys.survey import survey
 from attnpanel.traces import screening
 
 BOMB = 2**31  # bytes each bomb decodes to

@@ -276,7 +276,7 @@ def test_the_rollout_sits_beside_the_matrix_and_weighs_by_gradient(app, artifact
     from test_gradients import ExplicitSDPA, long_gradient_rollout
 
     import attnpanel
-    from attnpanel.capturing.importance import output_tensor
+    from attnpanel.interventions.importance import output_tensor
     from attnpanel.nilm.demo import demo_model_run
     from attnpanel.readouts.raster import window_raster
 

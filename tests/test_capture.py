@@ -342,7 +342,7 @@ def test_a_capture_beside_a_thread_running_the_fused_encoder():
 def test_where_modes_do_not_keep_the_fused_path_off_the_switch_is_shared(monkeypatch):
     """The fallback for a torch whose modes leave the fused path on: the process-wide
     switch, off while any user is inside, restored by the last one out."""
-    from attnpanel.capturing import intercept
+    from attnpanel.watching import watcher as intercept
 
     monkeypatch.setattr(intercept, "MODES_SKIP_FUSED_PATH", False)
     before = torch.backends.mha.get_fastpath_enabled()

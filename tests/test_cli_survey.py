@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import zarr
 
-from attnpanel.capturing.survey import SurveyStore
 from attnpanel.cli.main import main
 from attnpanel.nilm.nilmformer import default_path
+from attnpanel.surveys.store import SurveyStore
 
 CHECKPOINT = str(default_path())
 

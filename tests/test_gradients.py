@@ -1,4 +1,4 @@
-"""``d score / d a_ij`` (``attnpanel.capturing.gradients``) and the gradient-weighted
+"""``d score / d a_ij`` (``attnpanel.interventions.gradients``) and the gradient-weighted
 rollout against the long way: the weights formed explicitly inside the model, their
 gradient taken by autograd (``retain_grad``), Chefer et al.'s rule applied in float64."""
 
@@ -12,7 +12,7 @@ import zoo
 from torch.overrides import TorchFunctionMode
 
 import attnpanel
-from attnpanel.capturing.gradients import attention_gradients
+from attnpanel.interventions.gradients import attention_gradients
 from attnpanel.readouts.flow import rollout
 
 

@@ -14,8 +14,8 @@ from test_ablation import run
 from torch import nn
 
 import attnpanel
-from attnpanel.capturing.ablation import AblationError, attention_heads
-from attnpanel.capturing.importance import output_tensor
+from attnpanel.interventions.gate import AblationError, attention_heads
+from attnpanel.interventions.importance import output_tensor
 
 
 def squared(y: torch.Tensor) -> torch.Tensor:

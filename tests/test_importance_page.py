@@ -183,7 +183,7 @@ def test_the_gradient_weighted_rollout_weighs_the_models_own_weights(page, run):
     Chefer et al.'s rule."""
     from test_gradients import ExplicitSDPA, long_gradient_rollout
 
-    from attnpanel.capturing.importance import output_tensor
+    from attnpanel.interventions.importance import output_tensor
     from attnpanel.readouts.raster import window_raster
 
     page.param.update(sample=2)

@@ -14,7 +14,8 @@ import xarray as xr
 import zoo
 from test_flow import LONG_WAY, first_input
 
-from attnpanel.capturing.survey import SurveyStore, SurveyStoreError, survey
+from attnpanel.surveys.store import SurveyStore, SurveyStoreError
+from attnpanel.surveys.survey import survey
 
 
 def long_statistics(a: np.ndarray, padded: np.ndarray | None) -> dict[str, np.ndarray]:

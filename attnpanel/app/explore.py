@@ -18,7 +18,7 @@ from attnpanel.app.compare_explorer import CompareExplorer
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.groups_explorer import GroupsExplorer
 from attnpanel.app.long_explorer import LongExplorer
-from attnpanel.capturing.model_run import ModelRun
+from attnpanel.interventions.model_run import ModelRun
 from attnpanel.traces import io, virtual
 from attnpanel.traces.layers import groups
 from attnpanel.traces.overviews import folder_for
@@ -60,7 +60,7 @@ def explore(
     if compare is not None:
         return CompareExplorer(capture, compare, **params)
     if isinstance(params.get("survey"), str | Path):
-        from attnpanel.capturing.survey import SurveyStore
+        from attnpanel.surveys.store import SurveyStore
 
         params["survey"] = SurveyStore(Path(params["survey"])).read().load()
     if isinstance(capture, str | Path):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import param
 import xarray as xr
 
-from attnpanel.capturing.model_run import ModelRun
+from attnpanel.interventions.model_run import ModelRun
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.readouts.core import Selection, StageCache, at_layer, uses_sinusoidal
 from attnpanel.traces.schema import STAGES

@@ -1,7 +1,7 @@
 """Capture exact attention traces from any PyTorch model, with no adapter.
 
 :func:`capture` runs a model once (eval mode, no gradients) inside an
-:class:`~attnpanel.capturing.intercept.AttentionRecorder`, which sees every attention computation
+:class:`~attnpanel.capturing.recorder.AttentionRecorder`, which sees every attention computation
 itself: ``F.scaled_dot_product_attention`` calls, ``F.multi_head_attention_forward``
 (``nn.MultiheadAttention``) and softmaxes over a ``q . k`` product, however the module
 around them is written. Each one becomes a trace (see :mod:`attnpanel.trace`) with q and k
@@ -31,13 +31,8 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing import readers  # noqa: F401 - registers the attention readers
-from attnpanel.capturing.intercept import (
-    AttentionCall,
-    AttentionRecorder,
-    CaptureError,
-    fused_path_off,
-)
 from attnpanel.capturing.projections import call_tensors, read_projections
+from attnpanel.capturing.recorder import AttentionCall, AttentionRecorder, CaptureError
 from attnpanel.capturing.stacking import assemble, layer_sizes
 from attnpanel.kernels.masks import cached_mask
 from attnpanel.traces.build import TraceParts, trace_parts
@@ -170,7 +165,7 @@ def record_calls(
         if training:
             model.eval()
         # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
-        with fused_path_off(), recorder.watch(model), recorder, torch.no_grad():
+        with recorder.watching(model), torch.no_grad():
             model(*inputs, **kwargs)
     finally:
         for module in training:  # exactly the modules that were training, as they were
@@ -184,7 +179,7 @@ def record_calls(
                 f"module {_label(call.module)} ({_kind(model, call.module)}): its attention "
                 f"cannot be reproduced exactly: {call.unsupported}"
             )
-    return recorder, _call_names(calls, type(model).__name__)  # the model may be the layer
+    return recorder, [call.layer for call in calls]
 
 
 def _label(name: str) -> str:
@@ -215,17 +210,6 @@ def _nothing_found(model: nn.Module) -> str:
     if looks:
         message += f"; attention-like modules that computed none: {', '.join(looks[:8])}"
     return message
-
-
-def _call_names(calls: list[AttentionCall], root: str) -> list[str]:
-    seen: dict[str, int] = {}
-    names = []
-    for call in calls:
-        name = call.module or root
-        count = seen.get(name, 0)
-        seen[name] = count + 1
-        names.append(name if count == 0 else f"{name}[{count}]")
-    return names
 
 
 def _hints(model: nn.Module, fused: Mapping[str, str | FusedQKV]) -> dict[str, FusedQKV]:

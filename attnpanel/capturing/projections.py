@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnpanel.capturing.intercept import AttentionCall, spread_rows, tolerance
+from attnpanel.capturing.recorder import AttentionCall, spread_rows, tolerance
 
 ProjectionReader = Callable[[nn.Module], dict[str, torch.Tensor | None] | None]
 

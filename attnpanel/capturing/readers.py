@@ -1,56 +1,49 @@
 """The readers of the attention calls a model makes, one per torch function.
 
-Each is registered with :func:`attnpanel.capturing.intercept.reads` under the name of the
-function it reads (``scaled_dot_product_attention``, ``multi_head_attention_forward``,
-``softmax``, attnpanel's own bounded ``attention``); it calls the function with its own
+Each is registered with :func:`attnpanel.capturing.recorder.reads` under the kind of site it
+reads (``sdpa``, ``multi_head_attention_forward``, attnpanel's own bounded attention
+``attnpanel``, and ``softmax``: the sites :mod:`attnpanel.watching` finds); it calls the
+function with its own
 arguments, returns its result untouched, and records q, k, v, the scale and the mask truth,
 checked against what the call computed. Importing this module registers them.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from attnpanel.capturing.intercept import (
+from attnpanel.capturing.recorder import (
     STRUCTURE_ROWS,
     AttentionCall,
     AttentionRecorder,
-    Scores,
     UnsupportedAttention,
     VirtualForm,
-    Weights,
     reads,
     recompute,
     row_slice,
-    split_bias,
     spread_rows,
     tolerance,
-    union,
 )
 from attnpanel.kernels import precision, tiles
 from attnpanel.kernels.masks import Masking
+from attnpanel.watching.lineage import split_bias, union
+from attnpanel.watching.watcher import (
+    BOUNDED_SIGNATURE,
+    MHA_SIGNATURE,
+    SDPA_SIGNATURE,
+    Site,
+    bind,
+)
 
 
-def _sdpa_arguments(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
-):
-    """The signature of ``F.scaled_dot_product_attention``, to bind a call's arguments."""
-
-
-_SDPA = inspect.signature(_sdpa_arguments)
-
-
-@reads("scaled_dot_product_attention")
-def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
+@reads("sdpa")
+def _read_sdpa(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     result = func(*args, **kwargs)
-    bound = _SDPA.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = bind(SDPA_SIGNATURE, args, kwargs)
     q, k, v = a["query"], a["key"], a["value"]
     dtype = q.dtype
     if k.shape[-3] != q.shape[-3] and q.dim() >= 3 and q.shape[-3] % k.shape[-3] == 0:
@@ -63,7 +56,7 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
         v = v.expand(*lead, *v.shape[-2:])
     length, n_keys = q.shape[-2], k.shape[-2]
     scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-    call = AttentionCall(recorder.module, "sdpa", q, k, float(scale), weights=None, dtype=dtype)
+    call = AttentionCall(site.module, "sdpa", q, k, float(scale), weights=None, dtype=dtype)
     call.v, call.context = v, result
     mask, causal = a["attn_mask"], a["is_causal"]
     if a["dropout_p"]:
@@ -90,7 +83,7 @@ def _read_sdpa(recorder: AttentionRecorder, func, args, kwargs):
         else:
             error = float((context - result.to(context.dtype)).abs().max()) if v.numel() else 0.0
             _check_output(call, error, "the row statistics of its")
-    recorder.record_call(call)
+    recorder.record_call(call, site)
     return result
 
 
@@ -214,24 +207,17 @@ def _output_error(weights: torch.Tensor, v: torch.Tensor, output: torch.Tensor) 
     return float((product - output.index_select(-2, rows).float()).abs().max())
 
 
-_BOUNDED = inspect.signature(tiles.attention)
-
-
-@reads("attention")
-def _read_bounded(recorder: AttentionRecorder, func, args, kwargs):
+@reads("attnpanel")
+def _read_bounded(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     """attnpanel's own attention at any length (:func:`attnpanel.kernels.tiles.attention`): q, k,
     v, the mask and each row's ``lse``, whole."""
     result = func(*args, **kwargs)
-    if func is not tiles.attention:
-        return result
-    bound = _BOUNDED.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = bind(BOUNDED_SIGNATURE, args, kwargs)
     masking = a["masking"]
     lead = torch.broadcast_shapes(a["q"].shape[:-2], a["k"].shape[:-2], a["v"].shape[:-2])
     q, k, v = (a[name].expand(*lead, *a[name].shape[-2:]) for name in "qkv")
     scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-    call = AttentionCall(recorder.module, "attnpanel", q, k, float(scale), None, dtype=q.dtype)
+    call = AttentionCall(site.module, "attnpanel", q, k, float(scale), None, dtype=q.dtype)
     call.v, call.context = v, result[0]
     length, n_keys = q.shape[-2], k.shape[-2]
     if recorder.records_weights(lead, length, n_keys):
@@ -245,26 +231,21 @@ def _read_bounded(recorder: AttentionRecorder, func, args, kwargs):
         if padding is not None:
             padding = padding[:, None, :].expand(*lead, n_keys)
         call.virtual = VirtualForm(result[1].reshape(*lead, length).float(), masking.mode, padding)
-    recorder.record_call(call)
+    recorder.record_call(call, site)
     return result
 
 
-_MHA = inspect.signature(F.multi_head_attention_forward)
-
-
 @reads("multi_head_attention_forward")
-def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
+def _read_mha(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     result = func(*args, **kwargs)
-    bound = _MHA.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = bind(MHA_SIGNATURE, args, kwargs)
     query, key, value = a["query"], a["key"], a["value"]
     heads = a["num_heads"]
-    call = AttentionCall(recorder.module, "multi_head_attention_forward", query, key, 1.0, query)
+    call = AttentionCall(site.module, "multi_head_attention_forward", query, key, 1.0, query)
     call.dtype = query.dtype
     if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
         call.unsupported = "add_bias_kv, add_zero_attn or static keys add keys beyond the input"
-        recorder.record_call(call)
+        recorder.record_call(call, site)
         return result
     unbatched = query.dim() == 2
     seq_first = [t[:, None] if unbatched else t for t in (query, key, value)]  # (L, B, D)
@@ -304,7 +285,7 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
             call.context = context.float()
         except UnsupportedAttention as error:
             call.unsupported = str(error)
-            recorder.record_call(call)
+            recorder.record_call(call, site)
             return result
     merged = call.context.transpose(1, 2).reshape(batch, length, heads * head_dim)  # (B, L, D)
     output = F.linear(merged, a["out_proj_weight"].float(), _float(a["out_proj_bias"]))
@@ -331,7 +312,7 @@ def _read_mha(recorder: AttentionRecorder, func, args, kwargs):
                 f"the weights from in_proj and the masks do not reproduce the output of "
                 f"multi_head_attention_forward (max error {error:.3g})"
             )
-    recorder.record_call(call)
+    recorder.record_call(call, site)
     return result
 
 
@@ -354,14 +335,11 @@ def _split(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 @reads("softmax")
-def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
+def _read_softmax(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     result = func(*args, **kwargs)
     logits = args[0] if args else kwargs.get("input")
-    info = recorder.lineage(logits)
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    if not isinstance(info, Scores) or not isinstance(result, torch.Tensor):
-        return result
-    if dim is None or dim not in (-1, logits.dim() - 1):
+    info = site.scores
+    if not isinstance(result, torch.Tensor):
         return result
     q, k = info.q, info.k
     lead = logits.shape[:-2]
@@ -370,7 +348,7 @@ def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
         k = k.reshape(*lead, *k.shape[-2:])  # (*lead, S, E)
     except RuntimeError:
         return result
-    call = AttentionCall(recorder.module, "softmax", q, k, info.scale, result.detach())
+    call = AttentionCall(site.module, "softmax", q, k, info.scale, result.detach())
     call.dtype = q.dtype
     call.unsupported = info.unsupported
     if not call.unsupported:
@@ -383,8 +361,7 @@ def _read_softmax(recorder: AttentionRecorder, func, args, kwargs):
     length, n_keys = result.shape[-2:]
     if not call.unsupported and not recorder.records_weights(lead, length, n_keys):
         _to_virtual(call)
-    recorder.record_call(call)
-    recorder.follow(result, Weights(call))
+    recorder.record_call(call, site)
     return result
 
 

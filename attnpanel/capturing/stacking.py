@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from attnpanel.capturing.intercept import AttentionCall, CaptureError
+from attnpanel.capturing.recorder import AttentionCall, CaptureError
 from attnpanel.traces import virtual
 from attnpanel.traces.build import TraceParts
 from attnpanel.traces.schema import ATTENTION_DIMS

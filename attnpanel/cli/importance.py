@@ -31,8 +31,8 @@ def ranking_lines(importance) -> list[str]:
 
 def run(args: argparse.Namespace) -> None:
     """Rank the heads of a model and save the ranking (``.nc``)."""
-    from attnpanel.capturing.ablation import AblationError
-    from attnpanel.capturing.importance import head_importance
+    from attnpanel.interventions.gate import AblationError
+    from attnpanel.interventions.importance import head_importance
     from attnpanel.traces.rankings import save_ranking
 
     if (args.model is None) == (args.checkpoint is None):

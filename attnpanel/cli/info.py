@@ -19,9 +19,9 @@ def _summary_lines(path: str) -> list[str] | None:
 
     import xarray as xr
 
-    from attnpanel.capturing.survey import FORMAT, SurveyStore, SurveyStoreError
     from attnpanel.cli.compare import divergence_lines
     from attnpanel.cli.survey import survey_lines
+    from attnpanel.surveys.store import FORMAT, SurveyStore, SurveyStoreError
     from attnpanel.traces import screening
 
     target = Path(path)

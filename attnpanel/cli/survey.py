@@ -66,8 +66,9 @@ def _batches(args) -> tuple:
 
 def run(args: argparse.Namespace) -> None:
     """Survey a model over its inputs into a zarr store, resuming a store it began."""
-    from attnpanel.capturing.intercept import CaptureError
-    from attnpanel.capturing.survey import SurveyStore, SurveyStoreError, survey
+    from attnpanel.capturing.recorder import CaptureError
+    from attnpanel.surveys.store import SurveyStore, SurveyStoreError
+    from attnpanel.surveys.survey import survey
 
     if not args.output.lower().rstrip("/").endswith(".zarr"):
         raise CommandError(f"a survey is kept in a zarr store: {args.output} does not end in .zarr")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from attnpanel.capturing.model_run import ModelRun
+from attnpanel.interventions.model_run import ModelRun
 from attnpanel.nilm.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
 from attnpanel.traces import upgrades
 from attnpanel.traces.build import trace

@@ -14,7 +14,7 @@ counted in:
     R = A'_L ... A'_2 A'_1
 
 Chefer et al. (2021) weigh each weight by the score's gradient first: with ``gradients``
-(``d score / d a_ij``, :func:`attnpanel.capturing.gradients.attention_gradients`), a layer's
+(``d score / d a_ij``, :func:`attnpanel.interventions.gradients.attention_gradients`), a layer's
 ``A`` is ``mean_h relu(d score / d a_ij * a_ij)``, its rows normalised to sum to 1 (a row
 with no positive part keeps its position: ``A_ii = 1``), then composed as above. Chefer et
 al. add ``A R`` to ``R`` unnormalised; normalising the rows keeps ``residual`` the share of
@@ -137,7 +137,7 @@ def rollout(
         How the heads of a layer make its ``A``.
     gradients : xarray.DataArray, optional
         ``d score / d a_ij`` of the same inputs, ``(layer, batch, head, query, key)``
-        (:func:`attnpanel.capturing.gradients.attention_gradients`): Chefer et al.'s
+        (:func:`attnpanel.interventions.gradients.attention_gradients`): Chefer et al.'s
         gradient-weighted rollout, each layer's ``A`` made of ``relu(grad * a)``.
 
     Returns

@@ -2,7 +2,7 @@
 switched off, and the model's metrics with and without them.
 
 Pure functions of numbers the model computed (its predictions, re-run with heads switched
-off: :class:`attnpanel.capturing.model_run.ModelRun`) returning HoloViews elements; the
+off: :class:`attnpanel.interventions.model_run.ModelRun`) returning HoloViews elements; the
 section (``attnpanel.app.sections.importance``) draws them through the engine.
 """
 

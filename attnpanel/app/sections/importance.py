@@ -1,6 +1,6 @@
 """Which heads the prediction needs: heads switched off inside the real model.
 
-With the model at hand (:class:`attnpanel.capturing.model_run.ModelRun`: the served demo,
+With the model at hand (:class:`attnpanel.interventions.model_run.ModelRun`: the served demo,
 ``explore(capture, model=ModelRun(...))``), the head toggles of the head comparison switch
 heads off in the model itself: the model runs again on the shown sample and the page draws
 its prediction with every head and without those, and the change of its metrics. A map of

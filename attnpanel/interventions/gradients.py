@@ -20,54 +20,36 @@ Interpreting Bi-Modal and Encoder-Decoder Transformers", ICCV 2021.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import xarray as xr
 from torch import nn
 
-from attnpanel.capturing.ablation import AblationError, HeadGate
 from attnpanel.capturing.capture import capture as capture_model
-from attnpanel.capturing.importance import differentiable_score, evaluating, output_tensor
-from attnpanel.capturing.intercept import fused_path_off
+from attnpanel.interventions.gate import AblationError, HeadWriter
+from attnpanel.interventions.importance import differentiable_score, evaluating, output_tensor
+from attnpanel.watching.lanes import Lane
+from attnpanel.watching.watcher import Site
 
 
-@dataclass(frozen=True)
-class _Lane:
-    """Where a layer's attention output sits in the tensor the probe was added to."""
-
-    probe: torch.Tensor  # zeros shaped like the output, requiring gradients
-    lead: torch.Size  # the attention's leading dims; flattened, (B, H)
-    lead_axes: tuple[int, ...]
-    query_axis: int
-    batch: int
-
-    def per_head(self, grad: torch.Tensor) -> torch.Tensor:
-        """The output's gradient as ``(B, H, L, E)``."""
-        rest = [a for a in range(grad.dim()) if a not in (*self.lead_axes, self.query_axis)]
-        ordered = grad.permute(*self.lead_axes, self.query_axis, *rest)
-        return ordered.reshape(self.batch, -1, ordered.shape[len(self.lead)], ordered.shape[-1])
-
-
-class ContextProbe(HeadGate):
+class ContextProbe(HeadWriter):
     """A zero requiring gradients added to every head's attention output, per layer.
 
     Attributes
     ----------
-    lanes : dict of str to _Lane
-        Each layer's probe of the last forward, by layer name.
+    lanes : dict of str to (torch.Tensor, Lane)
+        Each layer's probe of the last forward and where its heads sit, by layer name.
     """
 
     def __init__(self, model: nn.Module):
-        super().__init__(model, gradient=True)
-        self.lanes: dict[str, _Lane] = {}
+        super().__init__(model)
+        self.lanes: dict[str, tuple[torch.Tensor, Lane]] = {}
 
-    def apply_gate(self, layer, gate, context, lead_shape, lead_axes, query_axis, batch):
-        probe = torch.zeros_like(context, requires_grad=True)
-        self.lanes[layer] = _Lane(probe, lead_shape, tuple(lead_axes), query_axis, batch)
-        self.gated.add(layer)
-        return context + probe
+    def write_output(self, site: Site, output: torch.Tensor, lane: Lane) -> torch.Tensor:
+        probe = torch.zeros_like(output, requires_grad=True)
+        self.lanes[site.layer] = (probe, lane)
+        return output + probe
 
 
 def output_gradients(
@@ -77,20 +59,20 @@ def output_gradients(
     in one forward and one backward pass (``score``: of the output tensor; default its
     norm)."""
     probe = ContextProbe(model)
-    with evaluating(model), fused_path_off():
+    with evaluating(model):
         with torch.enable_grad():
-            with probe.watching(), probe:
+            with probe.watching():
                 y = output_tensor(model(*inputs, **kwargs))
             value = differentiable_score(y, score)
             if not probe.lanes:
                 raise AblationError(f"{type(model).__name__} computed no attention")
             lanes = list(probe.lanes.items())
-            probes = [lane.probe for _, lane in lanes]
+            probes = [probe for _, (probe, _) in lanes]
             grads = torch.autograd.grad(value, probes, allow_unused=True)
     found = {}
-    for (layer, lane), grad in zip(lanes, grads, strict=True):
-        grad = torch.zeros_like(lane.probe) if grad is None else grad
-        found[layer] = lane.per_head(grad.detach())
+    for (layer, (probe, lane)), grad in zip(lanes, grads, strict=True):
+        grad = torch.zeros_like(probe) if grad is None else grad
+        found[layer] = lane.canonical(grad.detach())  # (B, H, L, E)
     return found
 
 

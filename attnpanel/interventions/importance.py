@@ -1,7 +1,7 @@
 """Which heads a model's prediction needs: each head switched off inside the real model.
 
 :func:`head_importance` ranks every head of every layer by what switching it off alone
-(:func:`attnpanel.capturing.ablation.ablate`) does to the model's output: by default the
+(:func:`attnpanel.interventions.gate.ablate`) does to the model's output: by default the
 relative change ``||y - y_ablated|| / ||y||`` of the output tensor (float64), or
 ``score(y) - score(y_ablated)`` for a given ``score``. That costs one forward per head
 plus the baseline. ``method="gradient"`` gives Michel et al.'s (2019) first-order estimate
@@ -22,14 +22,13 @@ import torch
 import xarray as xr
 from torch import nn
 
-from attnpanel.capturing.ablation import (
+from attnpanel.interventions.gate import (
     AblationError,
     HeadGate,
     ablate,
     attention_heads,
     check_how,
 )
-from attnpanel.capturing.intercept import fused_path_off
 
 METHODS = ("ablation", "gradient")
 
@@ -238,16 +237,13 @@ def _on_cluster(client, model, inputs, kwargs, tasks, y, score, base, how, progr
 
 def _gradient(model, inputs, kwargs, score, how):
     gate = HeadGate(model, how=how, gradient=True)
-    with fused_path_off():
-        with torch.enable_grad():
-            with gate.watching(), gate:
-                y = output_tensor(model(*inputs, **kwargs))
-            value = differentiable_score(y, score)
-            if not gate.gates:
-                raise AblationError(
-                    f"{type(model).__name__} computed no attention: no head to rank"
-                )
-            grads = torch.autograd.grad(value, list(gate.gates.values()), allow_unused=True)
+    with torch.enable_grad():
+        with gate.watching():
+            y = output_tensor(model(*inputs, **kwargs))
+        value = differentiable_score(y, score)
+        if not gate.gates:
+            raise AblationError(f"{type(model).__name__} computed no attention: no head to rank")
+        grads = torch.autograd.grad(value, list(gate.gates.values()), allow_unused=True)
     layers = dict(gate.seen)
     values = {
         layer: (np.zeros(layers[layer]) if g is None else g.detach().abs().double().cpu().numpy())

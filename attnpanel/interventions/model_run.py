@@ -3,7 +3,7 @@
 A trace holds numbers the model computed once. With the model itself, the explorer can ask
 what the prediction needs: :class:`ModelRun` re-runs the model on one sample of the inputs
 the trace was captured on, with some heads of some layers switched off
-(:func:`attnpanel.capturing.ablation.ablate`), and gives the prediction as the trace's
+(:func:`attnpanel.interventions.gate.ablate`), and gives the prediction as the trace's
 reference series (``(series, position)``) and the model's metrics against the truth.
 """
 
@@ -19,10 +19,10 @@ import torch
 import xarray as xr
 from torch import nn
 
-from attnpanel.capturing.ablation import ablate, attention_heads
-from attnpanel.capturing.gradients import attention_gradients
-from attnpanel.capturing.importance import output_tensor, relative_change
-from attnpanel.capturing.survey import survey
+from attnpanel.interventions.gate import ablate, attention_heads
+from attnpanel.interventions.gradients import attention_gradients
+from attnpanel.interventions.importance import output_tensor, relative_change
+from attnpanel.surveys.survey import survey
 
 CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
 MAX_SERIES = 8  # a default prediction of more channels is drawn as its norm
@@ -185,7 +185,7 @@ class ModelRun:
 
     def gradients(self, sample: int) -> xr.DataArray:
         """``d ||output|| / d a_ij`` of every weight of :meth:`capture` of one sample
-        (:func:`attnpanel.capturing.gradients.attention_gradients`); the last few are
+        (:func:`attnpanel.interventions.gradients.attention_gradients`); the last few are
         kept."""
 
         def compute():

@@ -1,0 +1,119 @@
+"""Which module runs each attention call, and the layer name that call gets.
+
+:class:`ModuleStack` hooks every module of a model while it is open and keeps the running
+modules in order, for this thread only (a torch mode sees only its own thread: another
+thread's forward of the same model is neither watched nor named). :meth:`ModuleStack.name_call`
+is the one rule every reader and writer of a head names layers by: the innermost module
+running the call (the model's class name for the model itself), then ``name[1]``,
+``name[2]`` ... for its later calls in one forward.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Running:
+    """A module in the middle of its forward."""
+
+    name: str
+    module: nn.Module
+    args: tuple
+    kwargs: dict
+
+    @property
+    def batch(self) -> int | None:
+        """The batch of the module's first tensor input of two or more dims."""
+        first = next(
+            (a for a in (*self.args, *self.kwargs.values()) if isinstance(a, torch.Tensor)), None
+        )
+        return int(first.shape[0]) if first is not None and first.dim() >= 2 else None
+
+
+class ModuleStack:
+    """The modules of ``model`` running now, innermost last, while ``with stack:`` is open.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    on_enter, on_leave : callable, optional
+        ``on_enter(running)`` after a module is pushed; ``on_leave(running, output)`` after
+        it is popped: for what a reader learns of a module (its output, its consumer).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        on_enter: Callable[[Running], None] | None = None,
+        on_leave: Callable[[Running, object], None] | None = None,
+    ):
+        self.model = model
+        self.root = type(model).__name__
+        self.running: list[Running] = []
+        self._counts: dict[str, int] = {}
+        self._on_enter, self._on_leave = on_enter, on_leave
+        self._handles: list = []
+
+    @property
+    def innermost(self) -> Running | None:
+        return self.running[-1] if self.running else None
+
+    @property
+    def module(self) -> str:
+        """The innermost running module's name ("" outside any, or for the model itself)."""
+        return self.running[-1].name if self.running else ""
+
+    def name_call(self) -> str:
+        """The layer name of an attention call that starts now."""
+        base = self.module or self.root
+        count = self._counts.get(base, 0)
+        self._counts[base] = count + 1
+        return base if count == 0 else f"{base}[{count}]"
+
+    def restart(self) -> None:
+        """Count layer names from 0 again (a new forward)."""
+        self._counts.clear()
+
+    def __enter__(self) -> ModuleStack:
+        thread = threading.get_ident()
+        self.restart()
+        for name, module in self.model.named_modules():
+
+            def enter(module, args, kwargs, name=name):
+                if threading.get_ident() != thread:
+                    return  # another thread's forward of the same model: not watched
+                if not self.running:
+                    self.restart()  # a new forward: layer names count from 0 again
+                entry = Running(name, module, args, kwargs)
+                self.running.append(entry)
+                if self._on_enter is not None:
+                    self._on_enter(entry)
+
+            def leave(module, args, kwargs, output):
+                if threading.get_ident() != thread:
+                    return
+                while self.running:
+                    entry = self.running.pop()
+                    if entry.module is module:
+                        if self._on_leave is not None:
+                            self._on_leave(entry, output)
+                        break
+
+            self._handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+            self._handles.append(
+                module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+            )
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.running.clear()
+        return False
