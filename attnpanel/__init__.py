@@ -2,10 +2,12 @@
 
 from attnpanel.capturing.capture import FusedQKV, capture
 from attnpanel.capturing.recorder import CaptureError
+from attnpanel.interventions.effects import patching_effect
 from attnpanel.interventions.gate import AblationError, ablate, attention_heads
 from attnpanel.interventions.gradients import attention_gradients
 from attnpanel.interventions.importance import head_importance
 from attnpanel.interventions.model_run import ModelRun
+from attnpanel.interventions.patching import PatchingError, patch
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
 from attnpanel.nilm.demo import demo, head_statistics
@@ -28,6 +30,7 @@ __all__ = [
     "FusedQKV",
     "ModelRun",
     "MultiHeadSelfAttention",
+    "PatchingError",
     "PowerConfig",
     "ablate",
     "attention_gradients",
@@ -44,6 +47,8 @@ __all__ = [
     "head_importance",
     "head_statistics",
     "load",
+    "patch",
+    "patching_effect",
     "qk_embedding",
     "recompute_weights",
     "rollout",

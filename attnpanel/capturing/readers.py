@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,12 +41,10 @@ from attnpanel.watching.watcher import (
 )
 
 
-@reads("sdpa")
-def _read_sdpa(recorder: AttentionRecorder, site: Site, func, args, kwargs):
-    result = func(*args, **kwargs)
-    a = bind(SDPA_SIGNATURE, args, kwargs)
+def sdpa_heads(a: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, k, v)`` of an SDPA call's bound arguments, each ``(*lead, n, E)`` with every
+    query head's own k and v (a grouped-query call's key/value heads repeated)."""
     q, k, v = a["query"], a["key"], a["value"]
-    dtype = q.dtype
     if k.shape[-3] != q.shape[-3] and q.dim() >= 3 and q.shape[-3] % k.shape[-3] == 0:
         groups = q.shape[-3] // k.shape[-3]  # grouped-query attention
         k = k.repeat_interleave(groups, dim=-3)  # (B, H, S, E)
@@ -54,6 +53,26 @@ def _read_sdpa(recorder: AttentionRecorder, site: Site, func, args, kwargs):
         lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         q, k = q.expand(*lead, *q.shape[-2:]), k.expand(*lead, *k.shape[-2:])
         v = v.expand(*lead, *v.shape[-2:])
+    return q, k, v
+
+
+def sdpa_mask(a: dict, length: int, n_keys: int):
+    """``(blocked, bias)`` of an SDPA call's bound arguments: its ``attn_mask`` (a bool one
+    True where allowed, a float one additive) and ``is_causal``."""
+    blocked, bias = _mask_terms(a["attn_mask"], true_allows=True)
+    if a["is_causal"]:
+        device = a["query"].device
+        causal_cells = torch.ones(length, n_keys, dtype=torch.bool, device=device).triu(1)
+        blocked = union(blocked, causal_cells)
+    return blocked, bias
+
+
+@reads("sdpa")
+def _read_sdpa(recorder: AttentionRecorder, site: Site, func, args, kwargs):
+    result = func(*args, **kwargs)
+    a = bind(SDPA_SIGNATURE, args, kwargs)
+    q, k, v = sdpa_heads(a)
+    dtype = q.dtype
     length, n_keys = q.shape[-2], k.shape[-2]
     scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
     call = AttentionCall(site.module, "sdpa", q, k, float(scale), weights=None, dtype=dtype)
@@ -62,10 +81,7 @@ def _read_sdpa(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     if a["dropout_p"]:
         call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
     elif recorder.records_weights(q.shape[:-2], length, n_keys):
-        blocked, bias = _mask_terms(mask, true_allows=True)
-        if causal:
-            causal_cells = torch.ones(length, n_keys, dtype=torch.bool, device=q.device).triu(1)
-            blocked = union(blocked, causal_cells)
+        blocked, bias = sdpa_mask(a, length, n_keys)
         call.blocked, call.bias = blocked, bias
         if not recorder.defers_weights:  # else the recorder recomputes and checks them
             call.weights = recompute(q, k, call.scale, blocked, bias)  # (*lead, L, S)
@@ -235,12 +251,55 @@ def _read_bounded(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     return result
 
 
+@dataclass(frozen=True)
+class MhaHeads:
+    """What ``F.multi_head_attention_forward`` computes inside, per head, from its bound
+    arguments: q, k, v ``(B, H, n, E)``, the masks as it reads them, its projections."""
+
+    x: torch.Tensor  # (B, L, D) the query input
+    q: torch.Tensor  # (B, H, L, E)
+    k: torch.Tensor  # (B, H, S, E)
+    v: torch.Tensor  # (B, H, S, E)
+    mask: torch.Tensor | None  # attn_mask, (L, S) or (B, H, L, S)
+    padding: torch.Tensor | None  # key_padding_mask as (B, 1, 1, S)
+    weights: tuple  # w_q, w_k, w_v
+    biases: tuple  # b_q, b_k, b_v (None each without in_proj_bias)
+    scale: float
+
+    @classmethod
+    def of(cls, a: dict) -> MhaHeads:
+        query, key, value, heads = a["query"], a["key"], a["value"], a["num_heads"]
+        unbatched = query.dim() == 2
+        seq_first = [t[:, None] if unbatched else t for t in (query, key, value)]  # (L, B, D)
+        xq, xk, xv = (t.transpose(0, 1) for t in seq_first)  # (B, L, D)
+        if a["use_separate_proj_weight"]:
+            w_q, w_k, w_v = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
+        else:
+            w_q, w_k, w_v = a["in_proj_weight"].chunk(3)
+        b_q = b_k = b_v = None
+        if a["in_proj_bias"] is not None:
+            b_q, b_k, b_v = a["in_proj_bias"].chunk(3)
+        q = _split(F.linear(xq, w_q, b_q), heads)  # (B, H, L, E)
+        k = _split(F.linear(xk, w_k, b_k), heads)  # (B, H, S, E)
+        v = _split(F.linear(xv, w_v, b_v), heads)  # (B, H, S, E)
+        batch, _, length, head_dim = q.shape
+        mask, padding = a["attn_mask"], a["key_padding_mask"]
+        if mask is not None and mask.dim() == 3:
+            mask = mask.view(batch, heads, length, k.shape[2])
+        if padding is not None:
+            padding = (padding[None] if unbatched else padding)[:, None, None, :]  # (B, 1, 1, S)
+        return cls(xq, q, k, v, mask, padding, (w_q, w_k, w_v), (b_q, b_k, b_v), head_dim**-0.5)
+
+    def masks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(blocked, bias)`` of its attention mask and key padding together."""
+        return mha_mask(self.mask, self.padding)
+
+
 @reads("multi_head_attention_forward")
 def _read_mha(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     result = func(*args, **kwargs)
     a = bind(MHA_SIGNATURE, args, kwargs)
-    query, key, value = a["query"], a["key"], a["value"]
-    heads = a["num_heads"]
+    query, key, heads = a["query"], a["key"], a["num_heads"]
     call = AttentionCall(site.module, "multi_head_attention_forward", query, key, 1.0, query)
     call.dtype = query.dtype
     if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
@@ -248,29 +307,15 @@ def _read_mha(recorder: AttentionRecorder, site: Site, func, args, kwargs):
         recorder.record_call(call, site)
         return result
     unbatched = query.dim() == 2
-    seq_first = [t[:, None] if unbatched else t for t in (query, key, value)]  # (L, B, D)
-    xq, xk, xv = (t.transpose(0, 1) for t in seq_first)  # (B, L, D)
-    if a["use_separate_proj_weight"]:
-        w_q, w_k, w_v = a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"]
-    else:
-        w_q, w_k, w_v = a["in_proj_weight"].chunk(3)
-    b_q = b_k = b_v = None
-    if a["in_proj_bias"] is not None:
-        b_q, b_k, b_v = a["in_proj_bias"].chunk(3)
-    q = _split(F.linear(xq, w_q, b_q), heads)  # (B, H, L, E)
-    k = _split(F.linear(xk, w_k, b_k), heads)  # (B, H, S, E)
-    v = _split(F.linear(xv, w_v, b_v), heads)  # (B, H, S, E)
+    found = MhaHeads.of(a)
+    q, k, v, mask, padding = found.q, found.k, found.v, found.mask, found.padding
+    xq, (w_q, w_k, w_v), (b_q, b_k, b_v) = found.x, found.weights, found.biases
     batch, _, length, head_dim = q.shape
     n_keys = k.shape[2]
-    call.q, call.k, call.v, call.scale = q, k, v, head_dim**-0.5
+    call.q, call.k, call.v, call.scale = q, k, v, found.scale
     call.cross = not (query is key or (query.shape == key.shape and torch.equal(query, key)))
-    mask, padding = a["attn_mask"], a["key_padding_mask"]
-    if mask is not None and mask.dim() == 3:
-        mask = mask.view(batch, heads, length, n_keys)
-    if padding is not None:
-        padding = (padding[None] if unbatched else padding)[:, None, None, :]  # (B, 1, 1, S)
     if recorder.records_weights(q.shape[:-2], length, n_keys):
-        call.blocked, call.bias = _mha_mask(mask, padding)
+        call.blocked, call.bias = mha_mask(mask, padding)
         call.weights = recompute(q, k, call.scale, call.blocked, call.bias)  # (B, H, L, S)
         call.context = call.weights @ v.float()  # (B, H, L, E)
     else:
@@ -316,7 +361,7 @@ def _read_mha(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     return result
 
 
-def _mha_mask(mask, padding) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def mha_mask(mask, padding) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(blocked, bias)`` of ``nn.MultiheadAttention``'s ``attn_mask`` and key padding."""
     blocked, bias = _mask_terms(mask, true_allows=False)
     extra_blocked, extra_bias = _mask_terms(padding, true_allows=False)
@@ -356,7 +401,7 @@ def _read_softmax(recorder: AttentionRecorder, site: Site, func, args, kwargs):
         if info.bias is not None:
             extra, bias = split_bias(info.bias)
             blocked = union(blocked, extra)
-        call.blocked, call.bias = _lead(blocked, lead), _lead(bias, lead)
+        call.blocked, call.bias = as_lead(blocked, lead), as_lead(bias, lead)
         _check_softmax(call, result)
     length, n_keys = result.shape[-2:]
     if not call.unsupported and not recorder.records_weights(lead, length, n_keys):
@@ -379,7 +424,7 @@ def _to_virtual(call: AttentionCall) -> None:
         call.weights = call.blocked = None  # the model's own, not held beyond its use
 
 
-def _lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:
+def as_lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:
     """A mask or bias broadcastable to ``(*lead, L, S)``, as the scores were viewed."""
     if t is None or t.dim() <= 2:
         return t

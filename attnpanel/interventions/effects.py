@@ -1,0 +1,306 @@
+"""Which heads carry the difference between two inputs: the patching effect of every head.
+
+:func:`patching_effect` runs the model on a clean and a corrupted input and measures, for
+each head, the share of the difference of a score that patching the head restores:
+
+    effect = (score(patched) - score(target)) / (score(source) - score(target))
+
+``direction="denoising"`` (default) patches the clean run's ``what`` into the corrupted run
+(target corrupted, source clean: 1 means the head alone restores the clean score);
+``"noising"`` patches the corrupted run's into the clean run (target clean, source
+corrupted: 1 means the head alone carries the corruption's whole effect). The target runs
+on the same path as the patched forwards (inside the patcher with no head selected).
+
+``method="attribution"`` is attribution patching (Nanda 2023; Syed, Rager, Conmy 2023): the
+first-order estimate ``(a_source - a_target) . d score / d a`` at the target run, for every
+head at once from one forward on the source and one forward and one backward on the
+target, over the same difference.
+
+References: K. Meng et al., "Locating and Editing Factual Associations in GPT", NeurIPS
+2022; K. Wang et al., "Interpretability in the Wild", ICLR 2023; A. Syed, C. Rager, A.
+Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from attnpanel.interventions.importance import differentiable_score, evaluating, output_tensor
+from attnpanel.interventions.patching import HeadPatcher, PatchingError, check_what, inputs_of
+
+DIRECTIONS = ("denoising", "noising")
+EFFECT_METHODS = ("exact", "attribution")
+BY = ("head", "head_position")
+
+
+def _score(y: torch.Tensor, score: Callable | None) -> float:
+    value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise PatchingError("score(y) must return a scalar (a number or a one-element tensor)")
+        return float(value.detach())
+    return float(value)
+
+
+def patching_effect(
+    model: nn.Module,
+    clean,
+    corrupted,
+    score: Callable[[torch.Tensor], torch.Tensor | float] | None = None,
+    by: str = "head",
+    what: str = "output",
+    direction: str = "denoising",
+    method: str = "exact",
+    client=None,
+    progress: bool = True,
+) -> xr.DataArray:
+    """The share of the clean-corrupted difference of ``score`` each head carries.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any model :func:`attnpanel.capture` can trace.
+    clean, corrupted : tuple, dict or torch.Tensor
+        The two inputs, each positional inputs (a tuple), keyword inputs (a dict) or one
+        tensor, of the same shapes.
+    score : callable, optional
+        ``score(y) -> scalar`` of the model's output tensor (a logit difference, a loss, one
+        output's total); default ``||y||``.
+    by : {"head", "head_position"}
+        One effect per head, or per head and position (query positions for ``output``,
+        ``q`` and ``weights``; key positions for ``k`` and ``v``).
+    what : {"output", "q", "k", "v", "weights"}
+        What of a head is patched (:func:`attnpanel.patch`).
+    direction : {"denoising", "noising"}
+        Clean into the corrupted run, or corrupted into the clean run.
+    method : {"exact", "attribution"}
+        One patched forward per head (per head and position), or attribution patching: one
+        forward and one backward for every head at once (a first-order estimate).
+    client : dask.distributed.Client, optional
+        Run the exact patched forwards on its workers.
+    progress : bool
+        A progress bar (tqdm) over the patched forwards.
+
+    Returns
+    -------
+    xarray.DataArray
+        ``(layer, head)`` or ``(layer, head, position)`` float64, layers named as a
+        capture's ``layer`` coordinate, NaN for heads a layer lacks. Its attrs hold the two
+        scores, the definition, the direction, the method and the forwards it cost.
+
+    Raises
+    ------
+    PatchingError
+        Inputs of other shapes, a model that computes no attention, a score that is the
+        same on both inputs (no difference to share out).
+    """
+    for name, value, allowed in (
+        ("by", by, BY),
+        ("direction", direction, DIRECTIONS),
+        ("method", method, EFFECT_METHODS),
+    ):
+        if value not in allowed:
+            raise PatchingError(f"{name}={value!r}: one of {allowed}")
+    check_what(what)
+    source, target = (clean, corrupted) if direction == "denoising" else (corrupted, clean)
+    source, target = inputs_of(source), inputs_of(target)
+    with evaluating(model):
+        run = _exact if method == "exact" else _attribution
+        found = run(model, source, target, score, by, what, client, progress)
+    return _table(found, by, what, direction, method, score is not None)
+
+
+@dataclass
+class _Found:
+    layers: dict[str, int]  # layer -> heads
+    values: dict[str, np.ndarray]  # layer -> (H,) or (H, positions)
+    source_score: float
+    target_score: float
+    forwards: int
+    groups: dict[str, int]
+    backwards: int = 0
+
+
+def _difference(source_score: float, target_score: float) -> float:
+    difference = source_score - target_score
+    if not math.isfinite(difference) or difference == 0:
+        raise PatchingError(
+            f"the score is {source_score!r} on the source and {target_score!r} on the "
+            "target: there is no difference for the heads to carry (pick a score that the "
+            "corruption changes)"
+        )
+    return difference
+
+
+def _exact(model, source, target, score, by, what, client, progress) -> _Found:
+    patcher = HeadPatcher(model, what)
+    y_source = output_tensor(patcher.record(*source[0], **source[1]))
+    layers = dict(patcher.source_heads)
+    if not layers:
+        raise PatchingError(f"{type(model).__name__} computed no attention: no head to patch")
+    patched = _PatchedRun(patcher, target, score)
+    with patched.watching():
+        target_score = patched.score({}, None)
+    source_score = _score(y_source, score)
+    difference = _difference(source_score, target_score)
+    tasks = [
+        (layer, head, position)
+        for layer, heads in layers.items()
+        for head in range(heads)
+        for position in ([None] if by == "head" else range(patcher.lengths.get(layer, 0)))
+    ]
+    if client is not None:
+        scores = _on_cluster(client, patched, tasks, progress)
+    else:
+        with patched.watching():
+            scores = {
+                task: patched.score({task[0]: [task[1]]}, task[2]) for task in _bar(tasks, progress)
+            }
+    values = {}
+    for layer, heads in layers.items():
+        if by == "head":
+            row = [scores[layer, h, None] for h in range(heads)]
+        else:
+            row = [
+                [scores[layer, h, p] for p in range(patcher.lengths[layer])] for h in range(heads)
+            ]
+        values[layer] = (np.asarray(row, dtype=float) - target_score) / difference
+    return _Found(layers, values, source_score, target_score, len(tasks) + 2, dict(patcher.groups))
+
+
+@dataclass
+class _PatchedRun:
+    """The target run with a source recorded: what each patched forward needs (shipped
+    whole to a cluster's workers)."""
+
+    patcher: HeadPatcher
+    target: tuple[tuple, dict]
+    measure: Callable | None  # the user's score
+
+    def score(self, heads: dict, position) -> float:
+        """The score of the target run with ``heads`` patched; inside :meth:`watching`."""
+        self.patcher.select(heads, None if position is None else [position])
+        with torch.no_grad():
+            y = output_tensor(self.patcher.model(*self.target[0], **self.target[1]))
+        return _score(y, self.measure)
+
+    def watching(self):
+        """The patcher's hooks and mode, set up once for many forwards."""
+        return self.patcher.watching()
+
+
+def _patched_score(run: _PatchedRun, task) -> float:
+    layer, head, position = task
+    with run.watching():
+        return run.score({layer: [head]}, position)
+
+
+def _on_cluster(client, run: _PatchedRun, tasks, progress) -> dict:
+    from dask.distributed import as_completed
+
+    [shipped] = client.scatter([run], broadcast=True)
+    futures = {client.submit(_patched_score, shipped, task, pure=False): task for task in tasks}
+    done = as_completed(futures)
+    if progress:
+        from tqdm.auto import tqdm
+
+        done = tqdm(done, total=len(tasks), desc="patching heads", unit="forward")
+    return {futures[future]: future.result() for future in done}
+
+
+def _bar(tasks, progress: bool):
+    if not progress:
+        return tasks
+    from tqdm.auto import tqdm
+
+    return tqdm(tasks, desc="patching heads", unit="forward")
+
+
+def _attribution(model, source, target, score, by, what, client, progress) -> _Found:
+    patcher = HeadPatcher(model, what)
+    y_source = output_tensor(patcher.record(*source[0], **source[1]))
+    layers = dict(patcher.source_heads)
+    if not layers:
+        raise PatchingError(f"{type(model).__name__} computed no attention: no head to patch")
+    patcher.probe()
+    with torch.enable_grad():
+        with patcher.watching():
+            y_target = output_tensor(model(*target[0], **target[1]))
+        value = differentiable_score(y_target, score)
+        probes = list(patcher.probes.items())
+        grads = torch.autograd.grad(value, [p for _, (_, p, _) in probes], allow_unused=True)
+    source_score, target_score = _score(y_source, score), float(value.detach())
+    difference = _difference(source_score, target_score)
+    values = {}
+    for (layer, (a_target, probe, lane)), grad in zip(probes, grads, strict=True):
+        a_source = patcher.recorded[layer]
+        if a_source.shape != a_target.shape:
+            raise PatchingError(
+                f"layer {layer!r}: the source's {what} is {tuple(a_source.shape)}, the "
+                f"target's {tuple(a_target.shape)}: patching needs inputs of the same shape"
+            )
+        grad = torch.zeros_like(probe) if grad is None else grad
+        cells = lane.canonical((a_source.double() - a_target.double()) * grad.double())
+        per = cells.sum(dim=0)  # (H, n, ...)
+        per = per.reshape(*per.shape[:2], -1).sum(dim=-1)  # (H, n)
+        if lane.heads != layers[layer]:  # key/value heads shared by groups of query heads
+            per = per.repeat_interleave(layers[layer] // lane.heads, dim=0)
+        per = per.cpu().numpy() / difference
+        values[layer] = per.sum(axis=1) if by == "head" else per
+    missing = [layer for layer in layers if layer not in values]
+    if missing:
+        raise PatchingError(f"the {what} of layers {missing} was not found in the target run")
+    return _Found(layers, values, source_score, target_score, 2, dict(patcher.groups), 1)
+
+
+def _table(found: _Found, by, what, direction, method, scored: bool) -> xr.DataArray:
+    layers = found.layers
+    heads = max(layers.values())
+    names = np.array(list(layers), dtype=str)
+    coords = {"layer": names, "head": np.arange(heads)}
+    if by == "head":
+        table = np.full((len(layers), heads), np.nan)
+        dims = ("layer", "head")
+    else:
+        positions = max(v.shape[1] for v in found.values.values())
+        table = np.full((len(layers), heads, positions), np.nan)
+        dims = ("layer", "head", "position")
+        coords["position"] = np.arange(positions)
+    for row, layer in enumerate(layers):
+        value = found.values[layer]
+        table[
+            (row, slice(0, value.shape[0])) + ((slice(0, value.shape[1]),) if by != "head" else ())
+        ] = value
+    named = "score" if scored else "||y||"
+    target, source = ("corrupted", "clean") if direction == "denoising" else ("clean", "corrupted")
+    attrs = {
+        "what": what,
+        "direction": direction,
+        "method": method,
+        "by": by,
+        "score_clean": found.source_score if direction == "denoising" else found.target_score,
+        "score_corrupted": found.target_score if direction == "denoising" else found.source_score,
+        "measure": (
+            f"({named}(patched) - {named}({target})) / ({named}({source}) - {named}({target}))"
+            if method == "exact"
+            else f"(a_{source} - a_{target}) . d {named} / d a at the {target} run, "
+            f"over {named}({source}) - {named}({target})"
+        ),
+        "forwards": found.forwards,
+        "backwards": found.backwards,
+        "long_name": "patching effect",
+    }
+    if found.groups:
+        shared = ", ".join(f"{layer} ({n})" for layer, n in found.groups.items())
+        attrs["note"] = (
+            f"k and v are shared by groups of query heads in {shared}: each query head shows "
+            "its group's key/value head"
+        )
+    return xr.DataArray(table, dims=dims, coords=coords, name="patching_effect", attrs=attrs)
