@@ -168,11 +168,11 @@ class HeadGate(HeadWriter):
         return output * full + (1 - full) * mean
 
 
-def check_heads(layer: str, heads: int, asked) -> None:
-    """Raise :class:`AblationError` for a head index the layer does not have."""
+def check_heads(layer: str, heads: int, asked, error=AblationError) -> None:
+    """Raise ``error`` for a head index the layer does not have."""
     wrong = [h for h in asked if not 0 <= h < heads]
     if wrong:
-        raise AblationError(
+        raise error(
             f"layer {layer!r} has {heads} heads (0 to {heads - 1}); there is no head "
             f"{', '.join(map(str, wrong))}"
         )
@@ -212,17 +212,19 @@ def check_layers(model: nn.Module, layers) -> None:
         raise AblationError(f"{root} has no layer {layer!r}{hint}")
 
 
-def check_written(writer: HeadWriter, asked: Mapping[str, list[int]], what: str) -> None:
-    """Every asked layer computed attention and had its head lanes found, else an error
+def check_written(
+    writer: HeadWriter, asked: Mapping[str, list[int]], what: str, error=AblationError
+) -> None:
+    """Every asked layer computed attention and had its head lanes found, else ``error``
     naming the layers that did: an intervention that touched nothing is never silent."""
     ran = ", ".join(f"{name} ({heads} heads)" for name, heads in writer.seen.items()) or "none"
     for layer, heads in asked.items():
         if layer not in writer.seen:
-            raise AblationError(
+            raise error(
                 f"layer {layer!r} computed no attention inside {what}(); the layers that did: {ran}"
             )
         if heads and layer not in writer.written:
-            raise AblationError(
+            raise error(
                 f"layer {layer!r}: its attention ran, but the heads' lanes of its output "
                 f"(weights @ v) were not found, so {what}() changed nothing"
             )

@@ -165,7 +165,7 @@ class HeadPatcher(HeadWriter):
         heads = self.selected.get(layer)
         if not heads:
             return None
-        check_heads(layer, site.heads, heads)
+        check_heads(layer, site.heads, heads, PatchingError)
         source = self.recorded.get(layer)
         if source is None:
             ran = ", ".join(self.recorded) or "none"
@@ -301,7 +301,7 @@ class HeadPatcher(HeadWriter):
         lane = Lane.leading(q, q.shape[:-2], None)
         if self.what == "weights":
             weights = recompute(q, k, found.scale, blocked, bias)  # (B, H, L, S)
-            exchanged = self.exchange(site, weights, lane)
+            exchanged = weights = self.exchange(site, weights, lane)
         else:
             given = {"q": q, "k": k, "v": v}[self.what]
             exchanged = self.exchange(site, given, lane)
@@ -378,7 +378,7 @@ def patch(
     args, kwargs = inputs_of(source)
     patcher = HeadPatcher(model, what, positions)
     patcher.record(*args, **kwargs)
-    patcher.select(asked)
+    patcher.select(asked, positions)
     with patcher.watching():
         yield patcher
-    check_written(patcher, asked, "patch")
+    check_written(patcher, asked, "patch", PatchingError)

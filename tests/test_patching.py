@@ -1,0 +1,417 @@
+"""Activation patching (``attnpanel.patch``, ``attnpanel.patching_effect``) checked against
+the long way: TransformerLens 4's own hook points on its native model, and hooks on the
+modules of the zoo's models (the output projection's input, the q/k/v projections' outputs)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import zoo
+from torch import nn
+from transformer_lens import patching as tl_patching
+from transformer_lens.model_bridge import TransformerBridge
+
+import attnpanel
+from attnpanel.interventions.gate import attention_heads
+from attnpanel.interventions.importance import output_tensor
+from attnpanel.interventions.patching import PatchingError
+
+TL_HOOKS = {
+    "output": "hook_z",
+    "q": "hook_q",
+    "k": "hook_k",
+    "v": "hook_v",
+    "weights": "hook_pattern",
+}
+
+
+@pytest.fixture(scope="module")
+def tl_model():
+    """TransformerLens 4's native attention-only model, built offline: matmul, softmax,
+    ``masked_fill`` of the blocked cells with 0 after it, hook modules between."""
+    config = dict(
+        n_layers=2, d_model=64, n_ctx=32, d_head=16, n_heads=4, d_vocab=50, act_fn="relu",
+        attn_only=True, normalization_type=None, seed=0, d_mlp=None,
+    )  # fmt: skip
+    model = TransformerBridge.boot_native(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    clean = torch.randint(0, 50, (2, 12), generator=generator)
+    corrupted = clean.clone()
+    corrupted[:, 3] = (corrupted[:, 3] + 7) % 50
+    layers = list(attention_heads(model, clean))
+    return model, clean, corrupted, layers
+
+
+def metric(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1, 5].sum() - logits[:, -1, 7].sum()
+
+
+def tl_replace(what: str, source: torch.Tensor, head: int, positions):
+    """A TransformerLens hook that puts the source's head (at positions) into the run."""
+    at = slice(None) if positions is None else list(positions)
+
+    def hook(t, hook=None):
+        t = t.clone()
+        if what == "weights":  # (B, H, L, S): query rows
+            t[:, head, at] = source[:, head, at]
+        else:  # (B, n, H, E)
+            t[:, at, head] = source[:, at, head]
+        return t
+
+    return hook
+
+
+@pytest.mark.parametrize("positions", [None, [3, 7]])
+@pytest.mark.parametrize("what", ["output", "q", "k", "v", "weights"])
+def test_patch_equals_transformer_lens_hooks(tl_model, what, positions):
+    model, clean, corrupted, layers = tl_model
+    _, cache = model.run_with_cache(clean)
+    with torch.no_grad():
+        plain = model(corrupted)
+    for index, layer in enumerate(layers):
+        name = f"blocks.{index}.attn.{TL_HOOKS[what]}"
+        hook = tl_replace(what, cache[name], 2, positions)
+        with torch.no_grad():
+            expected = model.run_with_hooks(corrupted, fwd_hooks=[(name, hook)])
+            with attnpanel.patch(model, clean, {layer: [2]}, what=what, positions=positions):
+                patched = model(corrupted)
+        assert float((expected - plain).abs().max()) > 1e-5  # the patch changes something
+        assert float((patched - expected).abs().max()) <= 1e-6 * float(expected.abs().max())
+    with torch.no_grad():
+        assert torch.equal(model(corrupted), plain)  # bit-identical after the block
+
+
+def test_patching_effect_equals_transformer_lens_activation_patching(tl_model):
+    model, clean, corrupted, layers = tl_model
+    effect = attnpanel.patching_effect(model, clean, corrupted, score=metric, progress=False)
+    _, cache = model.run_with_cache(clean)
+    with torch.no_grad():
+        high, low = float(metric(model(clean))), float(metric(model(corrupted)))
+    expected = tl_patching.get_act_patch_attn_head_out_all_pos(
+        model, corrupted, cache, lambda logits: (metric(logits) - low) / (high - low)
+    )
+    assert effect.dims == ("layer", "head")
+    assert list(effect.layer.values) == layers
+    assert abs(effect.values - expected.numpy()).max() <= 1e-5
+    assert effect.attrs["forwards"] == 2 * 4 + 2  # every head, the clean and corrupted runs
+    assert effect.attrs["score_clean"] == pytest.approx(high, rel=1e-6)
+    assert effect.attrs["score_corrupted"] == pytest.approx(low, rel=1e-6)
+
+
+def test_noising_and_positions(tl_model):
+    model, clean, corrupted, layers = tl_model
+    noising = attnpanel.patching_effect(
+        model, clean, corrupted, score=metric, direction="noising", progress=False
+    )
+    with torch.no_grad():
+        high, low = float(metric(model(clean))), float(metric(model(corrupted)))
+        with attnpanel.patch(model, corrupted, {layers[1]: [3]}):
+            patched = float(metric(model(clean)))
+    assert noising.sel(layer=layers[1], head=3) == pytest.approx((patched - high) / (low - high))
+    by_position = attnpanel.patching_effect(
+        model, clean, corrupted, score=metric, by="head_position", progress=False
+    )
+    assert by_position.dims == ("layer", "head", "position")
+    assert by_position.sizes["position"] == 12
+    with torch.no_grad(), attnpanel.patch(model, clean, {layers[0]: [1]}, positions=[11]):
+        one = float(metric(model(corrupted)))
+    assert by_position.sel(layer=layers[0], head=1, position=11) == pytest.approx(
+        (one - low) / (high - low)
+    )
+    # causal: a key position patched at a query before the corruption changes nothing
+    assert abs(by_position.sel(position=slice(0, 2)).values).max() < 1e-6
+
+
+@pytest.mark.parametrize("what", ["output", "q", "k", "v", "weights"])
+def test_attribution_is_close_to_exact_patching_on_a_near_linear_model(tl_model, what):
+    """Two attention-only layers with small random weights are close to linear in each
+    head: the first-order estimate is close to the exact effect there."""
+    model, clean, corrupted, layers = tl_model
+    kw = dict(score=metric, what=what, progress=False)
+    estimate = attnpanel.patching_effect(model, clean, corrupted, method="attribution", **kw)
+    exact = attnpanel.patching_effect(model, clean, corrupted, **kw)
+    # linear in a head's output and v past its layer; q, k and weights pass a softmax
+    allowed = 5e-3 if what in ("output", "v") else 5e-2
+    assert abs(estimate.values - exact.values).max() <= allowed * max(1, abs(exact.values).max())
+    assert abs(exact.values).max() > 1e-3  # the corruption reaches the score through it
+    assert (estimate.attrs["forwards"], estimate.attrs["backwards"]) == (2, 1)
+
+
+def test_patching_errors_name_the_problem(tl_model):
+    model, clean, corrupted, layers = tl_model
+    with pytest.raises(PatchingError, match=r"the source's output is \(2, 4, 12, 16\), this run"):
+        with torch.no_grad(), attnpanel.patch(model, clean, {layers[0]: [1]}):
+            model(corrupted[:, :8])
+    with pytest.raises(PatchingError, match="what='z'"):
+        with attnpanel.patch(model, clean, {layers[0]: [1]}, what="z"):
+            pass
+    with pytest.raises(PatchingError, match="computed no attention inside patch"):
+        with attnpanel.patch(model, clean, {layers[0]: [1]}):
+            pass  # never ran: touching nothing is an error
+    with pytest.raises(PatchingError, match="has 4 heads"):
+        with torch.no_grad(), attnpanel.patch(model, clean, {layers[0]: [9]}):
+            model(corrupted)
+    with pytest.raises(PatchingError, match="no difference for the heads to carry"):
+        attnpanel.patching_effect(model, clean, clean, score=metric, progress=False)
+    with pytest.raises(PatchingError, match="direction='sideways'"):
+        attnpanel.patching_effect(model, clean, corrupted, direction="sideways")
+    with pytest.raises(PatchingError, match="inputs are a tuple"):
+        attnpanel.patching_effect(model, "clean", corrupted)
+
+
+def test_transformer_lens_ablation_is_no_longer_a_no_op(tl_model):
+    """The bug that made one watcher necessary: ablate found no head lanes after TL's
+    post-softmax masked_fill and changed nothing, silently."""
+    model, clean, _, layers = tl_model
+    assert attention_heads(model, clean) == {layers[0]: 4, layers[1]: 4}
+    with torch.no_grad():
+        plain = model(clean)
+        with attnpanel.ablate(model, {layers[0]: [0]}):
+            ablated = model(clean)
+        _, cache = model.run_with_cache(clean)
+
+        def zero(t, hook):
+            t = t.clone()
+            t[:, :, 0] = 0
+            return t
+
+        expected = model.run_with_hooks(clean, fwd_hooks=[("blocks.0.attn.hook_z", zero)])
+    assert float((ablated - plain).abs().max()) > 1e-4
+    assert float((ablated - expected).abs().max()) <= 1e-6
+    traced = attnpanel.capture(model, clean)
+    assert {"v", "context"} <= set(traced.data_vars)  # the values are followed too now
+
+
+# the zoo: hooks on the models' own modules
+
+PROJECTED = [  # (zoo case, layer, the output projection that takes the merged heads)
+    ("nilmformer_real", "EncoderBlock.1.attention_layer", "EncoderBlock.1.attention_layer.wo"),
+    ("nanogpt_sdpa_causal", "transformer.h.0.attn", "transformer.h.0.attn.c_proj"),
+    ("llama_gqa_rotary", "layers.1.self_attn", "layers.1.self_attn.o_proj"),
+    ("bert_padding", "encoder.layer.0.attention.self", "encoder.layer.0.attention.output.dense"),
+]
+
+
+def other_inputs(args, kwargs):
+    """A corrupted input of the same shapes: float inputs moved, token ids reversed."""
+    generator = torch.Generator().manual_seed(5)
+
+    def move(name, t):
+        if not isinstance(t, torch.Tensor) or name == "attention_mask":
+            return t
+        if t.is_floating_point():
+            return t + torch.randn(t.shape, generator=generator, dtype=t.dtype)
+        return t.flip(-1)
+
+    return tuple(move("", a) for a in args), {k: move(k, v) for k, v in kwargs.items()}
+
+
+@contextlib.contextmanager
+def input_hook(module: nn.Module, change):
+    handle = module.register_forward_pre_hook(lambda _m, args: (change(args[0]), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def output_hook(module: nn.Module, change):
+    handle = module.register_forward_hook(lambda _m, _args, output: change(output))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def run(model, args, kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return output_tensor(model(*args, **kwargs))
+
+
+@pytest.mark.parametrize(("name", "layer", "projection"), PROJECTED)
+def test_output_patch_equals_a_hook_on_the_output_projection(name, layer, projection):
+    model, args, kwargs = zoo.case(name).build()
+    source = other_inputs(args, kwargs)
+    heads = attention_heads(model, *args, **kwargs)[layer]
+    module = dict(model.named_modules())[projection]
+    taken = []
+    with input_hook(module, lambda x: taken.append(x.clone()) or x):
+        run(model, *source)
+    plain_in = []
+    with input_hook(module, lambda x: plain_in.append(x.clone()) or x):
+        plain = run(model, args, kwargs)
+    width = taken[0].shape[-1] // heads
+    head = heads - 1
+    lane = slice(head * width, (head + 1) * width)
+
+    def put(x):
+        x = x.clone()
+        x[..., lane] = taken[0][..., lane]
+        return x
+
+    with input_hook(module, put):
+        expected = run(model, args, kwargs)
+    seen = []
+    with attnpanel.patch(model, source[1] or source[0], {layer: [head]}):  # records the source
+        with input_hook(module, lambda x: seen.append(x.clone()) or x):
+            patched = run(model, args, kwargs)
+    assert float((expected - plain).abs().max()) > 1e-5
+    assert float((patched - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    others = torch.ones(seen[0].shape[-1], dtype=torch.bool)
+    others[lane] = False
+    assert torch.equal(seen[0][..., others], plain_in[0][..., others])  # other heads: exact
+    assert torch.equal(run(model, args, kwargs), plain)
+
+
+QKV = [
+    # (case, layer, module whose output holds q|k|v, the slice of q, k, v in it)
+    ("nanogpt_sdpa_causal", "transformer.h.1.attn", {"qkv": "transformer.h.1.attn.c_attn"}),
+    (
+        "bert_padding",
+        "encoder.layer.1.attention.self",
+        {
+            "q": "encoder.layer.1.attention.self.query",
+            "k": "encoder.layer.1.attention.self.key",
+            "v": "encoder.layer.1.attention.self.value",
+        },
+    ),
+    (
+        "llama_gqa_rotary",
+        "layers.0.self_attn",
+        {
+            "q": "layers.0.self_attn.q_proj",
+            "k": "layers.0.self_attn.k_proj",
+            "v": "layers.0.self_attn.v_proj",
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("what", ["q", "k", "v"])
+@pytest.mark.parametrize(("name", "layer", "modules"), QKV)
+def test_qkv_patch_equals_a_hook_on_the_projection(name, layer, modules, what):
+    """A head's q, k or v from the source, by a hook on the projection that makes it (before
+    rotary embeddings, which act the same on both runs' positions). Grouped-query k and v:
+    query head ``h`` patches key/value head ``h // group``, shared by its group."""
+    model, args, kwargs = zoo.case(name).build()
+    source = other_inputs(args, kwargs)
+    heads = attention_heads(model, *args, **kwargs)[layer]
+    fused = "qkv" in modules
+    module = dict(model.named_modules())[modules["qkv" if fused else what]]
+    taken = []
+    with output_hook(module, lambda out: taken.append(out.clone()) or out):
+        run(model, *source)
+    plain = run(model, args, kwargs)
+    head = 1
+    width = taken[0].shape[-1] // (3 if fused else 1)
+    config = getattr(model, "config", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    own = heads if fused or what == "q" else kv_heads
+    size = width // own
+    index = head if own == heads else head // (heads // own)
+    start = ("qkv".index(what) * width if fused else 0) + index * size
+    lane = slice(start, start + size)
+
+    def put(out):
+        out = out.clone()
+        out[..., lane] = taken[0][..., lane]
+        return out
+
+    with output_hook(module, put):
+        expected = run(model, args, kwargs)
+    with attnpanel.patch(model, source[1] or source[0], {layer: [head]}, what=what):
+        patched = run(model, args, kwargs)
+    assert float((expected - plain).abs().max()) > 1e-6
+    assert float((patched - expected).abs().max()) <= 2e-5 * float(expected.abs().max())
+
+
+def mha_long_way(mha: nn.MultiheadAttention, x, source, head: int, what: str) -> torch.Tensor:
+    """A batch-first ``nn.MultiheadAttention`` self-attention written out, one head's q, k,
+    v, weights or output lane taken from the source input."""
+    heads, width = mha.num_heads, mha.embed_dim // mha.num_heads
+
+    def split(t):
+        return t.reshape(t.shape[0], t.shape[1], heads, width).transpose(1, 2)  # (B, H, L, E)
+
+    def qkv(inp):
+        projected = nn.functional.linear(inp, mha.in_proj_weight, mha.in_proj_bias)
+        return [split(p) for p in projected.chunk(3, -1)]
+
+    def weights(q, k):
+        return torch.softmax(q @ k.transpose(-2, -1) / width**0.5, dim=-1)
+
+    q, k, v = qkv(x)
+    qs, ks, vs = qkv(source)
+    if what in ("q", "k", "v"):
+        {"q": q, "k": k, "v": v}[what][:, head] = {"q": qs, "k": ks, "v": vs}[what][:, head]
+    w = weights(q, k)
+    if what == "weights":
+        w[:, head] = weights(qs, ks)[:, head]
+    context = w @ v  # (B, H, L, E)
+    if what == "output":
+        context[:, head] = (weights(qs, ks) @ vs)[:, head]
+    merged = context.transpose(1, 2).reshape(x.shape)
+    return nn.functional.linear(merged, mha.out_proj.weight, mha.out_proj.bias)
+
+
+@pytest.mark.parametrize("what", ["q", "k", "v", "weights", "output"])
+def test_multihead_attention_patch_equals_the_long_way(what):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x, source = torch.randn(2, 9, 32), torch.randn(2, 9, 32)
+
+    class Self(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    model = Self()
+    with torch.no_grad(), attnpanel.patch(model, source, {"mha": [2]}, what=what):
+        patched = model(x)
+    with torch.no_grad():
+        expected = mha_long_way(mha, x, source, 2, what)
+        plain = model(x)
+    assert float((expected - plain).abs().max()) > 1e-4
+    assert float((patched - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize(("name", "layer", "projection"), PROJECTED[1:3])
+def test_attribution_is_the_first_order_term(name, layer, projection):
+    """``(a_source - a_target) . d score / d a`` at the target run, ``a`` the heads' lanes
+    caught at the output projection's input by a hook of the model's own module."""
+    model, args, kwargs = zoo.case(name).build()
+    source = other_inputs(args, kwargs)
+    heads = attention_heads(model, *args, **kwargs)[layer]
+    module = dict(model.named_modules())[projection]
+
+    def score(y):
+        return y[..., 0].sum()
+
+    effect = attnpanel.patching_effect(
+        model, source[1] or source[0], kwargs or args, score=score, method="attribution",
+        progress=False,
+    )  # fmt: skip
+    taken = []
+    with input_hook(module, lambda x: taken.append(x.detach().clone()) or x):
+        high = float(score(run(model, *source)))
+    leaf = []
+
+    def as_leaf(x):
+        leaf.append(x.detach().requires_grad_(True))
+        return leaf[0]
+
+    with torch.enable_grad(), input_hook(module, as_leaf):
+        value = score(output_tensor(model(*args, **kwargs)))
+        (grad,) = torch.autograd.grad(value, leaf)
+    low = float(value)
+    cells = ((taken[0] - leaf[0].detach()) * grad).double()
+    per_head = cells.reshape(*cells.shape[:-1], heads, -1).sum(dim=(0, 1, 3)) / (high - low)
+    assert abs(effect.sel(layer=layer).values - per_head.numpy()).max() <= 1e-4 * max(
+        1, float(per_head.abs().max())
+    )
