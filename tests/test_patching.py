@@ -415,3 +415,68 @@ def test_attribution_is_the_first_order_term(name, layer, projection):
     assert abs(effect.sel(layer=layer).values - per_head.numpy()).max() <= 1e-4 * max(
         1, float(per_head.abs().max())
     )
+
+
+@pytest.fixture(scope="module")
+def tl_three_layers():
+    config = dict(
+        n_layers=3, d_model=64, n_ctx=32, d_head=16, n_heads=4, d_vocab=50, act_fn="relu",
+        attn_only=True, normalization_type=None, seed=0, d_mlp=None,
+    )  # fmt: skip
+    model = TransformerBridge.boot_native(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    clean = torch.randint(0, 50, (2, 12), generator=generator)
+    corrupted = clean.clone()
+    corrupted[:, 3] = (corrupted[:, 3] + 7) % 50
+    return model, clean, corrupted, list(attention_heads(model, clean))
+
+
+@pytest.mark.parametrize("through", ["q", "k", "v"])
+def test_path_patching_equals_the_long_way_with_transformer_lens_hooks(tl_three_layers, through):
+    """Wang et al.'s three steps by TL's own hooks: the sender from the clean run and every
+    other head frozen at the corrupted run while the receiver's input is recorded, then
+    only that input patched into the corrupted run."""
+    model, clean, corrupted, layers = tl_three_layers
+    sender, receiver = (1, 2), (2, 1)  # (layer, head)
+    _, clean_cache = model.run_with_cache(clean)
+    _, corrupted_cache = model.run_with_cache(corrupted)
+    carried = {}
+
+    def freeze(index):
+        def hook(t, hook=None):
+            t = corrupted_cache[f"blocks.{index}.attn.hook_z"].clone()
+            if index == sender[0]:
+                t[:, :, sender[1]] = clean_cache[f"blocks.{index}.attn.hook_z"][:, :, sender[1]]
+            return t
+
+        return hook
+
+    def keep(t, hook=None):
+        carried["x"] = t.clone()
+        return t
+
+    receiving = f"blocks.{receiver[0]}.attn.{TL_HOOKS[through]}"
+    hooks = [(f"blocks.{i}.attn.hook_z", freeze(i)) for i in range(3)] + [(receiving, keep)]
+    with torch.no_grad():
+        model.run_with_hooks(corrupted, fwd_hooks=hooks)
+        put = tl_replace(through, carried["x"], receiver[1], None)
+        patched = float(metric(model.run_with_hooks(corrupted, fwd_hooks=[(receiving, put)])))
+        high, low = float(metric(model(clean))), float(metric(model(corrupted)))
+    effect = attnpanel.patching_effect(
+        model, clean, corrupted, score=metric, senders={layers[sender[0]]: [sender[1]]},
+        receivers={layers[receiver[0]]: [receiver[1]]}, through=through, progress=False,
+    )  # fmt: skip
+    assert effect.dims == ()
+    assert float(effect) == pytest.approx((patched - low) / (high - low), abs=1e-6)
+    assert effect.attrs["forwards"] == 4
+    scan = attnpanel.patching_effect(
+        model, clean, corrupted, score=metric, receivers={layers[receiver[0]]: [receiver[1]]},
+        through=through, progress=False,
+    )  # fmt: skip
+    assert scan.sel(layer=layers[sender[0]], head=sender[1]) == pytest.approx(float(effect))
+    assert bool(scan.sel(layer=layers[2]).isnull().all())  # the receivers' layer cannot send
+    assert int(scan.notnull().sum()) == 8 and scan.attrs["forwards"] == 2 * 8 + 2
+    with pytest.raises(PatchingError, match="cannot reach their inputs"):
+        attnpanel.patching_effect(
+            model, clean, corrupted, senders={layers[2]: [0]}, receivers={layers[2]: [1]}
+        )

@@ -24,7 +24,7 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,7 @@ from torch import nn
 
 from attnpanel.interventions.importance import differentiable_score, evaluating, output_tensor
 from attnpanel.interventions.patching import HeadPatcher, PatchingError, check_what, inputs_of
+from attnpanel.interventions.paths import path_patching
 
 DIRECTIONS = ("denoising", "noising")
 EFFECT_METHODS = ("exact", "attribution")
@@ -60,6 +61,9 @@ def patching_effect(
     method: str = "exact",
     client=None,
     progress: bool = True,
+    senders: Mapping[str, list[int]] | None = None,
+    receivers: Mapping[str, list[int]] | None = None,
+    through: str = "q",
 ) -> xr.DataArray:
     """The share of the clean-corrupted difference of ``score`` each head carries.
 
@@ -87,6 +91,14 @@ def patching_effect(
         Run the exact patched forwards on its workers.
     progress : bool
         A progress bar (tqdm) over the patched forwards.
+    senders, receivers : mapping of str to list of int, optional
+        Path patching (:mod:`attnpanel.interventions.paths`): with ``receivers``, the
+        effect of the ``senders`` (or of every head before the receivers, one at a time,
+        when ``senders`` is None) only through the receivers' ``through``, every other
+        head frozen at the target run. A 0-d DataArray for given senders, else
+        ``(layer, head)``.
+    through : {"q", "k", "v"}
+        What of the receivers the senders reach them by.
 
     Returns
     -------
@@ -111,6 +123,16 @@ def patching_effect(
     check_what(what)
     source, target = (clean, corrupted) if direction == "denoising" else (corrupted, clean)
     source, target = inputs_of(source), inputs_of(target)
+    if receivers is not None or senders is not None:
+        if receivers is None or method != "exact" or by != "head" or what != "output":
+            raise PatchingError(
+                "path patching takes receivers (and senders, or none to scan every head) "
+                "with method='exact', by='head' and what='output' (the senders' output)"
+            )
+        with evaluating(model):
+            return path_patching(
+                model, source, target, score, senders, receivers, through, progress, direction
+            )
     with evaluating(model):
         run = _exact if method == "exact" else _attribution
         found = run(model, source, target, score, by, what, client, progress)

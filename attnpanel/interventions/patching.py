@@ -125,6 +125,7 @@ class HeadPatcher(HeadWriter):
         self.groups: dict[str, int] = {}  # query heads per key/value head, where shared
         self.source_heads: dict[str, int] = {}  # the layers of the source run, their heads
         self.lengths: dict[str, int] = {}  # positions of each layer's patched tensor
+        self.lanes: dict[str, Lane] = {}  # where the heads sit in each recorded tensor
 
     def record(self, *args, **kwargs):
         """Run the model on these inputs and keep every site's ``what``; the model's output."""
@@ -156,6 +157,7 @@ class HeadPatcher(HeadWriter):
         if self.mode == "record":
             self.recorded[layer] = t.detach().clone()
             self.lengths[layer] = t.shape[lane.position_axis]
+            self.lanes[layer] = lane
             return None
         if self.mode == "probe":
             probe = torch.zeros_like(t, requires_grad=True)
