@@ -17,6 +17,7 @@ from attnpanel.readouts.compare import compare
 from attnpanel.readouts.embedding import qk_embedding
 from attnpanel.readouts.flow import rollout, value_weighted
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
+from attnpanel.surveys.roles import head_roles
 from attnpanel.surveys.survey import survey
 from attnpanel.traces.build import build_trace, trace
 from attnpanel.traces.io import load, save
@@ -45,6 +46,7 @@ __all__ = [
     "generate_power",
     "head_average",
     "head_importance",
+    "head_roles",
     "head_statistics",
     "load",
     "patch",

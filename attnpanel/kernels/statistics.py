@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from attnpanel.kernels.roles import RoleInputs, RoleSums
+
 NAMES = ("entropy", "distance", "sink", "diagonal_share", "previous_share", "max_weight")
 CHUNK_CELLS = 1 << 19  # cells of one block of head-samples (2 MB in float32)
 
@@ -58,9 +60,10 @@ def _block(a: torch.Tensor, steps: torch.Tensor, norms: torch.Tensor | None) -> 
 
 
 def _row_statistics(
-    weights: torch.Tensor, first: torch.Tensor, norms: torch.Tensor | None
+    weights: torch.Tensor, first: torch.Tensor, norms: torch.Tensor | None, roles=None
 ) -> dict[str, torch.Tensor]:
-    """Each statistic per row, ``(B, H, L)``; ``first``: each sample's first real key."""
+    """Each statistic per row, ``(B, H, L)``; ``first``: each sample's first real key;
+    ``roles``: a :class:`~attnpanel.kernels.roles.RoleSums` given each block too."""
     batch, heads, length, keys = weights.shape
     flat = weights.reshape(batch * heads, length, keys)
     scale = None if norms is None else norms.reshape(batch * heads, keys).to(weights.dtype)
@@ -74,6 +77,8 @@ def _row_statistics(
             flat[part], steps, None if scale is None else scale[part]
         ).items():
             found.setdefault(name, []).append(value)
+        if roles is not None:
+            roles.add(slice(start, min(start + per, batch * heads)), flat[part])
     values = {name: torch.cat(parts) for name, parts in found.items()}  # (B H, L)
     sinks = _sinks(first, heads)
     own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
@@ -88,6 +93,7 @@ def head_statistics_of(
     weights: torch.Tensor,
     padding: torch.Tensor | None = None,
     norms: torch.Tensor | None = None,
+    roles: RoleInputs | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every statistic of :data:`NAMES` per sample and head, ``(B, H)`` float64.
 
@@ -102,6 +108,8 @@ def head_statistics_of(
     norms : torch.Tensor, optional
         ``(B, H, S)`` the value norms ``|| v_j W_o^h ||``: the statistics of the
         value-weighted rows, prefixed ``vw_``, too.
+    roles : RoleInputs, optional
+        The role statistics of :mod:`attnpanel.kernels.roles` too.
     """
     batch, heads, length, keys = weights.shape
     if not weights.is_floating_point() or weights.dtype in (torch.float16, torch.bfloat16):
@@ -110,8 +118,21 @@ def head_statistics_of(
     if padding is not None:
         padding = padding.to(torch.bool)
         first = (~padding).to(torch.int8).argmax(dim=1)  # the first real key
-    rows = _row_statistics(weights, first, norms)
-    return _row_means(rows, padding, length, keys)
+    sums = _role_sums(roles, heads, first, padding, batch, length, keys, weights.device)
+    rows = _row_statistics(weights, first, norms, sums)
+    found = _row_means(rows, padding, length, keys)
+    if sums is not None:
+        found.update(sums.result(batch, heads))
+    return found
+
+
+def _role_sums(roles, heads, first, padding, batch, length, keys, device) -> RoleSums | None:
+    if roles is None:
+        return None
+    real = torch.ones(batch, length, dtype=torch.bool, device=device)
+    if padding is not None and length == keys:
+        real = ~padding.to(device)
+    return RoleSums(roles, heads, first, real)
 
 
 def _row_means(
@@ -232,6 +253,7 @@ def head_statistics_of_scores(
     v: torch.Tensor | None = None,
     context: torch.Tensor | None = None,
     checked: torch.Tensor | None = None,
+    roles: RoleInputs | None = None,
 ) -> tuple[dict[str, torch.Tensor], float]:
     """:func:`head_statistics_of` from ``q``, ``k``, the scale and the mask, the weights
     recomputed block by block in cache and never kept whole (for a fused kernel, SDPA,
@@ -252,6 +274,8 @@ def head_statistics_of_scores(
         ``|weights @ v - context|`` is returned, to check the weights were the model's.
     checked : torch.Tensor, optional
         The query rows that check covers (every row by default).
+    roles : RoleInputs, optional
+        The role statistics of :mod:`attnpanel.kernels.roles` too.
 
     Returns
     -------
@@ -286,6 +310,7 @@ def head_statistics_of_scores(
         else (~padding).to(torch.int8).argmax(dim=1)
     )
     sinks = _sinks(first, heads)
+    sums = _role_sums(roles, heads, first, padding, batch, length, keys, device)
     own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
     checked = (rows if checked is None else checked).to(device)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
@@ -306,6 +331,8 @@ def head_statistics_of_scores(
         )  # fmt: skip
         error = torch.maximum(error, gap)
         a = values.pop("weights")
+        if sums is not None:
+            sums.add(part, a)
         block_sinks = None if sinks is None else sinks[part]
         cells = _single_cells(a, block_sinks, rows, own, before, square)
         values.update(cells)
@@ -317,4 +344,7 @@ def head_statistics_of_scores(
     rows_found = {
         name: torch.cat(parts).reshape(batch, heads, length) for name, parts in found.items()
     }
-    return _row_means(rows_found, padding, length, keys), float(error)
+    found_means = _row_means(rows_found, padding, length, keys)
+    if sums is not None:
+        found_means.update(sums.result(batch, heads))
+    return found_means, float(error)

@@ -15,7 +15,7 @@ import xarray as xr
 from attnpanel.traces import screening
 
 FORMAT = "attnpanel-survey"
-VERSION = 1
+VERSION = 2  # 2: the role statistics (attnpanel.kernels.roles)
 
 
 class SurveyStoreError(ValueError):

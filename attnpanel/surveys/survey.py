@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from torch import nn
 
 from attnpanel.capturing.capture import capture, record_calls
 from attnpanel.capturing.recorder import AttentionRecorder, spread_rows, tolerance
+from attnpanel.kernels.roles import ROLE_NAMES, RoleInputs
 from attnpanel.kernels.statistics import NAMES, head_statistics_of, head_statistics_of_scores
 from attnpanel.surveys.store import FORMAT, VERSION, SurveyStore, SurveyStoreError
 from attnpanel.traces import screening
@@ -65,6 +66,17 @@ def batch_size(args: tuple, kwargs: dict) -> int:
     return int(next(sizes, 1))
 
 
+def token_ids(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A batch's token ids ``(B, L)``: its ``input_ids``, or its first positional input
+    where that is an integer tensor of two dims; None for continuous inputs."""
+    ids = kwargs.get("input_ids")
+    if ids is None and args and isinstance(args[0], torch.Tensor):
+        ids = args[0]
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dim() != 2:
+        return None
+    return ids
+
+
 def _cut(value, batch: int):
     if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch:
         return value[:1]
@@ -79,6 +91,9 @@ class Surveyor:
     layers: list[str]
     heads: dict[str, int]
     w_o: dict[str, torch.Tensor]  # (D_out, H * E) by layer, where capture found it
+    roles: RoleInputs | None = None  # the role statistics' settings (None: none kept)
+    tokens: torch.Tensor | None = None  # (B, L) the batch's token ids, while it runs
+    given_tokens: torch.Tensor | None = None  # ids given beside the inputs (one batch)
 
     @classmethod
     def of(cls, model: nn.Module, args: tuple, kwargs: dict) -> Surveyor:
@@ -107,6 +122,7 @@ class Surveyor:
 
     def statistics(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
         """Each statistic of one batch, ``(batch, layer, head)`` float64."""
+        self.tokens = token_ids(args, kwargs) if self.given_tokens is None else self.given_tokens
         recorder = _Summarising(self)
         recorder, names = record_calls(self.model, args, kwargs, dense=True, recorder=recorder)
         recorder.finish()
@@ -137,6 +153,7 @@ class Surveyor:
                 "capture it instead"
             )
         norms = self._norms(name, call)
+        roles = self._roles(call)
         if call.weights is None:
             found, error = head_statistics_of_scores(
                 call.q,
@@ -148,6 +165,7 @@ class Surveyor:
                 call.v,
                 call.context,
                 checked=spread_rows(call.q.shape[-2]),  # as capture checks a long call
+                roles=roles,
             )
             allowed = tolerance(call.dtype) * max(1.0, float(call.v.abs().max()))
             if not error <= allowed:
@@ -162,7 +180,23 @@ class Surveyor:
         if call.blocked is not None:
             blocked = call.blocked.expand(batch, heads, *weights.shape[-2:])
             padding = blocked.all(dim=1).all(dim=1)  # (B, S): keys no query may see
-        return head_statistics_of(weights, padding, norms)
+        return head_statistics_of(weights, padding, norms, roles)
+
+    def _roles(self, call) -> RoleInputs | None:
+        """The role settings with this batch's tokens where they label this call's queries
+        and keys (a self-attention over the input's own positions)."""
+        if self.roles is None:
+            return None
+        tokens = self.tokens
+        length, keys = call.q.shape[-2], call.k.shape[-2]
+        if tokens is not None and (tokens.shape[-1] != length or length != keys):
+            if self.given_tokens is not None:
+                raise ValueError(
+                    f"tokens are {tuple(tokens.shape)} labels, but this attention has "
+                    f"{call.q.shape[0]} x {length} queries and {keys} keys"
+                )
+            tokens = None
+        return replace(self.roles, tokens=tokens)
 
     def _norms(self, name: str, call) -> torch.Tensor | None:
         """``|| v_j W_o^h ||`` as ``sqrt(v_j G_h v_j)``, ``G_h = W_o^hT W_o^h`` (``E x E``:
@@ -253,6 +287,9 @@ def survey(
     prepare: Callable | None = None,
     step: float | None = None,
     progress: bool = True,
+    roles: bool = True,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
 ) -> xr.Dataset:
     """Statistics of every head of ``model`` over every sample of ``batches``.
 
@@ -276,13 +313,20 @@ def survey(
         Seconds between two positions: adds ``distance_time`` (seconds).
     progress : bool
         A progress bar (tqdm) over the batches.
+    roles : bool
+        Keep the role statistics of :mod:`attnpanel.kernels.roles` too (TransformerLens'
+        previous-token, duplicate-token and induction scores, the offset a head looks at
+        and its weight), read by :func:`attnpanel.head_roles`. Token roles need token ids
+        (``input_ids``, or an integer first input): NaN otherwise.
+    exclude_bos, exclude_current_token : bool
+        TransformerLens' exclusions for those scores.
 
     Returns
     -------
     xarray.Dataset
         ``(sample, layer, head)`` float64 variables: :data:`NAMES` of
         :mod:`attnpanel.kernels.statistics`, their ``vw_`` forms where the values are
-        known; read back from the store where one is given.
+        known, and the role statistics; read back from the store where one is given.
 
     Raises
     ------
@@ -306,13 +350,22 @@ def survey(
     iterator = itertools.chain([first], iterator)
     with torch.no_grad():
         surveyor = Surveyor.of(model, *prepare(first))
+    if roles:
+        surveyor.roles = RoleInputs(None, exclude_bos, exclude_current_token)
     header = {
         "format": FORMAT,
         "version": VERSION,
         "model": model_name,
         "fingerprint": print_,
-        "statistics": list(NAMES),
+        "statistics": list(NAMES) + (list(ROLE_NAMES) if roles else []),
+        "exclude_bos": int(exclude_bos),
+        "exclude_current_token": int(exclude_current_token),
     }
+    if roles and token_ids(*prepare(first)) is None:
+        header["token_roles"] = (
+            "duplicate_token and induction are NaN: the inputs carry no token ids "
+            "(continuous inputs)"
+        )
     parts: list[xr.Dataset] = []
     total = _length(batches)
     bar = _bar(total, skip, progress)
