@@ -13,10 +13,12 @@ Three models, each with a clean and a corrupted input:
 * ``minilm``: all-MiniLM-L6-v2 (6 layers x 12 heads) on 8 padded sentences, the third
   token of each replaced by ``[MASK]``; the score is the first token's output norm.
 
-For each: the plain forward (``torch.no_grad``; median and p95 of ``--repeats``), exact
-head patching (every head: ``heads + 2`` forwards), attribution patching and path
-patching of one sender set into one receiver set, each as a time and in forwards (its
-time over the forward's median), beside the budgets of issue #34: exact at most
+For each, in ``--rounds`` rounds (the machine's speed drifts, so every round times 5 plain
+forwards, ``torch.no_grad``, beside one call of each method, and a ratio is taken within
+its round): exact head patching (every head: ``heads + 2`` forwards), attribution
+patching and path patching of one sender set into one receiver set, each as a time and in
+forwards (the median over rounds of its time over the round's median forward), beside the
+budgets of issue #34: exact at most
 ``(heads + 2) x 1.2`` forwards and no slower than TransformerLens', attribution at most 4,
 path patching at most 3 per receiver set (its two forwards per sender set plus the shared
 source and target runs: 4 for one sender set).
@@ -119,73 +121,79 @@ def forward(model, inputs):
         return output_tensor(model(*args, **kwargs))
 
 
-def measure(name, model, clean, corrupted, score, repeats: int) -> dict:
+def measure(name, model, clean, corrupted, score, rounds: int) -> dict:
+    """Every method once per round, each round beside 5 plain forwards of its own (the
+    machine's speed drifts: a ratio is taken within a round)."""
     forward(model, clean)  # warm-up
-    forwards = timed(lambda: forward(model, clean), repeats)
-    heads = attnpanel.attention_heads(
-        model,
-        *(clean if isinstance(clean, tuple) else ()),
-        **(clean if isinstance(clean, dict) else {}),
-    )
+    args = clean if isinstance(clean, tuple) else ()
+    heads = attnpanel.attention_heads(model, *args, **(clean if isinstance(clean, dict) else {}))
     layers = list(heads)
-    count = sum(heads.values())
     kw = dict(score=score, progress=False)
-    exact = timed(lambda: attnpanel.patching_effect(model, clean, corrupted, **kw), 3)
-    attribution = timed(
-        lambda: attnpanel.patching_effect(model, clean, corrupted, method="attribution", **kw),
-        max(3, repeats // 2),
-    )
     senders, receivers = {layers[0]: [0, 1]}, {layers[-1]: [0]}
-    paths = timed(
-        lambda: attnpanel.patching_effect(
+    methods = {
+        "exact": lambda: attnpanel.patching_effect(model, clean, corrupted, **kw),
+        "attribution": lambda: attnpanel.patching_effect(
+            model, clean, corrupted, method="attribution", **kw
+        ),
+        "paths": lambda: attnpanel.patching_effect(
             model, clean, corrupted, senders=senders, receivers=receivers, **kw
         ),
-        max(3, repeats // 2),
-    )
-    found = dict(forwards=forwards, exact=exact, attribution=attribution, paths=paths, heads=count)
+    }
     if name == "tl":
         from transformer_lens import patching
 
         _, cache = model.run_with_cache(clean[0])
-        found["transformer_lens"] = timed(
-            lambda: patching.get_act_patch_attn_head_out_all_pos(
-                model, corrupted[0], cache, lambda logits: score(logits)
-            ),
-            3,
+        methods["transformer_lens"] = lambda: patching.get_act_patch_attn_head_out_all_pos(
+            model, corrupted[0], cache, lambda logits: score(logits)
         )
+    for call in methods.values():
+        call()  # warm-up
+    found = {key: [] for key in ("forwards", *methods)}
+    ratios = {key: [] for key in methods}
+    for _ in range(rounds):
+        plain = timed(lambda: forward(model, clean), 5)
+        found["forwards"] += plain
+        for key, call in methods.items():
+            [seconds] = timed(call, 1)
+            found[key].append(seconds)
+            ratios[key].append(seconds / statistics.median(plain))
+    found["ratios"] = ratios
+    found["heads"] = sum(heads.values())
     return found
 
 
 def table(results: dict[str, dict]) -> str:
     lines = [
         "| model | heads | forward median (p95) | exact median (p95) | in forwards (budget) "
-        "| TransformerLens | attribution median (p95) | in forwards (budget) "
-        "| path, one sender set | in forwards (budget) |",
+        "| TransformerLens, in forwards | attribution median (p95) | in forwards (budget) "
+        "| path, one sender set | in forwards |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, found in results.items():
         forward_ = statistics.median(found["forwards"])
-        exact = statistics.median(found["exact"])
-        attribution = statistics.median(found["attribution"])
-        paths = statistics.median(found["paths"])
+        ratio = {key: statistics.median(values) for key, values in found["ratios"].items()}
         tl = found.get("transformer_lens")
-        tl_cell = "-" if tl is None else f"{statistics.median(tl):.2f} s ({p95(tl):.2f})"
+        tl_cell = (
+            "-"
+            if tl is None
+            else f"{statistics.median(tl):.2f} s ({p95(tl):.2f}); {ratio['transformer_lens']:.1f}"
+        )
         lines.append(
             f"| {name} | {found['heads']} "
             f"| {forward_ * 1e3:.1f} ms ({p95(found['forwards']) * 1e3:.1f}) "
-            f"| {exact:.2f} s ({p95(found['exact']):.2f}) "
-            f"| {exact / forward_:.1f} ({(found['heads'] + 2) * 1.2:.1f}) | {tl_cell} "
-            f"| {attribution * 1e3:.0f} ms ({p95(found['attribution']) * 1e3:.0f}) "
-            f"| {attribution / forward_:.2f} (4) "
-            f"| {paths * 1e3:.0f} ms ({p95(found['paths']) * 1e3:.0f}) "
-            f"| {paths / forward_:.2f} (2 + 2 shared; 3 per receiver set) |"
+            f"| {statistics.median(found['exact']):.2f} s ({p95(found['exact']):.2f}) "
+            f"| {ratio['exact']:.1f} ({(found['heads'] + 2) * 1.2:.1f}) | {tl_cell} "
+            f"| {statistics.median(found['attribution']) * 1e3:.0f} ms "
+            f"({p95(found['attribution']) * 1e3:.0f}) | {ratio['attribution']:.2f} (4) "
+            f"| {statistics.median(found['paths']) * 1e3:.0f} ms ({p95(found['paths']) * 1e3:.0f}) "
+            f"| {ratio['paths']:.2f} (2 shared + 2) |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=9, help="timed forwards per model")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of every method")
     parser.add_argument("--windows", type=int, default=32, help="held-out demo windows")
     parser.add_argument("--models", default="tl,demo,minilm", help="comma-separated")
     args = parser.parse_args(argv)
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> str:
     results = {}
     for name in args.models.split(","):
         model, clean, corrupted, score = setups[name]()
-        results[name] = measure(name, model, clean, corrupted, score, args.repeats)
+        results[name] = measure(name, model, clean, corrupted, score, args.rounds)
     result = table(results)
     print(result)
     return result

@@ -66,10 +66,11 @@ class HeadWriter(AttentionWatcher):
         self.model = model
         self.seen: dict[str, int] = {}
         self.written: set[str] = set()
+        self.only: set[str] | None = None  # the modules to hook (None: every one)
 
     @contextlib.contextmanager
     def watching(self, model: nn.Module | None = None) -> Iterator[HeadWriter]:
-        with super().watching(self.model if model is None else model):
+        with super().watching(self.model if model is None else model, self.only):
             yield self
 
     def write_output(self, site: Site, output: torch.Tensor, lane: Lane) -> torch.Tensor:

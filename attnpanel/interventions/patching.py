@@ -129,10 +129,11 @@ class HeadPatcher(HeadWriter):
 
     def record(self, *args, **kwargs):
         """Run the model on these inputs and keep every site's ``what``; the model's output."""
-        self.mode, self.recorded, self.seen = "record", {}, {}
+        self.mode, self.recorded, self.seen, self.only = "record", {}, {}, None
         with torch.no_grad(), self.watching():
             output = self.model(*args, **kwargs)
         self.source_heads = dict(self.seen)
+        self.only = self.attention_modules()  # later forwards hook only these
         return output
 
     def select(self, heads: Mapping[str, Sequence[int]], positions=None) -> None:

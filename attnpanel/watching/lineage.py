@@ -51,6 +51,7 @@ class Scores:
     bias: torch.Tensor | None = None  # added terms, in units of the current logits
     blocked: torch.Tensor | None = None  # cells filled with a blocking value
     unsupported: str = ""
+    fills: tuple = ()  # the mask tensors given to those fills, as given (by identity)
 
 
 @dataclass
@@ -61,10 +62,15 @@ class Weights:
 
 
 class Lineage:
-    """Where tensors came from, by identity, for as long as each tensor lives."""
+    """Where tensors came from, by identity, for as long as each tensor lives: an entry goes
+    when its tensor is freed, so between two attentions there is usually nothing to look
+    up (most torch calls of a forward then cost one test)."""
 
     def __init__(self):
         self._known: dict[int, tuple[weakref.ref, object]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._known)
 
     def of(self, t) -> object:
         """What was noted of ``t`` (None for anything else, or a tensor noted before whose
@@ -82,10 +88,19 @@ class Lineage:
 
     def follow(self, t: torch.Tensor, info) -> None:
         """Note where ``t`` came from."""
-        self._known[id(t)] = (weakref.ref(t), info)
+        key, known = id(t), self._known
+
+        def forget(ref, key=key):
+            entry = known.get(key)
+            if entry is not None and entry[0] is ref:
+                del known[key]
+
+        known[key] = (weakref.ref(t, forget), info)
 
     def first_known(self, args, kwargs) -> tuple[torch.Tensor, object] | None:
         """The first tensor argument whose origin is known, with what is known of it."""
+        if not self._known:
+            return None
         for t in (*args, *kwargs.values()):
             info = self.of(t)
             if info is not None:
@@ -172,10 +187,14 @@ def follow_scores(name: str, args, source: torch.Tensor, info: Scores, result) -
     return replace(info, unsupported=f"{name} between q.k and softmax")
 
 
-def keeps_weights(name: str, args, source: torch.Tensor, result: torch.Tensor) -> bool:
+def keeps_weights(
+    name: str, args, source: torch.Tensor, result: torch.Tensor, scores: Scores | None = None
+) -> bool:
     """Whether ``result`` holds the same weights as ``source``: a copy, a view of the same
     cells, or cells set to 0 that were 0 (or NaN: a row blocked from every key) already,
-    as TransformerLens' native attention does after its softmax."""
+    as TransformerLens' native attention does after its softmax. A fill by the very mask
+    tensor that blocked the scores (``scores.fills``) is known to be one without reading
+    the weights."""
     if name in KEEPS:
         return True
     if name in VIEWS:
@@ -185,6 +204,8 @@ def keeps_weights(name: str, args, source: torch.Tensor, result: torch.Tensor) -
     if name.startswith("masked_fill"):
         if args[0] is not source or scalar(args[2]) != 0.0:
             return False
+        if scores is not None and any(args[1] is mask for mask in scores.fills):
+            return True  # the cells the scores were blocked at: 0 after the softmax
         filled = args[1].bool().expand_as(source)
     else:
         condition, first, second = args[0], args[1], args[2]
@@ -214,7 +235,7 @@ def _masking(name: str, args, source: torch.Tensor, info: Scores) -> Scores:
         mask, value = args[1], scalar(args[2])
         if value is None or value > BLOCKING_BIAS:
             return replace(info, unsupported=f"masked_fill with {args[2]!r}, not a block")
-        return replace(info, blocked=union(info.blocked, mask.bool()))
+        return replace(info, blocked=union(info.blocked, mask.bool()), fills=(*info.fills, mask))
     condition, first, second = args[0], args[1], args[2]
     fill = second if first is source else first
     value = scalar(fill)

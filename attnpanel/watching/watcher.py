@@ -234,15 +234,23 @@ class AttentionWatcher(TorchFunctionMode):
 
     # what the model and its modules tell
 
-    def watch(self, model: nn.Module) -> ModuleStack:
-        """A context manager that hooks every module of ``model`` while it is open."""
-        self.modules = ModuleStack(model, self.entered, self.left)
+    def watch(self, model: nn.Module, only: set[str] | None = None) -> ModuleStack:
+        """A context manager that hooks every module of ``model`` (or the model and the
+        modules ``only`` names) while it is open."""
+        self.modules = ModuleStack(model, self.entered, self.left, only)
         return self.modules
 
+    def attention_modules(self) -> set[str]:
+        """The modules the sites found so far ran in: enough hooks for later forwards of
+        the same model on inputs of the same kind (:meth:`watch`'s ``only``)."""
+        return {site.module for site in self.sites}
+
     @contextlib.contextmanager
-    def watching(self, model: nn.Module) -> Iterator[AttentionWatcher]:
+    def watching(
+        self, model: nn.Module, only: set[str] | None = None
+    ) -> Iterator[AttentionWatcher]:
         """Watch ``model``'s modules and its torch calls (off PyTorch's fused encoder path)."""
-        with fused_path_off(), self.watch(model), self:
+        with fused_path_off(), self.watch(model, only), self:
             yield self
 
     @property
@@ -321,7 +329,9 @@ class AttentionWatcher(TorchFunctionMode):
             followed = follow_scores(name, args, source, info, result)
             if followed is not None:
                 self.lineage.follow(result, followed)
-        elif isinstance(info, Weights) and keeps_weights(name, args, source, result):
+        elif isinstance(info, Weights) and keeps_weights(
+            name, args, source, result, info.site.scores
+        ):
             self.lineage.follow(result, info)
         return result
 
