@@ -53,9 +53,10 @@ def _summary_lines(path: str) -> list[str] | None:
 def run(args: argparse.Namespace) -> None:
     """Print the shape table and per-head summary of every layer of a saved trace."""
     from attnpanel.cli.importance import ranking_lines
+    from attnpanel.cli.patch import effect_lines
     from attnpanel.readouts.summary import describe
     from attnpanel.traces.layers import layers, select
-    from attnpanel.traces.rankings import load_ranking
+    from attnpanel.traces.rankings import EFFECT, load_ranking
 
     try:
         ranking = load_ranking(args.trace)
@@ -63,6 +64,14 @@ def run(args: argparse.Namespace) -> None:
         ranking = None  # not a ranking: a trace, or an error load_trace words
     if ranking is not None:
         for line in ranking_lines(ranking):
+            say(line)
+        return
+    try:
+        effect = load_ranking(args.trace, EFFECT)
+    except (ValueError, FileNotFoundError):
+        effect = None
+    if effect is not None:
+        for line in effect_lines(effect):
             say(line)
         return
     summary = _summary_lines(args.trace)
@@ -85,8 +94,9 @@ def add_parser(sub) -> None:
     info = sub.add_parser("info", help="print the shape table and what each head attends to")
     info.add_argument(
         "trace",
-        help="a saved trace (.nc or .zarr), a head ranking (attnpanel importance), a survey "
-        "store (attnpanel survey) or a comparison report (attnpanel compare -o report.nc)",
+        help="a saved trace (.nc or .zarr), a head ranking (attnpanel importance), a "
+        "patching effect (attnpanel patch), a survey store (attnpanel survey, with the "
+        "heads' roles) or a comparison report (attnpanel compare -o report.nc)",
     )
     info.add_argument("--sample", type=int, default=0, help="which sample to summarise")
     info.add_argument(

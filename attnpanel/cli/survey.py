@@ -34,6 +34,19 @@ def survey_lines(found) -> list[str]:
             f"{layer} head {head}: {value:.3g}" for (layer, head), value in series.items()
         )
         lines.append(f"  {what}: {picks}")
+    if "offset" in found:
+        from attnpanel.surveys.roles import head_roles
+
+        roles = head_roles(found, step=found.attrs.get("step"))
+        lines.append("  roles (attnpanel.head_roles; thresholds in docs/survey.md):")
+        for layer in roles["layer"].values:
+            named = [
+                f"{head}: {roles['role'].sel(layer=layer, head=head).item()}"
+                for head in roles["head"].values
+            ]
+            lines.append(f"    {layer}  " + ", ".join(named))
+        if "token_roles" in roles.attrs:
+            lines.append(f"  ({roles.attrs['token_roles']})")
     return lines
 
 

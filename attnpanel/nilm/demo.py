@@ -68,6 +68,16 @@ def demo_windows(n_windows: int = 32, seed: int = HELDOUT_SEED) -> xr.Dataset:
     return cut.isel(window=daytime).assign_coords(window=np.arange(n_windows))
 
 
+def without_appliance(held: xr.Dataset, appliance: str) -> np.ndarray:
+    """The windows' aggregate power with one appliance's own power taken out, from the
+    generator's ground truth: "this window without the kettle", ``(window, position)``."""
+    names = [str(a) for a in held["appliance"].values]
+    if appliance not in names:
+        raise ValueError(f"no appliance {appliance!r}; the demo has {', '.join(names)}")
+    own = held["appliance_power"].sel(appliance=appliance)
+    return (held["aggregate"] - own).clip(min=0.0).values.astype(np.float32)
+
+
 def demo(
     layer: int = DEMO_LAYER,
     n_windows: int = 32,

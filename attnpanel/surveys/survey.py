@@ -358,6 +358,7 @@ def survey(
         "model": model_name,
         "fingerprint": print_,
         "statistics": list(NAMES) + (list(ROLE_NAMES) if roles else []),
+        **({} if step is None else {"step": float(step)}),
         "exclude_bos": int(exclude_bos),
         "exclude_current_token": int(exclude_current_token),
     }

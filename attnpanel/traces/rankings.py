@@ -1,7 +1,9 @@
-"""Head rankings (:func:`attnpanel.head_importance`) saved beside traces, as netCDF.
+"""Head rankings (:func:`attnpanel.head_importance`) and patching effects
+(:func:`attnpanel.patching_effect`) saved beside traces, as netCDF.
 
-A ranking is a small file: one ``importance`` variable over ``(layer, head)`` and the attrs
-that say how it was measured. It is read as any file here is, as hostile: screened before
+A ranking is a small file: one ``importance`` variable over ``(layer, head)`` (or one
+``patching_effect`` variable over ``(layer, head)`` or ``(layer, head, position)``) and the
+attrs that say how it was measured. It is read as any file here is, as hostile: screened before
 any data is read (:mod:`attnpanel.traces.screening`), then checked for what a ranking is.
 """
 
@@ -18,16 +20,25 @@ from attnpanel.util.files import check_target, write_safely
 
 RANKING = "importance"
 MEASURED = ("method", "how", "measure")  # attrs a ranking carries
+EFFECT = "patching_effect"
+EFFECT_MEASURED = ("method", "what", "direction", "measure")  # attrs an effect carries
+KINDS = {  # variable -> (the dims it may have, the attrs it must carry)
+    RANKING: ((("layer", "head"),), MEASURED),
+    EFFECT: ((("layer", "head"), ("layer", "head", "position")), EFFECT_MEASURED),
+}
 
 
-def save_ranking(importance: xr.DataArray, path: str | Path, overwrite: bool = False) -> Path:
-    """Write a head ranking to ``path`` (``.nc``), never half-written."""
+def save_ranking(
+    importance: xr.DataArray, path: str | Path, overwrite: bool = False, kind: str = RANKING
+) -> Path:
+    """Write a head ranking (or, ``kind="patching_effect"``, a patching effect) to ``path``
+    (``.nc``), never half-written."""
     path = Path(path)
     if path.suffix.lower() != ".nc":
         raise ValueError(f"a ranking is saved as netCDF (.nc), not {path.suffix or 'no suffix'}")
-    check_ranking(importance, str(path))
+    check_ranking(importance, str(path), kind)
     check_target(path, "netcdf", overwrite)
-    out = importance.rename(RANKING).to_dataset()
+    out = importance.rename(kind).to_dataset()
 
     def write(target: Path) -> None:
         out.to_netcdf(target, engine="h5netcdf")
@@ -35,20 +46,22 @@ def save_ranking(importance: xr.DataArray, path: str | Path, overwrite: bool = F
     return write_safely(path, "netcdf", write, overwrite)
 
 
-def check_ranking(importance: xr.DataArray, where: str) -> None:
-    """Raise ``ValueError`` unless ``importance`` is a ranking of heads."""
-    if importance.dims != ("layer", "head"):
-        raise ValueError(f"{where}: a ranking has dims (layer, head), not {importance.dims}")
+def check_ranking(importance: xr.DataArray, where: str, kind: str = RANKING) -> None:
+    """Raise ``ValueError`` unless ``importance`` is a ranking of heads (of ``kind``)."""
+    shapes, measured = KINDS[kind]
+    if importance.dims not in shapes:
+        said = " or ".join(f"({', '.join(d)})" for d in shapes)
+        raise ValueError(f"{where}: a {kind} has dims {said}, not {importance.dims}")
     values = np.asarray(importance.values)
     if not np.issubdtype(values.dtype, np.floating) or np.isinf(values).any():
         raise ValueError(f"{where}: a ranking holds finite floats (NaN for a missing head)")
-    missing = [name for name in MEASURED if name not in importance.attrs]
+    missing = [name for name in measured if name not in importance.attrs]
     if missing:
         raise ValueError(f"{where}: the ranking does not say its {', '.join(missing)}")
 
 
-def load_ranking(path: str | Path) -> xr.DataArray:
-    """Read a head ranking written by :func:`save_ranking` (or a trace file that holds one).
+def load_ranking(path: str | Path, kind: str = RANKING) -> xr.DataArray:
+    """Read a head ranking (or a patching effect) written by :func:`save_ranking`.
 
     Raises
     ------
@@ -65,23 +78,27 @@ def load_ranking(path: str | Path) -> xr.DataArray:
     screening.refuse_unsafe_storage(path, "netcdf", available_memory())
     try:
         with xr.open_dataset(path, engine="h5netcdf") as ds:
-            if RANKING not in ds:
-                raise ValueError(f"{path} holds no head ranking ({RANKING!r})")
-            importance = ds[RANKING].load()
+            if kind not in ds:
+                what = "head ranking" if kind == RANKING else kind.replace("_", " ")
+                raise ValueError(f"{path} holds no {what} ({kind!r})")
+            importance = ds[kind].load()
     except ValueError:
         raise
     except Exception as error:  # any reader failure: not a ranking
         raise ValueError(f"cannot read {path} as a netCDF file: {error}") from error
-    check_ranking(importance, str(path))
+    check_ranking(importance, str(path), kind)
     return importance
 
 
-def ranked(importance: xr.DataArray) -> list[tuple[str, int, float]]:
-    """``(layer, head, value)`` most important first (by magnitude), missing heads left out."""
-    rows = [
-        (str(layer), int(head), float(importance.sel(layer=layer, head=head)))
-        for layer in importance["layer"].values
-        for head in importance["head"].values
-    ]
-    rows = [row for row in rows if np.isfinite(row[2])]
-    return sorted(rows, key=lambda row: -abs(row[2]))
+def ranked(importance: xr.DataArray) -> list[tuple]:
+    """``(layer, head, value)`` (``(layer, head, position, value)`` for an effect by head
+    and position) most important first (by magnitude), missing heads left out."""
+    values = np.asarray(importance.values)
+    coords = [importance[d].values for d in importance.dims]
+    rows = []
+    for index in np.ndindex(*values.shape):
+        value = float(values[index])
+        if np.isfinite(value):
+            labels = [c[i] for c, i in zip(coords, index, strict=True)]
+            rows.append((str(labels[0]), *(int(x) for x in labels[1:]), value))
+    return sorted(rows, key=lambda row: -abs(row[-1]))

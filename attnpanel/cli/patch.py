@@ -1,0 +1,161 @@
+"""``attnpanel patch``: which heads carry the difference between a clean and a corrupted
+input (activation patching, attribution patching)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnpanel.cli.common import CommandError, check_output, first_line, say
+from attnpanel.cli.models import checkpoint_run, hugging_face_model, model_inputs
+
+TOP = 20  # heads (or head positions) the ranking lists before "... and N more"
+
+
+def effect_lines(effect) -> list[str]:
+    """A patching effect as ``attnpanel patch`` and ``attnpanel info`` print it."""
+    from attnpanel.traces.rankings import ranked
+
+    rows = ranked(effect)
+    attrs = effect.attrs
+    lines = [
+        f"patching effect ({attrs['method']}, {attrs['direction']}, what={attrs['what']}: "
+        f"{attrs['measure']}), largest first:",
+        f"  score clean {attrs.get('score_clean', float('nan')):.6g}, corrupted "
+        f"{attrs.get('score_corrupted', float('nan')):.6g}",
+    ]
+    width = max((len(row[0]) for row in rows[:TOP]), default=0)
+    for rank, row in enumerate(rows[:TOP], start=1):
+        where = f"head {row[1]:<3d}" + (f" position {row[2]:<4d}" if len(row) == 4 else "")
+        lines.append(f"  {rank:3d}. {row[0]:<{width}}  {where} {row[-1]:+.4g}")
+    if len(rows) > TOP:
+        lines.append(f"  ... and {len(rows) - TOP} more")
+    return lines
+
+
+def _demo_inputs(args):
+    """The checkpoint's model, its clean windows, the corrupted ones and the score."""
+    import torch
+
+    from attnpanel.interventions.corruptions import replace_span
+    from attnpanel.nilm.demo import demo_windows, without_appliance
+
+    model, (aggregate, features), _ = checkpoint_run(Path(args.checkpoint), args.windows)
+    held = demo_windows(args.windows)
+    names = [str(a) for a in held["appliance"].values]
+    if args.without is not None:
+        try:
+            corrupted = torch.from_numpy(without_appliance(held, args.without))
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        channel = names.index(args.without)
+
+        def score(y):  # the predicted power of the appliance taken out, every window
+            return y[:, channel].double().sum()
+
+    else:
+        start, stop = _span(args.span, aggregate.shape[1])
+        try:
+            corrupted = replace_span(aggregate, start, stop, args.fill)
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        score = None
+    return model, (aggregate, features), (corrupted, features), score
+
+
+def _text_inputs(args):
+    if not args.text or not args.corrupted:
+        raise CommandError("--model needs --text and --corrupted (as many of each)")
+    if len(args.text) != len(args.corrupted):
+        raise CommandError(
+            f"{len(args.text)} --text but {len(args.corrupted)} --corrupted: give one "
+            "corrupted text per clean text"
+        )
+    model, tokenizer = hugging_face_model(Path(args.model))
+    both = model_inputs(model, tokenizer, list(args.text) + list(args.corrupted))
+    half = len(args.text)
+    clean = {k: v[:half] for k, v in both.items()}
+    corrupted = {k: v[half:] for k, v in both.items()}
+    return model, clean, corrupted, None
+
+
+def _span(text: str | None, length: int) -> tuple[int, int]:
+    if text is None:
+        raise CommandError("--checkpoint needs --without APPLIANCE or --span START:STOP")
+    try:
+        start, stop = (int(part) for part in text.split(":"))
+    except ValueError as error:
+        raise CommandError(f"--span {text!r}: write it START:STOP, such as 200:260") from error
+    if not 0 <= start < stop <= length:
+        raise CommandError(f"--span {text}: not inside the {length} positions")
+    return start, stop
+
+
+def run(args: argparse.Namespace) -> None:
+    """Patch every head (or estimate it) and save the effect (``.nc``)."""
+    from attnpanel.interventions.effects import patching_effect
+    from attnpanel.interventions.patching import PatchingError
+    from attnpanel.traces.rankings import EFFECT, save_ranking
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise CommandError("give either --checkpoint or --model with --text and --corrupted")
+    if not args.output.lower().endswith(".nc"):
+        raise CommandError(f"an effect is saved as netCDF: {args.output} does not end in .nc")
+    check_output(args.output, args.force)
+    if args.checkpoint is not None:
+        model, clean, corrupted, score = _demo_inputs(args)
+    else:
+        model, clean, corrupted, score = _text_inputs(args)
+    try:
+        effect = patching_effect(
+            model,
+            clean,
+            corrupted,
+            score=score,
+            by=args.by,
+            what=args.what,
+            direction=args.direction,
+            method=args.method,
+        )
+    except (PatchingError, RuntimeError, TypeError, ValueError) as error:
+        raise CommandError(f"{type(model).__name__}: {first_line(error)}") from error
+    written = save_ranking(effect, args.output, overwrite=args.force, kind=EFFECT)
+    say(f"wrote {written}: {effect.sizes['layer']} layers x {effect.sizes['head']} heads")
+    for line in effect_lines(effect):
+        say(line)
+
+
+def add_parser(sub) -> None:
+    """Add the command and its options to the ``attnpanel`` parser's subcommands."""
+    patch = sub.add_parser(
+        "patch",
+        help="rank every head by how much of a clean-corrupted difference it carries",
+        description="Patch each attention head's output (or q, k, v, weights) from one input "
+        "into the run on another and save the share of the difference it restores (.nc); "
+        "`attnpanel info` prints it.",
+    )
+    patch.add_argument(
+        "--checkpoint",
+        help="a NILMFormer model file (as `attnpanel train` writes), run on the demo's "
+        "held-out windows",
+    )
+    patch.add_argument("--windows", type=int, default=8, help="held-out windows (default 8)")
+    patch.add_argument(
+        "--without",
+        help="corrupted windows: the same windows without this appliance (from the "
+        "generator's ground truth); the score is its predicted power",
+    )
+    patch.add_argument("--span", help="corrupted windows: positions START:STOP replaced")
+    patch.add_argument("--fill", choices=("mean", "zeros"), default="mean", help="for --span")
+    patch.add_argument(
+        "--model", help="a local Hugging Face model directory with its tokenizer (offline)"
+    )
+    patch.add_argument("--text", action="append", help="a clean text; repeat for a batch")
+    patch.add_argument("--corrupted", action="append", help="its corrupted text, as many")
+    patch.add_argument("--what", choices=("output", "q", "k", "v", "weights"), default="output")
+    patch.add_argument("--by", choices=("head", "head_position"), default="head")
+    patch.add_argument("--direction", choices=("denoising", "noising"), default="denoising")
+    patch.add_argument("--method", choices=("exact", "attribution"), default="exact")
+    patch.add_argument("-o", "--output", required=True, help="the effect file (.nc)")
+    patch.add_argument("--force", action="store_true", help="replace an existing file")
+    patch.set_defaults(func=run)
