@@ -32,6 +32,7 @@ from attnpanel.app.sections import (
     LinkedZoom,
     MergeOutput,
     ModelView,
+    PatchingView,
     Positional,
     Projection,
     QueryKeyEmbedding,
@@ -66,6 +67,9 @@ class AttentionExplorer(LayerExplorer):
         "show_merge": "merge",
         "show_survey": "survey",
         "show_embedding": "embedding",
+        "show_patching": "patching",
+        "corruption": "corrupted",
+        "patch_what": "patch",
     }
 
     def make_sections(self, parts: dict) -> dict:
@@ -83,6 +87,7 @@ class AttentionExplorer(LayerExplorer):
             "positional": Positional(**parts),
             "heads": HeadComparison(linked=self.linked, **parts),
             "importance": HeadImportance(**parts),
+            "patching": PatchingView(**parts),
             "survey": SurveyView(**parts),
             "linked zoom": LinkedZoom(linked=self.linked, **parts),
             "merge": MergeOutput(**parts),
@@ -109,6 +114,7 @@ class AttentionExplorer(LayerExplorer):
             s["positional"],
             s["heads"],
             s["importance"],
+            s["patching"],
             s["survey"],
             s["linked zoom"],
             s["merge"],

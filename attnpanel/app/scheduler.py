@@ -24,7 +24,7 @@ from panel.io.state import set_curdoc
 
 from attnpanel.app.background import Background
 from attnpanel.app.registry import LiveView, ViewRegistry
-from attnpanel.app.state import SELECTION_PARAMS, ExplorerState
+from attnpanel.app.state import SELECTION_PARAMS, VIEW_PARAMS, ExplorerState
 from attnpanel.readouts.core import stages_cached
 from attnpanel.util import untrusted
 
@@ -143,7 +143,7 @@ class Scheduler:
             margin=0,
         )
         self.background = Background(self.indicator) if background else None
-        self.state.param.watch(self._on_change, [*SELECTION_PARAMS, "show_reference"])
+        self.state.param.watch(self._on_change, [*SELECTION_PARAMS, *VIEW_PARAMS])
 
     def soon(self, callback: Callable, *args, **kwargs) -> None:
         """Run ``callback`` on the document's next tick (now, outside a server).

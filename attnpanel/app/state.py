@@ -16,7 +16,8 @@ from __future__ import annotations
 import param
 import xarray as xr
 
-from attnpanel.interventions.model_run import ModelRun
+from attnpanel.interventions.model_run import ModelRun, Patching
+from attnpanel.interventions.patching import WHATS
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.readouts.core import Selection, StageCache, at_layer, uses_sinusoidal
 from attnpanel.traces.schema import STAGES
@@ -25,6 +26,15 @@ from attnpanel.traces.stages import mask_options
 COLORMAPS = ("coolwarm", "RdBu_r", "bwr", "fire", "viridis")
 # What a view can depend on: a change of any of these redraws the views that name it.
 SELECTION_PARAMS = ("sample", "head", "query", "mask", "stage", "enabled_heads", "layer")
+# the other parameters views depend on (the engine redraws the views that name them)
+VIEW_PARAMS = (
+    "show_reference",
+    "corruption",
+    "corrupt_sample",
+    "corrupt_span",
+    "patch_what",
+    "patched_head",
+)
 
 
 class ExplorerState(param.Parameterized):
@@ -125,6 +135,39 @@ class ExplorerState(param.Parameterized):
             "time it is shown."
         ),
     )
+    show_patching = param.Boolean(
+        default=False,
+        doc=(
+            "Show which heads carry the difference between this sample and a corrupted one "
+            "(each head patched from the clean run into the corrupted run, inside the model); "
+            "computed the first time it is shown."
+        ),
+    )
+    corruption = param.Selector(
+        default=None,
+        objects=[],
+        allow_None=True,
+        doc="The corrupted input heads are patched into: the model's own (the demo: this "
+        "window without an appliance), another sample, or a span of the input replaced.",
+    )
+    corrupt_sample = param.Integer(
+        default=1, bounds=(0, 1), doc="The other sample, where the corrupted input is one."
+    )
+    corrupt_span = param.Range(
+        default=(0, 1),
+        bounds=(0, 1),
+        doc="The positions (start, stop) replaced, where the corrupted input is a span replaced.",
+    )
+    patch_what = param.Selector(
+        default="output",
+        objects=list(WHATS),
+        doc="What of each head is patched from the clean run into the corrupted run.",
+    )
+    patched_head = param.Tuple(
+        default=("", -1),
+        length=2,
+        doc="The head (layer name, index) whose patched prediction is drawn; ('', -1): none.",
+    )
     last_error = param.String(default="", doc="The last error a view reported.")
     survey = param.ClassSelector(
         class_=xr.Dataset,
@@ -175,8 +218,32 @@ class ExplorerState(param.Parameterized):
             self.enabled_heads = list(range(n_heads))
             if "show_positional" not in params:
                 self.show_positional = uses_sinusoidal(first)
+        self._patching_choices()
         self.param.update(**late)
         self._start = self.param.values()
+
+    @param.depends("model", watch=True)
+    def _patching_choices(self) -> None:
+        """The corrupted inputs and spans the model at hand offers."""
+        if self.model is None:
+            self.param.corruption.objects = []
+            return
+        names = self.model.corruption_names()
+        self.param.corruption.objects = names
+        batch, length = self.model.batch, self.trace.sizes["query"]
+        self.param.corrupt_sample.bounds = (0, max(batch - 1, 1))
+        self.param.corrupt_span.bounds = (0, length)
+        with param.parameterized.discard_events(self):
+            if self.corruption not in names:
+                self.corruption = names[0] if names else None
+            self.corrupt_sample = min(1, batch - 1)
+            self.corrupt_span = (length // 2 - length // 16, length // 2 + length // 16)
+
+    @property
+    def patching(self) -> Patching:
+        """The corrupted input and what of a head the page patches, as a plain value."""
+        span = tuple(int(round(p)) for p in self.corrupt_span)
+        return Patching(self.corruption or "", self.corrupt_sample, span, self.patch_what)
 
     def reset(self) -> None:
         """Go back to the selection the state started with (every parameter)."""

@@ -19,9 +19,12 @@ import torch
 import xarray as xr
 from torch import nn
 
+from attnpanel.interventions.corruptions import replace_span
+from attnpanel.interventions.effects import patching_effect
 from attnpanel.interventions.gate import ablate, attention_heads
 from attnpanel.interventions.gradients import attention_gradients
 from attnpanel.interventions.importance import output_tensor, relative_change
+from attnpanel.interventions.patching import PatchingError, patch
 from attnpanel.surveys.survey import survey
 
 CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
@@ -32,6 +35,31 @@ CACHED_CAPTURES = 2  # captures of one sample kept (every layer's maps: tens of 
 def mean_absolute_error(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """``MAE`` over every series and position: the default metric."""
     return {"MAE": float(np.nanmean(np.abs(prediction - truth)))}
+
+
+ANOTHER_SAMPLE = "another sample"
+SPAN_MEAN, SPAN_ZEROS = "span replaced by its mean", "span replaced by zeros"
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """A corrupted input of one sample, named on the page: ``make(sample) -> (args,
+    kwargs)`` of the same shapes as the clean sample's inputs; ``score(output)`` the number
+    whose clean-corrupted difference the heads share out (default ``||output||``)."""
+
+    name: str
+    make: Callable[[int], tuple[tuple, dict]]
+    score: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Patching:
+    """Which corrupted input the page patches heads into, and what of a head."""
+
+    how: str = ANOTHER_SAMPLE  # a Corruption's name, ANOTHER_SAMPLE, SPAN_MEAN or SPAN_ZEROS
+    other: int = 1  # the other sample (ANOTHER_SAMPLE)
+    span: tuple[int, int] = (0, 1)  # the positions replaced (SPAN_*)
+    what: str = "output"  # what of a head: output, q, k, v, weights
 
 
 class _Kept:
@@ -80,6 +108,9 @@ class ModelRun:
         ``(series, position)`` arrays. Default: the mean absolute error.
     series : sequence of str, optional
         The series' names (the trace's ``series`` coordinate).
+    corruptions : sequence of Corruption, optional
+        Corrupted inputs of its own to patch heads between (the demo: each window without
+        one appliance); another sample and a span of the input replaced are always there.
     """
 
     model: nn.Module
@@ -89,6 +120,7 @@ class ModelRun:
     predict: Callable | None = None
     metrics: Callable[[np.ndarray, np.ndarray], dict[str, float]] = mean_absolute_error
     series: Sequence[str] | None = None
+    corruptions: Sequence[Corruption] = ()
 
     def __post_init__(self):
         self._predictions = _Kept(CACHED_RUNS)  # shared by every session
@@ -97,6 +129,7 @@ class ModelRun:
         self._survey: xr.Dataset | None = None
         self._survey_lock = threading.Lock()
         self._heads: dict[str, int] | None = None
+        self._effects = _Kept(CACHED_RUNS)
 
     @property
     def batch(self) -> int:
@@ -218,3 +251,89 @@ class ModelRun:
                 "sample": sample,
             },
         )
+
+    # patching between a clean and a corrupted input
+
+    def corruption_names(self) -> list[str]:
+        """The corrupted inputs the page offers: the model's own, another sample, and a span
+        replaced where the first input is a floating sequence."""
+        names = [c.name for c in self.corruptions]
+        if self.batch > 1:
+            names.append(ANOTHER_SAMPLE)
+        first = self.inputs[0] if self.inputs else None
+        if torch.is_tensor(first) and first.is_floating_point() and first.dim() >= 2:
+            names += [SPAN_MEAN, SPAN_ZEROS]
+        return names
+
+    def corrupted(self, sample: int, how: Patching) -> tuple[tuple, dict, Callable | None]:
+        """The corrupted inputs of ``sample`` and the score their difference is measured by."""
+        named = {c.name: c for c in self.corruptions}
+        if how.how in named:
+            args, kwargs = named[how.how].make(sample)
+            return args, kwargs, named[how.how].score
+        if how.how == ANOTHER_SAMPLE:
+            if how.other == sample:
+                raise PatchingError("the other sample is the shown one: there is no difference")
+            args, kwargs = self.one(how.other)
+            return args, kwargs, None
+        if how.how in (SPAN_MEAN, SPAN_ZEROS):
+            args, kwargs = self.one(sample)
+            fill = "mean" if how.how == SPAN_MEAN else "zeros"
+            return (replace_span(args[0], *how.span, fill), *args[1:]), kwargs, None
+        raise PatchingError(f"no corrupted input {how.how!r}; there are {self.corruption_names()}")
+
+    def describe(self, sample: int, how: Patching) -> str:
+        """The corrupted input in words: "sample 1 without the kettle", "sample 3"."""
+        if how.how == ANOTHER_SAMPLE:
+            return f"sample {how.other}"
+        if how.how in (SPAN_MEAN, SPAN_ZEROS):
+            fill = "their mean" if how.how == SPAN_MEAN else "zeros"
+            return f"sample {sample} with positions {how.span[0]}-{how.span[1]} replaced by {fill}"
+        return f"sample {sample} {how.how}"
+
+    def _pair(self, args: tuple, kwargs: dict):
+        if args and kwargs:
+            raise PatchingError(
+                "the model takes positional and keyword inputs at once; patching takes one kind"
+            )
+        return kwargs if kwargs else args
+
+    def patching(self, sample: int, how: Patching) -> xr.DataArray:
+        """Each head's patching effect on ``sample``'s prediction, ``(layer, head)``: the
+        share of the clean-corrupted difference of the score that patching its ``what``
+        from the clean run into the corrupted run restores; kept per request."""
+
+        def compute():
+            args, kwargs, score = self.corrupted(sample, how)
+            clean = self._pair(*self.one(sample))
+            found = patching_effect(
+                self.model, clean, self._pair(args, kwargs), score=score, what=how.what,
+                progress=False,
+            )  # fmt: skip
+            return found.assign_attrs(sample=sample, corrupted=self.describe(sample, how))
+
+        return self._effects.get(("effect", sample, how), compute)
+
+    def patched(self, sample: int, how: Patching, layer: str, head: int) -> np.ndarray:
+        """The prediction on the corrupted input with one head's ``what`` patched from the
+        clean run, ``(series, position)``."""
+
+        def compute():
+            args, kwargs, _ = self.corrupted(sample, how)
+            clean = self._pair(*self.one(sample))
+            with torch.no_grad(), patch(self.model, clean, {layer: [head]}, what=how.what):
+                output = self.model(*args, **kwargs)
+            return self._series(output)
+
+        return self._effects.get(("patched", sample, how, layer, head), compute)
+
+    def corrupted_prediction(self, sample: int, how: Patching) -> np.ndarray:
+        """The prediction on the corrupted input, ``(series, position)``."""
+
+        def compute():
+            args, kwargs, _ = self.corrupted(sample, how)
+            with torch.no_grad(), ablate(self.model, {}):  # the patched forwards' path
+                output = self.model(*args, **kwargs)
+            return self._series(output)
+
+        return self._effects.get(("corrupted", sample, how), compute)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from attnpanel.interventions.model_run import ModelRun
+from attnpanel.interventions.model_run import Corruption, ModelRun
 from attnpanel.nilm.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
 from attnpanel.traces import upgrades
 from attnpanel.traces.build import trace
@@ -151,6 +151,19 @@ def demo_model_run(
             found[f"F1 {name}"] = f1_score(truth[i] > threshold, prediction[i] > threshold)
         return found
 
+    def without(name: str) -> Corruption:
+        channel = list(config.appliances).index(name)
+
+        def make(sample: int) -> tuple[tuple, dict]:
+            one = held.isel(window=[sample])
+            power = torch.from_numpy(without_appliance(one, name))
+            return (power, features[sample : sample + 1]), {}
+
+        def score(output: torch.Tensor) -> torch.Tensor:  # the appliance's predicted power
+            return output[:, channel].double().sum()
+
+        return Corruption(f"without the {name}", make, score)
+
     return ModelRun(
         model,
         (aggregate, features),
@@ -158,6 +171,7 @@ def demo_model_run(
         predict=predict,
         metrics=metrics,
         series=list(config.appliances),
+        corruptions=[without(name) for name in config.appliances],
     )
 
 

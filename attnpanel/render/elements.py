@@ -16,7 +16,7 @@ import numpy as np
 LABELLED_GROUPS = ("Sequence", "Prediction")
 # Groups of maps that are signed by nature (a difference b - a): their colour scale is
 # centred on 0 whatever the values shown (``image_limits(..., centred=True)``).
-CENTRED_GROUPS = ("Difference",)
+CENTRED_GROUPS = ("Difference", "Patching")
 
 
 class PlotKey(NamedTuple):

@@ -158,16 +158,16 @@ class HeadGrid:
             )
         )
         names = self.origins
-        self.figure.renderers.append(  # each tile's head, left in the strip under it
+        self.names = ColumnDataSource(  # each tile's head, left in the strip under it
+            dict(
+                x=names[:, 0] + 0.02,
+                y=names[:, 1] + 1.0 + 0.55 * self.strip,
+                text=[f"head {h}" for h in range(n_heads)],
+            )
+        )
+        self.figure.renderers.append(
             GlyphRenderer(
-                data_source=ColumnDataSource(
-                    dict(
-                        x=names[:, 0] + 0.02,
-                        y=names[:, 1] + 1.0 + 0.55 * self.strip,
-                        text=[f"head {h}" for h in range(n_heads)],
-                    )
-                ),
-                glyph=Text(x="x", y="y", text="text", **NAME_TEXT),
+                data_source=self.names, glyph=Text(x="x", y="y", text="text", **NAME_TEXT)
             )
         )
         self.figure.title.text_font_size = "9pt"
@@ -245,6 +245,10 @@ class HeadGrid:
     def window_bounds(self) -> tuple[float, float, float, float]:
         """``(left, bottom, right, top)`` of the window the tiles show, in positions."""
         return tuple(self.extent.data[k][0] for k in EXTENT)
+
+    def set_names(self, texts: list[str]) -> None:
+        """The words under each tile ("head 3 · previous token")."""
+        self.names.data = dict(self.names.data, text=list(texts))
 
     def set_palette(self, head: int, palette) -> None:
         """Recolour one head's tile (its colours, or grey while it is off)."""

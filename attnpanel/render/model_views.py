@@ -211,6 +211,19 @@ def model_view(ds: xr.Dataset, sel: Selection, width: int = 1200, height: int = 
     )
 
 
+def role_labels(roles, n_layers: int, n_heads: int) -> hv.Labels:
+    """Each map's role (:func:`attnpanel.readouts.roles.trace_roles`) written along its top
+    edge in the model view (group ``Roles``); none for a trace without weights."""
+    xs, ys, texts = [], [], []
+    if roles is not None:
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                xs.append(head)
+                ys.append(layer - 0.36)  # y runs down the page: the map's top edge
+                texts.append(str(roles["role"].values[layer, head]))
+    return hv.Labels((xs, ys, texts), kdims=["head", "layer"], vdims=["role"], group="Roles")
+
+
 def model_view_marker(layer: int, head: int | str, n_heads: int) -> hv.Rectangles:
     """The outline of the selected (layer, head) map in the model view (group ``Selected``).
 

@@ -132,4 +132,6 @@ def push(handles: dict, element):
             axis_number(xs.max()),
         )
     values = element.dimension_values(1)
+    if not np.isfinite(values).any():
+        return None  # nothing drawn (a prediction that could not be made): the range stays
     return float(np.nanmin(values)), float(np.nanmax(values))

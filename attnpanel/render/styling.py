@@ -36,6 +36,7 @@ LOOK = {
     ("Curve", "QueryRow"): dict(line_color="#b2182b", line_width=1),
     ("Scatter", "TopKeys"): dict(fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"),
     ("Labels", "Tokens"): dict(text_font_size="11pt", text_color="black"),
+    ("Labels", "Roles"): dict(text_font_size="7pt", text_color="#b2182b", text_font_style="bold"),
     ("Image", "Attention"): dict(cmap="coolwarm", nan_color="black"),
     ("Image", "HeadMap"): dict(nan_color="#222222"),
     ("Image", "Weight"): dict(cmap="RdBu_r", nan_color="white"),
@@ -45,6 +46,8 @@ LOOK = {
     ("Image", "Rollout"): dict(cmap="Greys", nan_color="white"),
     # b - a of two captures: the weight matrices' diverging map, masked cells black
     ("Image", "Difference"): dict(cmap="RdBu_r", nan_color="black"),
+    # a head's patching effect: restores (red) or deepens (blue) the difference, centred on 0
+    ("Image", "Patching"): dict(cmap="RdBu_r", nan_color="white"),
     ("Rectangles", "Ranking"): dict(line_color=None),
     ("Labels", "Ranking"): dict(text_font_size="8pt", text_color="#333333"),
     ("Curve", "Prediction"): dict(line_width=1.2),

@@ -14,6 +14,7 @@ from attnpanel.app.sections.importance import HeadImportance
 from attnpanel.app.sections.matrix import AttentionMatrix
 from attnpanel.app.sections.merge import MergeOutput
 from attnpanel.app.sections.model import ModelView, Positional, TopAttended
+from attnpanel.app.sections.patching import PatchingView
 from attnpanel.app.sections.projection import Projection
 from attnpanel.app.sections.rollout import Rollout
 from attnpanel.app.sections.sequence import InputSequence
@@ -31,6 +32,7 @@ __all__ = [
     "LinkedZoom",
     "MergeOutput",
     "ModelView",
+    "PatchingView",
     "Positional",
     "Projection",
     "QueryKeyEmbedding",

@@ -17,6 +17,7 @@ TOGGLES = (  # the sections' checkboxes, in the order the page shows them
     "show_positional",
     "show_head_average",
     "show_survey",
+    "show_patching",
     "show_embedding",
 )
 STAGE_NAMES = {
@@ -147,6 +148,9 @@ class Controls(Section):
         )
         widgets["show_survey"] = pn.widgets.Checkbox.from_param(
             state.param.show_survey, name="every sample (survey)"
+        )
+        widgets["show_patching"] = pn.widgets.Checkbox.from_param(
+            state.param.show_patching, name="what changes the prediction"
         )
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):

@@ -19,6 +19,7 @@ from attnpanel.app.linked import LinkedMaps
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
+from attnpanel.readouts.roles import trace_roles
 from attnpanel.render import model_views, styling, views
 from attnpanel.render.elements import HEAD_MAP_KEY, PlotKey
 from attnpanel.render.head_grid import GAP_PX, HeadGrid
@@ -46,6 +47,7 @@ class HeadComparison(Section):
         self.toggles: pn.widgets.CheckButtonGroup | None = None
         self.average = HeadAverage(state=self.state, engine=self.engine)
         self.state.param.watch(self._recolor, "enabled_heads")
+        self.state.param.watch(lambda *_: self.engine.soon(self.name_tiles), ["sample", "layer"])
 
     def build(self):
         try:
@@ -124,6 +126,7 @@ class HeadComparison(Section):
         self.linked.on_box(self._on_box)
         grid.mark_box(self.linked.box)
         self.grid = grid
+        self.engine.soon(self.name_tiles)  # after the first paint: the roles read every cell
         return grid
 
     def _on_box(self) -> None:
@@ -136,6 +139,24 @@ class HeadComparison(Section):
     def mass_shares(self, sel) -> linked.MassShares:
         """Each head's share of attention mass in the linked box."""
         return linked.mass_shares(self.trace, sel, self.cache, self.linked.box)
+
+    def tile_names(self, sel) -> list[str]:
+        """The words under each tile: the head and its role on the shown sample
+        (:func:`attnpanel.readouts.roles.trace_roles`), where the trace holds weights."""
+        n_heads = self.state.n_heads
+        found = trace_roles(self.trace, sel.sample)
+        if found is None:
+            return [f"head {h}" for h in range(n_heads)]
+        roles = found["role"].values[0]
+        return [f"head {h} · {roles[h]}" for h in range(n_heads)]
+
+    def name_tiles(self) -> None:
+        """Write the tiles' names for the shown layer and sample."""
+        if self.grid is not None:
+            try:
+                self.grid.set_names(self.tile_names(self.state.selection))
+            except Exception as err:  # noqa: BLE001 - shown to the user; the page goes on
+                self.engine.report(err, "naming the heads' roles")
 
     def head_values(self, head: int, sel):
         """A head's tile: its map (or a map source) and its title."""

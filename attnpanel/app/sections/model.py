@@ -14,6 +14,7 @@ import panel as pn
 
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts.core import Selection, layer_names
+from attnpanel.readouts.roles import trace_roles
 from attnpanel.render import model_views, styling
 from attnpanel.render.elements import Raster
 
@@ -104,8 +105,18 @@ class ModelView(Section):
         marker = self.engine.add(
             "model view outline", self._marker, ["layer", "head"], "model view", title=False
         )
+        roles = self.engine.add(
+            "model view roles",
+            lambda sel: model_views.role_labels(
+                trace_roles(state.layers, sel.sample), n_layers, n_heads
+            ),
+            ["sample"],
+            "model view",
+            title=False,
+            follows_layer=False,
+        )
         names = layer_names(state.layers)
-        plot = hv.Overlay([image, marker], label=image.label)
+        plot = hv.Overlay([image, marker, roles], label=image.label)
         style = dict(
             frame_width=self.cell * n_heads,
             frame_height=self.cell * n_layers,

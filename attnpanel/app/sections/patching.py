@@ -1,0 +1,211 @@
+"""What changes the prediction: every head patched from this sample into a corrupted one.
+
+With the model at hand (:class:`attnpanel.interventions.model_run.ModelRun`), the section
+picks a corrupted input (the model's own, such as the demo's "without the kettle", another
+sample, or a span of the input replaced by its mean or by zeros) and draws the map of every
+head's patching effect (:func:`attnpanel.patching_effect`): the share of the clean-corrupted
+difference of the score that taking the head's output (or q, k, v, weights) from the clean
+run restores. A click on a head draws the prediction with it patched and opens it in the
+matrix. Without a model, it says what it needs.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+
+from attnpanel.app.sections.base import Section
+from attnpanel.interventions.model_run import ANOTHER_SAMPLE, SPAN_MEAN, SPAN_ZEROS
+from attnpanel.interventions.patching import PatchingError
+from attnpanel.readouts.core import PREDICTED
+from attnpanel.render import importance_views, patching_views
+from attnpanel.render.palette import SERIES_COLORS
+
+MAP_SIZE = (460, 290)
+CURVES_HEIGHT = 260
+NEEDS_MODEL = (
+    "Patching heads between two inputs needs the model itself, not only its trace: the "
+    "served demo has it; for your own, `attnpanel.explore(capture, "
+    "model=attnpanel.ModelRun(model, inputs, layers=[...]))`."
+)
+EXPLAINED = (
+    "Each cell: the share of the difference between this sample's prediction and the "
+    "corrupted input's that taking the head's {what} from this sample into the corrupted run "
+    "restores (1: all of it; negative: it widens it). A click on a head draws the prediction "
+    "with it patched and opens it in the matrix."
+)
+PARAMETERS = ["sample", "corruption", "corrupt_sample", "corrupt_span", "patch_what"]
+
+
+def curve_styles(labels: list[str]) -> dict:
+    """Each series its colour: solid on the clean input, dashed on the corrupted one, dotted
+    with the head patched."""
+    styles, names = {}, {}
+    dashes = {
+        PREDICTED: "solid",
+        patching_views.CORRUPTED: "dashed",
+        patching_views.PATCHED: "dotted",
+    }
+    for label in labels:
+        suffix = next((s for s in dashes if label.endswith(s)), None)
+        if suffix is None:
+            continue
+        name = label.removesuffix(suffix)
+        color = names.setdefault(name, SERIES_COLORS[len(names) % len(SERIES_COLORS)])
+        styles[label] = dict(line_color=color, line_width=1.4, line_dash=dashes[suffix])
+    return styles
+
+
+class PatchingView(Section):
+    """The patching map of every head and the prediction with one head patched."""
+
+    title = "What changes the prediction"
+    shown_by = "show_patching"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.status = pn.pane.Markdown("", margin=(0, 10))
+
+    @property
+    def run(self):
+        return self.state.model
+
+    def build(self):
+        if self.run is None:
+            return pn.Column(
+                self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10)), margin=0
+            )
+        state = self.state
+        choose = pn.widgets.Select.from_param(state.param.corruption, name="corrupted input")
+        other = pn.widgets.IntSlider.from_param(state.param.corrupt_sample, name="other sample")
+        span = pn.widgets.IntRangeSlider.from_param(
+            state.param.corrupt_span, name="span replaced (positions)"
+        )
+        what = pn.widgets.Select.from_param(state.param.patch_what, name="patch each head's")
+
+        def shown(*_events):
+            other.visible = state.corruption == ANOTHER_SAMPLE
+            span.visible = state.corruption in (SPAN_MEAN, SPAN_ZEROS)
+
+        state.param.watch(shown, "corruption")
+        shown()
+        self.explained = pn.pane.Markdown(EXPLAINED.format(what=state.patch_what), margin=(0, 10))
+        state.param.watch(
+            lambda e: setattr(self.explained, "object", EXPLAINED.format(what=e.new)), "patch_what"
+        )
+        return pn.Column(
+            self.heading(),
+            self.explained,
+            pn.Row(choose, other, span, what),
+            pn.Row(self._map(), self._curves(), sizing_mode="stretch_width"),
+            self.status,
+            sizing_mode="stretch_width",
+        )
+
+    def effect(self, sel):
+        """The patching map of the shown sample, or an empty map saying why there is none."""
+        heads = self.run.heads()
+        try:
+            return patching_views.effect_map(self.run.patching(sel.sample, self.state.patching))
+        except (PatchingError, ValueError) as error:
+            return patching_views.no_effect(str(error), len(heads), max(heads.values()))
+
+    def _map(self):
+        raster = self.engine.add(
+            "patching effect", self.effect, PARAMETERS, "patching", follows_layer=False, slow=True
+        )
+        element = raster.element(
+            hv.Dimension("effect", label=raster.value_label), kdims=("head", "layer")
+        )
+        width, height = MAP_SIZE
+        style = dict(
+            width=width,
+            height=height,
+            colorbar=True,
+            yticks=importance_views.layer_ticks(self.run.heads()),
+            tools=("hover", "tap"),
+        )
+        return self.engine.render(element, "patching", style=style, on_tap=self.click)
+
+    def picked(self, sel) -> tuple[str, int, str]:
+        """The head whose patched prediction is drawn: the clicked one, else the one of
+        the largest effect; with the words the title says of it."""
+        run = self.run
+        layer, head = self.state.patched_head
+        if layer in run.heads() and 0 <= head < run.heads()[layer]:
+            return layer, head, f"{layer} head {head}"
+        effect = run.patching(sel.sample, self.state.patching)
+        values = effect.fillna(0).values
+        row, head = divmod(int(abs(values).argmax()), values.shape[1])
+        layer = str(effect["layer"].values[row])
+        return layer, head, f"{layer} head {head} (the largest effect; click another)"
+
+    def predictions(self, sel) -> tuple[dict, str]:
+        """The predictions drawn: on the clean and corrupted inputs, and with a head
+        patched (NaN where there is no corrupted input or no difference to patch)."""
+        run, how = self.run, self.state.patching
+        clean = run.prediction(sel.sample)
+        nothing = np.full_like(clean, np.nan)
+        try:
+            corrupted = run.corrupted_prediction(sel.sample, how)
+            layer, head, words = self.picked(sel)
+            patched = run.patched(sel.sample, how, layer, head)
+        except (PatchingError, ValueError) as error:
+            found = {"clean": clean, "corrupted": nothing, "patched": nothing}
+            return found, f"nothing patched ({error})"
+        return {"clean": clean, "corrupted": corrupted, "patched": patched}, words
+
+    def _curves(self):
+        def build(sel):
+            predictions, head = self.predictions(sel)
+            names = self.run.series_names(len(predictions["clean"]))
+            return patching_views.patched_curves(self.trace, sel, predictions, names, head)
+
+        element = self.engine.add(
+            "prediction with a head patched",
+            build,
+            [*PARAMETERS, "patched_head"],
+            "patched prediction",
+            follows_layer=False,
+            slow=True,
+        )
+        labels = [
+            f"{name}{suffix}"
+            for name in self.run.series_names(len(self.run.prediction(0)))
+            for suffix in (PREDICTED, patching_views.CORRUPTED, patching_views.PATCHED)
+        ]
+        style = dict(
+            height=CURVES_HEIGHT,
+            responsive=True,
+            legend=True,
+            legend_cols=3,
+            layer_style=curve_styles(labels),
+        )
+        return self.engine.render(
+            element,
+            "patched prediction",
+            style=style,
+            sizing_mode="stretch_width",
+            height=CURVES_HEIGHT,
+        )
+
+    def click(self, x=None, y=None) -> None:
+        """A click on the map: that head's patched prediction, and the head in the matrix."""
+        if x is None or y is None:
+            return
+        found = importance_views.tapped_head(self.run.heads(), x, y)
+        if found is None:
+            return
+        layer, head = found
+        self.engine.soon(self.state.param.update, patched_head=(layer, head))
+        stacked = self.state.layers
+        if stacked is not None and layer in stacked["layer"].values:
+            index = list(map(str, stacked["layer"].values)).index(layer)
+            self.status.object = ""
+            self.engine.soon(self.state.param.update, layer=index, head=head)
+        elif layer in self.run.layers:
+            self.status.object = ""
+            self.engine.soon(self.state.param.update, head=head)
+        else:
+            self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
