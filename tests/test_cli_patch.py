@@ -74,8 +74,9 @@ def test_bad_requests_get_one_line(tmp_path, capsys):
     out = str(tmp_path / "e.nc")
     for args, said in (
         (["patch", "-o", out], "either --checkpoint or --model"),
-        (["patch", "--checkpoint", checkpoint, "-o", out], "--without APPLIANCE or --span"),
-        (["patch", "--checkpoint", checkpoint, "--without", "toaster", "-o", out], "no appliance"),
+        (["patch", "--checkpoint", checkpoint, "-o", out], "--without NAME or --span"),
+        (["patch", "--checkpoint", checkpoint, "--without", "toaster", "-o", out],
+         "no series 'toaster' to take out; the demo has fridge, kettle"),
         (["patch", "--checkpoint", checkpoint, "--span", "10", "-o", out], "START:STOP"),
         (["patch", "--checkpoint", checkpoint, "--span", "400:900", "-o", out], "not inside"),
         (["patch", "--checkpoint", checkpoint, "--span", "1:2", "-o", "e.txt"], "does not end"),

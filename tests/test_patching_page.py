@@ -14,7 +14,7 @@ from bokeh.document import Document
 
 import attnpanel
 from attnpanel.app.explorer import AttentionExplorer
-from attnpanel.app.sections.patching import NEEDS_MODEL
+from attnpanel.app.sections.patching import PATCHING_NEEDS_MODEL
 from attnpanel.nilm.demo import demo_model_run, demo_windows, without_appliance
 from attnpanel.nilm.nilmformer import time_features
 from attnpanel.readouts.roles import trace_roles
@@ -152,7 +152,7 @@ def test_without_the_model_the_section_says_what_it_needs():
     explorer.__panel__().get_root(Document())
     explorer.param.update(show_patching=True)
     section = explorer.sections["patching"].__panel__()
-    assert NEEDS_MODEL in section.objects[0].objects[1].object
+    assert PATCHING_NEEDS_MODEL in section.objects[0].objects[1].object
 
 
 def test_head_tiles_and_the_model_view_carry_each_heads_role():

@@ -148,7 +148,7 @@ class ExplorerState(param.Parameterized):
         objects=[],
         allow_None=True,
         doc="The corrupted input heads are patched into: the model's own (the demo: this "
-        "window without an appliance), another sample, or a span of the input replaced.",
+        "window without one of its devices), another sample, or a span of the input replaced.",
     )
     corrupt_sample = param.Integer(
         default=1, bounds=(0, 1), doc="The other sample, where the corrupted input is one."

@@ -7,9 +7,8 @@ import argparse
 from pathlib import Path
 
 from attnpanel.cli.common import CommandError, check_output, first_line, say
+from attnpanel.cli.importance import TOP
 from attnpanel.cli.models import checkpoint_run, hugging_face_model, model_inputs
-
-TOP = 20  # heads (or head positions) the ranking lists before "... and N more"
 
 
 def effect_lines(effect) -> list[str]:
@@ -34,33 +33,30 @@ def effect_lines(effect) -> list[str]:
 
 
 def _demo_inputs(args):
-    """The checkpoint's model, its clean windows, the corrupted ones and the score."""
+    """The checkpoint's model, its clean windows, the corrupted ones and the score: the
+    demo's own corrupted inputs (``--without``), or a span replaced."""
     import torch
 
     from attnpanel.interventions.corruptions import replace_span
-    from attnpanel.nilm.demo import demo_windows, without_appliance
+    from attnpanel.nilm.demo import demo_model_run
 
-    model, (aggregate, features), _ = checkpoint_run(Path(args.checkpoint), args.windows)
-    held = demo_windows(args.windows)
-    names = [str(a) for a in held["appliance"].values]
+    model, (power, features), _ = checkpoint_run(Path(args.checkpoint), args.windows)
     if args.without is not None:
-        try:
-            corrupted = torch.from_numpy(without_appliance(held, args.without))
-        except ValueError as error:
-            raise CommandError(str(error)) from error
-        channel = names.index(args.without)
-
-        def score(y):  # the predicted power of the appliance taken out, every window
-            return y[:, channel].double().sum()
-
-    else:
-        start, stop = _span(args.span, aggregate.shape[1])
-        try:
-            corrupted = replace_span(aggregate, start, stop, args.fill)
-        except ValueError as error:
-            raise CommandError(str(error)) from error
-        score = None
-    return model, (aggregate, features), (corrupted, features), score
+        run = demo_model_run(args.windows, weights=args.checkpoint)
+        named = {c.name: c for c in run.corruptions}
+        corruption = named.get(f"without the {args.without}")
+        if corruption is None:
+            known = ", ".join(name.removeprefix("without the ") for name in named)
+            raise CommandError(f"no series {args.without!r} to take out; the demo has {known}")
+        parts = [corruption.make(window)[0] for window in range(power.shape[0])]
+        corrupted = tuple(torch.cat(column) for column in zip(*parts, strict=True))
+        return run.model, (power, features), corrupted, corruption.score
+    start, stop = _span(args.span, power.shape[1])
+    try:
+        corrupted = replace_span(power, start, stop, args.fill)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    return model, (power, features), (corrupted, features), None
 
 
 def _text_inputs(args):
@@ -81,7 +77,7 @@ def _text_inputs(args):
 
 def _span(text: str | None, length: int) -> tuple[int, int]:
     if text is None:
-        raise CommandError("--checkpoint needs --without APPLIANCE or --span START:STOP")
+        raise CommandError("--checkpoint needs --without NAME or --span START:STOP")
     try:
         start, stop = (int(part) for part in text.split(":"))
     except ValueError as error:
@@ -142,8 +138,8 @@ def add_parser(sub) -> None:
     patch.add_argument("--windows", type=int, default=8, help="held-out windows (default 8)")
     patch.add_argument(
         "--without",
-        help="corrupted windows: the same windows without this appliance (from the "
-        "generator's ground truth); the score is its predicted power",
+        help="corrupted windows: the same windows without this series (the demo's own "
+        "corrupted inputs, from its generator's ground truth); the score is its prediction",
     )
     patch.add_argument("--span", help="corrupted windows: positions START:STOP replaced")
     patch.add_argument("--fill", choices=("mean", "zeros"), default="mean", help="for --span")

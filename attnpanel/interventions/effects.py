@@ -257,7 +257,16 @@ def _attribution(model, source, target, score, by, what, client, progress) -> _F
             y_target = output_tensor(model(*target[0], **target[1]))
         value = differentiable_score(y_target, score)
         probes = list(patcher.probes.items())
-        grads = torch.autograd.grad(value, [p for _, (_, p, _) in probes], allow_unused=True)
+        grads = (
+            torch.autograd.grad(value, [p for _, (_, p, _) in probes], allow_unused=True)
+            if value.requires_grad
+            else [None] * len(probes)
+        )
+    if all(grad is None for grad in grads):
+        raise PatchingError(
+            f"the score does not depend on any head's {what} here (no gradient reached "
+            "them): attribution patching has nothing to estimate"
+        )
     source_score, target_score = _score(y_source, score), float(value.detach())
     difference = _difference(source_score, target_score)
     values = {}

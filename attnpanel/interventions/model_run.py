@@ -110,7 +110,7 @@ class ModelRun:
         The series' names (the trace's ``series`` coordinate).
     corruptions : sequence of Corruption, optional
         Corrupted inputs of its own to patch heads between (the demo: each window without
-        one appliance); another sample and a span of the input replaced are always there.
+        one of its devices); another sample and a span of the input replaced are always there.
     """
 
     model: nn.Module

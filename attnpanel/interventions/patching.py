@@ -51,6 +51,7 @@ from attnpanel.interventions.gate import (
     check_written,
     heads_asked,
 )
+from attnpanel.kernels.attention import attend
 from attnpanel.watching.lanes import Lane
 from attnpanel.watching.lineage import split_bias, union
 from attnpanel.watching.watcher import (
@@ -64,6 +65,7 @@ from attnpanel.watching.watcher import (
 )
 
 WHATS = ("output", "q", "k", "v", "weights")
+KEEP = object()  # HeadPatcher.select: the positions stay as they were
 MODES = ("record", "write", "probe")
 
 
@@ -136,10 +138,12 @@ class HeadPatcher(HeadWriter):
         self.only = self.attention_modules()  # later forwards hook only these
         return output
 
-    def select(self, heads: Mapping[str, Sequence[int]], positions=None) -> None:
-        """Write ``heads`` (by layer) in the next forwards, at ``positions`` (all: None)."""
+    def select(self, heads: Mapping[str, Sequence[int]], positions=KEEP) -> None:
+        """Write ``heads`` (by layer) in the next forwards, at ``positions`` (all: None;
+        by default the positions given before)."""
         self.mode, self.selected = "write", {k: list(v) for k, v in heads.items() if v}
-        self.positions = None if positions is None else [int(p) for p in positions]
+        if positions is not KEEP:
+            self.positions = None if positions is None else [int(p) for p in positions]
         self.seen, self.written = {}, set()
 
     def probe(self) -> None:
@@ -235,7 +239,7 @@ class HeadPatcher(HeadWriter):
             extra, bias = split_bias(scores.bias)
             blocked = union(blocked, extra)
         blocked, bias = (as_lead(t, torch.Size(site.lead)) for t in (blocked, bias))
-        weights = recompute(q, k, scores.scale, blocked, bias).to(result.dtype)  # (*lead, L, S)
+        weights = self._weights(q, k, scores.scale, blocked, bias).to(result.dtype)  # (*lead, L, S)
         return self._changed_heads(site, weights, result)
 
     def values(self, site: Site, product: ValuesProduct, func, args, kwargs):
@@ -260,7 +264,7 @@ class HeadPatcher(HeadWriter):
             q, k, v = sdpa_heads(a)
             blocked, bias = sdpa_mask(a, q.shape[-2], k.shape[-2])
             scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-            weights = recompute(q, k, scale, blocked, bias)  # (*lead, L, S)
+            weights = self._weights(q, k, scale, blocked, bias)  # (*lead, L, S)
             lane = Lane.leading(weights, site.lead, site.batch_hint)
             exchanged = self.exchange(site, weights, lane)
             if exchanged is None:
@@ -303,7 +307,7 @@ class HeadPatcher(HeadWriter):
         blocked, bias = found.masks()
         lane = Lane.leading(q, q.shape[:-2], None)
         if self.what == "weights":
-            weights = recompute(q, k, found.scale, blocked, bias)  # (B, H, L, S)
+            weights = self._weights(q, k, found.scale, blocked, bias)  # (B, H, L, S)
             exchanged = weights = self.exchange(site, weights, lane)
         else:
             given = {"q": q, "k": k, "v": v}[self.what]
@@ -312,14 +316,32 @@ class HeadPatcher(HeadWriter):
                 q, k, v = {"q": (exchanged, k, v), "k": (q, exchanged, v), "v": (q, k, exchanged)}[
                     self.what
                 ]
-                weights = recompute(q, k, found.scale, blocked, bias)
+                weights = self._weights(q, k, found.scale, blocked, bias)
         if exchanged is None:
             return run.project(run.lanes)
         context = (weights @ v.float()).to(run.lanes.dtype)  # (B, H, L, E)
         lanes = context.permute(2, 0, 1, 3)  # (L, B, H, E)
         lanes = lanes[:, 0] if run.lanes.dim() == 3 else lanes
         changed = self._heads_mask(site, run.lanes, run.lane)
-        return run.project(torch.where(changed, lanes, run.lanes))
+        output, returned = run.project(torch.where(changed, lanes, run.lanes))
+        if returned is None:
+            return output, None
+        # the weights it returns (need_weights) are the patched heads' too; the others' are
+        # its own, as returned
+        heads = self._heads_mask(site, weights, lane)  # (B, H, 1, 1) or one for every head
+        new = weights.detach()
+        if not a["average_attn_weights"]:
+            return output, torch.where(heads, new.reshape(returned.shape), returned)
+        own = recompute(found.q, found.k, found.scale, blocked, bias)  # (B, H, L, S)
+        change = torch.where(heads, new - own, 0.0).sum(dim=1) / own.shape[1]  # mean change
+        return output, (returned + change.reshape(returned.shape)).to(returned.dtype)
+
+    def _weights(self, q, k, scale, blocked, bias) -> torch.Tensor:
+        """float32 weights from q, k, the scale and the mask truth: differentiable while
+        probing (the probe's gradient must reach them), in one buffer otherwise."""
+        if self.mode == "probe":
+            return attend(q.float(), k.float(), blocked, scale, bias=bias)[1]
+        return recompute(q, k, scale, blocked, bias)
 
     def _changed_heads(self, site: Site, computed: torch.Tensor, result: torch.Tensor):
         """``result`` with the heads this forward changes taken from ``computed`` (same

@@ -14,7 +14,8 @@ diagonal of ``a`` first. The patterns (its ``get_*_detection_pattern``):
 =====================  =========================================================
 
 ``offset`` is the ``d = i - j`` whose diagonal holds the most weight, ``sum_i a_i,i-d``
-over the real queries, and ``offset_weight`` that weight over the number of real queries:
+over the real queries, and ``offset_weight`` that weight over all their weight ``sum a``
+(the number of real queries where no real query is blocked from every key):
 "looks ``d`` steps back" (``d < 0``: ahead). A head's diagonals are summed by a strided
 view of its block padded on both sides (no loop over offsets).
 """
@@ -63,13 +64,13 @@ class RoleSums:
         sample = index // self.heads
         real = self.real.to(a.device)[sample]  # (n, L)
         a = a * real[..., None].to(a.dtype)  # padded queries carry nothing
-        count = real.sum(-1).to(torch.float64)  # (n,)
+        mass = a.sum(dim=(-2, -1), dtype=torch.float64)  # (n,): TransformerLens' sum(a)
         first = self.first.to(a.device)[sample]  # (n,)
         rows = torch.arange(length, device=a.device)
         at_first = a.gather(-1, first[:, None, None].expand(-1, length, 1))[..., 0]  # (n, L)
         square = length == keys
         diagonal = torch.diagonal(a, dim1=-2, dim2=-1) if square else None
-        total = count.clone()
+        total = mass.clone()
         if self.inputs.exclude_bos:
             total -= at_first.sum(-1, dtype=torch.float64)
         if self.inputs.exclude_current_token and square:
@@ -84,7 +85,8 @@ class RoleSums:
                 cell = a[torch.arange(len(first)), after, first].double()
                 previous -= torch.where(first + 1 < length, cell, 0.0)
             found["previous_token"] = previous
-            shares = _diagonal_sums(a) / count.clamp_min(1.0)[:, None]  # (n, 2L - 1)
+            tiny = torch.finfo(torch.float64).tiny
+            shares = _diagonal_sums(a) / mass.clamp_min(tiny)[:, None]  # (n, 2L - 1)
             weight, where = shares.max(dim=-1)
             found["offset"] = (length - 1 - where).to(torch.float64)
             found["offset_weight"] = weight

@@ -14,8 +14,9 @@ runs one batch of a model through the same statistics, and gives per ``(layer, h
                     ``offset_weight`` their mean weight on it; ``offset_time`` in the
                     input's clock with ``step=``
 ``distance``        mean attention distance (steps); ``local`` where at most ``local_distance``
-``effective_keys``  ``exp`` of the mean row entropy: the keys a typical row spreads over
-                    (a uniform causal row over ``i + 1`` keys: their geometric mean);
+``effective_keys``  the mean over samples of ``exp`` of a sample's mean row entropy: the
+                    keys a typical row spreads over (a uniform causal row over ``i + 1``
+                    keys: their geometric mean);
                     ``broad`` where at least ``broad_keys``
 ``role``            the first of: induction, duplicate token, previous token (a score at or
                     above ``score_threshold``), sink (``sink_rate`` at or above one half),

@@ -22,7 +22,7 @@ RANKING = "importance"
 MEASURED = ("method", "how", "measure")  # attrs a ranking carries
 EFFECT = "patching_effect"
 EFFECT_MEASURED = ("method", "what", "direction", "measure")  # attrs an effect carries
-KINDS = {  # variable -> (the dims it may have, the attrs it must carry)
+RANKING_KINDS = {  # variable -> (the dims it may have, the attrs it must carry)
     RANKING: ((("layer", "head"),), MEASURED),
     EFFECT: ((("layer", "head"), ("layer", "head", "position")), EFFECT_MEASURED),
 }
@@ -48,7 +48,7 @@ def save_ranking(
 
 def check_ranking(importance: xr.DataArray, where: str, kind: str = RANKING) -> None:
     """Raise ``ValueError`` unless ``importance`` is a ranking of heads (of ``kind``)."""
-    shapes, measured = KINDS[kind]
+    shapes, measured = RANKING_KINDS[kind]
     if importance.dims not in shapes:
         said = " or ".join(f"({', '.join(d)})" for d in shapes)
         raise ValueError(f"{where}: a {kind} has dims {said}, not {importance.dims}")

@@ -53,11 +53,14 @@ class Lane:
         return cls(lead, axes, t.dim() - width, batch, heads)
 
     def per_head(self, vector: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """An ``(H,)`` vector shaped to broadcast against ``like`` on this lane."""
+        """An ``(H,)`` vector shaped to broadcast against ``like`` on this lane (its lead
+        dims may sit in ``like`` in any order: heads before the batch, say)."""
         full = vector.to(like.device).repeat(self.batch).reshape(self.lead)
+        order = sorted(range(len(self.lead_axes)), key=lambda i: self.lead_axes[i])
+        full = full.permute(*order)  # the lead dims in the order of their axes in ``like``
         shape = [1] * like.dim()
-        for axis, size in zip(self.lead_axes, self.lead, strict=True):
-            shape[axis] = size
+        for i in order:
+            shape[self.lead_axes[i]] = self.lead[i]
         return full.reshape(shape)
 
     def selection(

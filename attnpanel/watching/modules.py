@@ -53,6 +53,7 @@ class ModuleStack:
         on_enter: Callable[[Running], None] | None = None,
         on_leave: Callable[[Running, object], None] | None = None,
         only: set[str] | None = None,
+        on_restart: Callable[[], None] | None = None,
     ):
         self.model = model
         # hook only these modules (and the model): those an earlier forward ran attention
@@ -62,7 +63,7 @@ class ModuleStack:
         self.root = type(model).__name__
         self.running: list[Running] = []
         self._counts: dict[str, int] = {}
-        self._on_enter, self._on_leave = on_enter, on_leave
+        self._on_enter, self._on_leave, self._on_restart = on_enter, on_leave, on_restart
         self._handles: list = []
 
     @property
@@ -84,6 +85,8 @@ class ModuleStack:
     def restart(self) -> None:
         """Count layer names from 0 again (a new forward)."""
         self._counts.clear()
+        if self._on_restart is not None:
+            self._on_restart()
 
     def __enter__(self) -> ModuleStack:
         thread = threading.get_ident()

@@ -223,7 +223,10 @@ class AttentionWatcher(TorchFunctionMode):
     Attributes
     ----------
     sites : list of Site
-        Every attention found, in order.
+        Every attention of the current (or last) forward, in order: a new forward starts
+        the list again (a site holds its module's inputs and its q and k).
+    site_modules : set of str
+        The modules every forward watched so far ran attention in.
     """
 
     def __init__(self):
@@ -231,19 +234,20 @@ class AttentionWatcher(TorchFunctionMode):
         self.modules: ModuleStack | None = None
         self.lineage = Lineage()
         self.sites: list[Site] = []
+        self.site_modules: set[str] = set()
 
     # what the model and its modules tell
 
     def watch(self, model: nn.Module, only: set[str] | None = None) -> ModuleStack:
         """A context manager that hooks every module of ``model`` (or the model and the
         modules ``only`` names) while it is open."""
-        self.modules = ModuleStack(model, self.entered, self.left, only)
+        self.modules = ModuleStack(model, self.entered, self.left, only, self.sites.clear)
         return self.modules
 
     def attention_modules(self) -> set[str]:
         """The modules the sites found so far ran in: enough hooks for later forwards of
         the same model on inputs of the same kind (:meth:`watch`'s ``only``)."""
-        return {site.module for site in self.sites}
+        return set(self.site_modules)
 
     @contextlib.contextmanager
     def watching(
@@ -305,7 +309,7 @@ class AttentionWatcher(TorchFunctionMode):
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if isinstance(info, Scores) and dim in (-1, logits.dim() - 1):
                 site = self._site("softmax", logits.shape[:-2], scores=info)
-                self.sites.append(site)
+                self._found(site)
                 result = self.softmax(site, func, args, kwargs)
                 self.lineage.follow(result, Weights(site))
                 return result
@@ -348,8 +352,12 @@ class AttentionWatcher(TorchFunctionMode):
             query, heads = a["query"], a["num_heads"]
             lead = (heads,) if query.dim() == 2 else (query.shape[1], heads)
             site = self._site(via, lead, heads=heads)
-        self.sites.append(site)
+        self._found(site)
         return site
+
+    def _found(self, site: Site) -> None:
+        self.sites.append(site)
+        self.site_modules.add(site.module)
 
 
 @dataclass

@@ -16,15 +16,15 @@ import numpy as np
 import panel as pn
 
 from attnpanel.app.sections.base import Section
+from attnpanel.app.sections.importance import MAP_SIZE
 from attnpanel.interventions.model_run import ANOTHER_SAMPLE, SPAN_MEAN, SPAN_ZEROS
 from attnpanel.interventions.patching import PatchingError
 from attnpanel.readouts.core import PREDICTED
 from attnpanel.render import importance_views, patching_views
 from attnpanel.render.palette import SERIES_COLORS
 
-MAP_SIZE = (460, 290)
 CURVES_HEIGHT = 260
-NEEDS_MODEL = (
+PATCHING_NEEDS_MODEL = (
     "Patching heads between two inputs needs the model itself, not only its trace: the "
     "served demo has it; for your own, `attnpanel.explore(capture, "
     "model=attnpanel.ModelRun(model, inputs, layers=[...]))`."
@@ -38,7 +38,7 @@ EXPLAINED = (
 PARAMETERS = ["sample", "corruption", "corrupt_sample", "corrupt_span", "patch_what"]
 
 
-def curve_styles(labels: list[str]) -> dict:
+def patched_styles(labels: list[str]) -> dict:
     """Each series its colour: solid on the clean input, dashed on the corrupted one, dotted
     with the head patched."""
     styles, names = {}, {}
@@ -74,7 +74,7 @@ class PatchingView(Section):
     def build(self):
         if self.run is None:
             return pn.Column(
-                self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10)), margin=0
+                self.heading(), pn.pane.Markdown(PATCHING_NEEDS_MODEL, margin=(0, 10)), margin=0
             )
         state = self.state
         choose = pn.widgets.Select.from_param(state.param.corruption, name="corrupted input")
@@ -180,7 +180,7 @@ class PatchingView(Section):
             responsive=True,
             legend=True,
             legend_cols=3,
-            layer_style=curve_styles(labels),
+            layer_style=patched_styles(labels),
         )
         return self.engine.render(
             element,
