@@ -4,9 +4,10 @@
   ``--windows`` held-out windows of 480 steps (default 1,024) in batches of ``--batch``
   (32), in process, beside the plain forward (``torch.no_grad``, eval) over the same
   batches; median and p95 of ``--repeats`` and their ratio (issue #28's target: at most
-  1.5x). Its peak memory: a fresh process runs the forwards, then the survey, and the
-  peak resident memory of each is printed beside one batch's weights (issue #28's
-  budget: one batch's weights + 300 MB).
+  1.5x), and the same survey without the role statistics (``roles=False``: issue #34's
+  target, roles at most 10 % slower). Its peak memory: a fresh process runs the
+  forwards, then the survey, and the peak resident memory of each is printed beside one
+  batch's weights (issue #28's budget: one batch's weights + 300 MB).
 * ``floor``: what the target leaves for the statistics. On the demo's own q, k, v and mask
   (layer 0 of one batch, in blocks of head-samples that stay in cache, as the survey reads
   them), the model's own attention call beside each eager operation an exact statistic
@@ -238,11 +239,13 @@ def main() -> None:
         one_forward = summary(timed(lambda: forwards(model, batches[:1]), max(5, args.repeats)))[0]
         floor(model, batches[0], max(5, args.repeats), one_forward)
         return
-    plain, surveyed = [], []
-    for _ in range(args.repeats):  # interleaved: the machine's drift hits both
+    plain, surveyed, without = [], [], []
+    for _ in range(args.repeats):  # interleaved: the machine's drift hits all three
         plain += timed(lambda: forwards(model, batches), 1)
         surveyed += timed(lambda: survey(model, batches, progress=False), 1)
+        without += timed(lambda: survey(model, batches, progress=False, roles=False), 1)
     (fm, fp), (sm, sp) = summary(plain), summary(surveyed)
+    wm, wp = summary(without)
     print(
         f"\nsurvey of the demo model, {args.windows} windows x 480 steps, batches of {args.batch}"
     )
@@ -250,8 +253,14 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     print(f"| plain forward over the batches | {fm:.2f} | {fp:.2f} | 1 |")
     print(
-        f"| survey (12 statistics per sample, layer, head) | {sm:.2f} | {sp:.2f} | {sm / fm:.2f} |"
+        f"| survey (12 statistics and 5 role statistics per sample, layer, head) | {sm:.2f} "
+        f"| {sp:.2f} | {sm / fm:.2f} |"
     )
+    print(
+        f"| survey without the role statistics (roles=False) | {wm:.2f} | {wp:.2f} "
+        f"| {wm / fm:.2f} |"
+    )
+    print(f"roles cost {sm / wm - 1:+.1%} of the survey without them (issue #34: at most +10 %)")
 
     weights_mb = 3 * args.batch * 8 * 480 * 480 * 4 / 2**20
     mem_f = memory(args.windows, args.batch, "forward")
