@@ -212,12 +212,11 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
 def worker_started() -> None:
     """In a forked worker: stop with the parent, and say so on the server's log."""
     stops = die_with_parent()
-    print(
-        f"attnpanel worker {os.getpid()}: "
-        + ("stops with its server" if stops else "cannot ask to stop with its server"),
-        file=sys.stderr,
-        flush=True,
-    )
+    said = "stops with its server" if stops else "cannot ask to stop with its server"
+    # one write of the whole line: print() writes the text and its newline apart, and two
+    # workers' lines on the server's log then ran into one
+    sys.stderr.write(f"attnpanel worker {os.getpid()}: {said}\n")
+    sys.stderr.flush()
 
 
 def workers_die_with_parent() -> None:

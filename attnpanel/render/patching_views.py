@@ -16,7 +16,7 @@ from attnpanel.readouts import core
 from attnpanel.render.elements import Raster
 from attnpanel.render.views import FAST_DATATYPE
 
-EFFECT_LABEL = "share of the difference restored"
+EFFECT_LABEL = "share restored"
 CORRUPTED = " (corrupted)"
 PATCHED = " (head patched)"
 
@@ -31,8 +31,7 @@ def effect_map(effect: xr.DataArray) -> Raster:
         values,
         (-0.5, -0.5, cols - 0.5, rows - 0.5),
         "Patching",
-        f"each head's {what} from sample {effect.attrs.get('sample', '?')} patched into "
-        f"{effect.attrs.get('corrupted', 'the corrupted input')} (click: its prediction)",
+        f"{what} patched into {effect.attrs.get('corrupted', 'the corrupted input')}",
         EFFECT_LABEL,
     )
 
@@ -78,5 +77,7 @@ def patched_curves(
                     datatype=FAST_DATATYPE,
                 )  # fmt: skip
             )
-    what = head if head.startswith("nothing") else f"{head} patched from the clean run"
-    return hv.Overlay(curves, label=f"the model's prediction, sample {sel.sample}: {what}")
+    what = head if head.startswith("nothing") else f"{head} patched in"
+    return hv.Overlay(
+        curves, label=f"prediction of sample {sel.sample} with a head patched: {what}"
+    )

@@ -150,7 +150,7 @@ class Controls(Section):
             state.param.show_survey, name="every sample (survey)"
         )
         widgets["show_patching"] = pn.widgets.Checkbox.from_param(
-            state.param.show_patching, name="what changes the prediction"
+            state.param.show_patching, name="patching"
         )
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):

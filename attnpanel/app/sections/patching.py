@@ -30,10 +30,11 @@ PATCHING_NEEDS_MODEL = (
     "model=attnpanel.ModelRun(model, inputs, layers=[...]))`."
 )
 EXPLAINED = (
-    "Each cell: the share of the difference between this sample's prediction and the "
-    "corrupted input's that taking the head's {what} from this sample into the corrupted run "
-    "restores (1: all of it; negative: it widens it). A click on a head draws the prediction "
-    "with it patched and opens it in the matrix."
+    "Each cell of the map: the share of the difference between this sample's prediction and "
+    "the corrupted input's that taking one head's {what} from this sample into the corrupted "
+    "run restores (1: all of it; negative: it widens it). A click on a head draws the "
+    "prediction with it patched (dotted; solid: this sample, dashed: the corrupted input) "
+    "and opens it in the matrix."
 )
 PARAMETERS = ["sample", "corruption", "corrupt_sample", "corrupt_span", "patch_what"]
 
@@ -98,7 +99,8 @@ class PatchingView(Section):
             self.heading(),
             self.explained,
             pn.Row(choose, other, span, what),
-            pn.Row(self._map(), self._curves(), sizing_mode="stretch_width"),
+            self._map(),
+            pn.Row(self._curves(), sizing_mode="stretch_width"),
             self.status,
             sizing_mode="stretch_width",
         )
@@ -139,7 +141,7 @@ class PatchingView(Section):
         values = effect.fillna(0).values
         row, head = divmod(int(abs(values).argmax()), values.shape[1])
         layer = str(effect["layer"].values[row])
-        return layer, head, f"{layer} head {head} (the largest effect; click another)"
+        return layer, head, f"{layer} head {head} (the largest effect)"
 
     def predictions(self, sel) -> tuple[dict, str]:
         """The predictions drawn: on the clean and corrupted inputs, and with a head
