@@ -54,62 +54,90 @@ class RoleSums:
 
     def __init__(self, inputs: RoleInputs, heads: int, first: torch.Tensor, real: torch.Tensor):
         self.inputs, self.heads, self.first, self.real = inputs, heads, first, real
+        self.every_query_real = bool(real.all())  # asked once, not per block
+        self._buffer: torch.Tensor | None = None  # the diagonal sums' padded block, reused
         self.parts: dict[str, list[torch.Tensor]] = {}
 
     def add(self, part: slice, a: torch.Tensor) -> None:
         """Accumulate a block ``a`` ``(n, L, S)`` of head-samples ``part`` (in ``B * H``
-        order)."""
+        order).
+
+        Every sum but the token patterns' comes from one pass, the block's diagonal sums:
+        ``sum a`` is their total, the previous-token sum the diagonal at offset 1, the
+        current token's at 0 (the survey's budget is a few passes over the cells).
+        """
         length, keys = a.shape[-2:]
-        index = torch.arange(part.start, part.stop, device=a.device)
-        sample = index // self.heads
-        real = self.real.to(a.device)[sample]  # (n, L)
-        a = a * real[..., None].to(a.dtype)  # padded queries carry nothing
-        mass = a.sum(dim=(-2, -1), dtype=torch.float64)  # (n,): TransformerLens' sum(a)
-        first = self.first.to(a.device)[sample]  # (n,)
-        rows = torch.arange(length, device=a.device)
-        at_first = a.gather(-1, first[:, None, None].expand(-1, length, 1))[..., 0]  # (n, L)
-        square = length == keys
-        diagonal = torch.diagonal(a, dim1=-2, dim2=-1) if square else None
+        if length != keys:
+            return  # a cross-attention has no diagonals: its roles are NaN
+        sample = torch.arange(part.start, part.stop, device=a.device) // self.heads
+        if not self.every_query_real:
+            real = self.real.to(a.device)[sample]  # (n, L)
+            a = a * real[..., None].to(a.dtype)  # padded queries carry nothing
+        if (
+            self._buffer is None
+            or self._buffer.shape[0] < a.shape[0]
+            or self._buffer.shape[1] != length + 1
+        ):
+            self._buffer = a.new_zeros(a.shape[0], length + 1, 2 * length)
+        diagonals = _diagonal_sums(a, self._buffer)  # (n, 2L - 1): offsets L - 1 ... 1 - L
+        mass = diagonals.sum(-1)  # TransformerLens' sum(a)
+        previous = diagonals[:, length - 2] if length > 1 else torch.zeros_like(mass)
         total = mass.clone()
+        first = None
+        if self.inputs.exclude_bos or self.inputs.tokens is not None:
+            first = self.first.to(a.device)[sample]  # (n,)
         if self.inputs.exclude_bos:
+            at_first = a.gather(-1, first[:, None, None].expand(-1, length, 1))[..., 0]
             total -= at_first.sum(-1, dtype=torch.float64)
-        if self.inputs.exclude_current_token and square:
-            total -= diagonal.sum(-1, dtype=torch.float64)
+            after = (first + 1).clamp_max(length - 1)  # a_{first + 1, first}: excluded too
+            cell = a[torch.arange(len(first)), after, first].double()
+            previous = previous - torch.where(first + 1 < length, cell, 0.0)
+        if self.inputs.exclude_current_token:
+            total -= diagonals[:, length - 1]
             if self.inputs.exclude_bos:  # the cell (first, first), taken out twice
-                total += at_first.gather(-1, first[:, None].clamp_max(length - 1))[:, 0].double()
-        found = {"total": total}
-        if square:
-            previous = torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64)
-            if self.inputs.exclude_bos:  # a_{first + 1, first} sits in the excluded column
-                after = (first + 1).clamp_max(length - 1)
-                cell = a[torch.arange(len(first)), after, first].double()
-                previous -= torch.where(first + 1 < length, cell, 0.0)
-            found["previous_token"] = previous
-            tiny = torch.finfo(torch.float64).tiny
-            shares = _diagonal_sums(a) / mass.clamp_min(tiny)[:, None]  # (n, 2L - 1)
-            weight, where = shares.max(dim=-1)
-            found["offset"] = (length - 1 - where).to(torch.float64)
-            found["offset_weight"] = weight
-        if self.inputs.tokens is not None and square:
+                total += a[torch.arange(len(first)), first, first].double()
+        weight, where = (diagonals / mass.clamp_min(torch.finfo(torch.float64).tiny)[:, None]).max(
+            -1
+        )
+        offsets = torch.arange(length - 1, -length, -1, device=a.device, dtype=torch.float64)
+        found = {
+            "total": total,
+            "spread": diagonals @ offsets.abs(),  # sum_ij a_ij |i - j|: the distance's sum
+            "previous_token": previous,
+            "offset": (length - 1 - where).to(torch.float64),
+            "offset_weight": weight,
+        }
+        if self.inputs.tokens is not None:
+            rows = torch.arange(length, device=a.device)
             tokens = self.inputs.tokens.to(a.device)[sample]  # (n, L)
             for name, pattern in _token_patterns(tokens, rows).items():
                 if self.inputs.exclude_bos:
-                    pattern = (
-                        pattern
-                        & (torch.arange(keys, device=a.device) != first[:, None])[:, None, :]
-                    )
+                    keys_kept = torch.arange(keys, device=a.device) != first[:, None]
+                    pattern = pattern & keys_kept[:, None, :]
                 if self.inputs.exclude_current_token:
                     pattern = pattern & (rows[:, None] != rows[None, :])
                 found[name] = (a * pattern).sum(dim=(-2, -1), dtype=torch.float64)
         for name, value in found.items():
             self.parts.setdefault(name, []).append(value)
 
+    def distance(self, batch: int, heads: int) -> torch.Tensor | None:
+        """The ``distance`` statistic, ``(B, H)``: ``sum_ij a_ij |i - j|`` over a sample's
+        real queries, from the diagonal sums, over their number (None: no diagonals)."""
+        if "spread" not in self.parts:
+            return None
+        spread = torch.cat(self.parts["spread"]).reshape(batch, heads)
+        count = self.real.sum(-1).to(torch.float64).clamp_min(1.0).to(spread.device)
+        return spread / count[:, None]
+
     def result(self, batch: int, heads: int) -> dict[str, torch.Tensor]:
         """Each role statistic ``(B, H)`` float64 (NaN where it cannot be had: the token
         roles without tokens, every role of a cross-attention)."""
         whole = {name: torch.cat(parts).reshape(batch, heads) for name, parts in self.parts.items()}
-        total = whole.pop("total").clamp_min(torch.finfo(torch.float64).tiny)
         nan = torch.full((batch, heads), float("nan"), dtype=torch.float64)
+        if "total" not in whole:  # a cross-attention: no diagonals, no roles
+            return {name: nan for name in ROLE_NAMES}
+        whole.pop("spread", None)
+        total = whole.pop("total").clamp_min(torch.finfo(torch.float64).tiny)
         found = {}
         for name in ROLE_NAMES:
             if name not in whole:
@@ -121,15 +149,26 @@ class RoleSums:
         return found
 
 
-def _diagonal_sums(a: torch.Tensor) -> torch.Tensor:
-    """``(n, 2L - 1)``: entry ``d'`` sums ``a[i, i + d' - (L - 1)]`` over ``i`` (offset
-    ``i - j = L - 1 - d'``), read through a strided view of the rows padded with ``L - 1``
-    zeros on each side (an index past a row lands in its padding, never the next row)."""
-    n, length, keys = a.shape
-    padded = torch.nn.functional.pad(a, (length - 1, length - 1))  # (n, L, S + 2L - 2)
-    width = padded.shape[-1]
-    view = padded.as_strided((n, 2 * length - 1, length), (length * width, 1, width + 1))
-    return view.sum(-1, dtype=torch.float64)
+def _diagonal_sums(a: torch.Tensor, buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """``(n, 2L - 1)`` float64: entry ``d'`` sums ``a[i, i + d' - (L - 1)]`` over ``i``
+    (offset ``i - j = L - 1 - d'``), square blocks only.
+
+    Each row sits in a buffer after ``L`` zeros (and one row of zeros below), read as rows
+    of ``2L + 1``: row ``i`` then starts ``i`` cells later, so column ``c`` holds
+    ``a[i, i + c - L]`` (what runs past a row lands in the next row's zeros), and the
+    diagonals are the columns' sums, read contiguously, in float32 (at most ``L`` terms
+    each). ``buffer`` (``(>= n, L + 1, 2L)``, zeros where ``a`` is not written) is reused
+    from block to block: one copy of the block, no allocation.
+    """
+    n, length, _ = a.shape
+    if buffer is None:
+        buffer = a.new_zeros(n, length + 1, 2 * length)
+    buffer = buffer[:n]
+    buffer[:, :length, length:].copy_(a)
+    flat = buffer.reshape(n, -1)[:, : length * (2 * length + 1)]
+    skewed = flat.as_strided((n, length, 2 * length + 1), (flat.stride(0), 2 * length + 1, 1))
+    columns = skewed.sum(dim=1)  # (n, 2L + 1): column c is the offset i - j = L - c
+    return columns[:, 1 : 2 * length].to(torch.float64)  # offsets L - 1 down to -(L - 1)
 
 
 def _token_patterns(tokens: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -36,15 +36,16 @@ CHUNK_CELLS = 1 << 19  # cells of one block of head-samples (2 MB in float32)
 TINY = 1e-38  # a weight of 0 has ln 0 -> this, times 0: 0 (0 ln 0 = 0)
 
 
-def _block(a: torch.Tensor, steps: torch.Tensor, norms: torch.Tensor | None) -> dict:
+def _block(
+    a: torch.Tensor, steps: torch.Tensor, norms: torch.Tensor | None, distance: bool = True
+) -> dict:
     """Per row of a block ``a`` ``(n, L, S)`` of head-samples: the sums each statistic
-    averages, plain and (with ``norms`` ``(n, S)``) value-weighted."""
+    averages, plain and (with ``norms`` ``(n, S)``) value-weighted; ``distance=False``
+    where the role sums give it (:meth:`RoleSums.distance`, one pass fewer)."""
     logs = torch.log(a.clamp_min(TINY))
-    found = {
-        "entropy": -torch.linalg.vecdot(a, logs),
-        "distance": torch.linalg.vecdot(a, steps),
-        "max_weight": a.amax(-1),
-    }
+    found = {"entropy": -torch.linalg.vecdot(a, logs), "max_weight": a.amax(-1)}
+    if distance:
+        found["distance"] = torch.linalg.vecdot(a, steps)
     if norms is not None:
         w = a * norms[:, None, :]
         total = w.sum(-1)
@@ -70,11 +71,12 @@ def _row_statistics(
     rows = torch.arange(length)
     steps = (rows[:, None] - torch.arange(keys)[None, :]).abs().to(weights.dtype)  # (L, S)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
+    derived = roles is not None and length == keys  # the distance from the role sums
     found: dict[str, list[torch.Tensor]] = {}
     for start in range(0, batch * heads, per):
         part = slice(start, start + per)
         for name, value in _block(
-            flat[part], steps, None if scale is None else scale[part]
+            flat[part], steps, None if scale is None else scale[part], distance=not derived
         ).items():
             found.setdefault(name, []).append(value)
         if roles is not None:
@@ -121,9 +123,18 @@ def head_statistics_of(
     sums = _role_sums(roles, heads, first, padding, batch, length, keys, weights.device)
     rows = _row_statistics(weights, first, norms, sums)
     found = _row_means(rows, padding, length, keys)
-    if sums is not None:
-        found.update(sums.result(batch, heads))
+    _with_roles(found, sums, batch, heads)
     return found
+
+
+def _with_roles(found: dict, sums: RoleSums | None, batch: int, heads: int) -> None:
+    """The role statistics, and the distance where they gave it, into ``found``."""
+    if sums is None:
+        return
+    found.update(sums.result(batch, heads))
+    distance = sums.distance(batch, heads)
+    if distance is not None:
+        found["distance"] = distance
 
 
 def _role_sums(roles, heads, first, padding, batch, length, keys, device) -> RoleSums | None:
@@ -160,7 +171,9 @@ def _row_means(
 FILL = -1e30  # a blocked cell's score: exp() of it is 0, and 0 times it is 0 (not NaN)
 
 
-def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, torch.Tensor]:
+def _score_block(
+    q, k, added, norms, steps, v, context, checked, distance: bool = True
+) -> tuple[dict, torch.Tensor]:
     """The row sums of one block of head-samples from its scores (no weights kept), and
     how far ``weights @ v`` of the ``checked`` rows lies from the model's own ``context``.
 
@@ -173,10 +186,11 @@ def _score_block(q, k, added, norms, steps, v, context, checked) -> tuple[dict, 
     lse = peak - torch.log(top)
     found = {
         "entropy": lse - torch.linalg.vecdot(a, s),  # -sum a ln a = lse - sum a s
-        "distance": torch.linalg.vecdot(a, steps),
         "max_weight": top,
         "weights": a,
     }
+    if distance:  # else the role sums give it, from the diagonals
+        found["distance"] = torch.linalg.vecdot(a, steps)
     if norms is not None:
         w = a * norms[:, None, :]
         weighted = w.sum(-1)
@@ -327,7 +341,7 @@ def head_statistics_of_scores(
         n = None if scale_n is None else scale_n[part]
         values, gap = _score_block(
             block["q"], block["k"], block_added, n, steps, block.get("v"), block.get("context"),
-            checked,
+            checked, distance=sums is None or not square,
         )  # fmt: skip
         error = torch.maximum(error, gap)
         a = values.pop("weights")
@@ -345,6 +359,5 @@ def head_statistics_of_scores(
         name: torch.cat(parts).reshape(batch, heads, length) for name, parts in found.items()
     }
     found_means = _row_means(rows_found, padding, length, keys)
-    if sums is not None:
-        found_means.update(sums.result(batch, heads))
+    _with_roles(found_means, sums, batch, heads)
     return found_means, float(error)
