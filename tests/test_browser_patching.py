@@ -20,7 +20,7 @@ MAP_JS = """() => { const pv = attn.plot("output patched into");
   const r = pv.model.renderers.find((r) => r.glyph.type === 'Image');
   return [pv.model.title.text, Array.from(r.data_source.data.image[0])]; }"""
 CURVE_JS = """(label) => {
-  const pv = attn.plot("prediction of sample");
+  const pv = attn.plot("prediction on sample");
   const legend = [...pv.model.center, ...pv.model.right].find((m) => m.type === "Legend");
   const item = legend.items.find((i) => (i.label && i.label.value) === label);
   return Array.from(item.renderers[0].data_source.data.value);
@@ -110,7 +110,7 @@ def test_a_click_draws_the_head_patched_and_opens_it(app, artifacts):
     point = page.evaluate("attn.frame_point(attn.plot(`output patched into`), 5.5 / 8, 2.5 / 3)")
     page.mouse.click(point["x"], point["y"])  # the bottom row: the traced layer, head 5
     page.wait_for_function(
-        "() => attn.plot(`prediction of sample`).model.title.text"
+        "() => attn.plot(`prediction on sample`).model.title.text"
         ".includes('encoder.2.attention head 5 patched in')",
         timeout=60_000,
     )
@@ -120,7 +120,7 @@ def test_a_click_draws_the_head_patched_and_opens_it(app, artifacts):
                    return (Array.isArray(o) ? o[1] : o) === 'head 5'; }"""
     )
     _, _, expected = hooked(demo_model_run(), sample, "encoder.2.attention", 5)
-    for i, name in enumerate(("fridge", "kettle")):
+    for i, name in enumerate(demo_model_run().series):
         drawn = page.evaluate(CURVE_JS, f"{name} (head patched)")
         np.testing.assert_allclose(drawn, expected[i], rtol=1e-5, atol=1e-3)
     shot(page, artifacts, "patching_clicked")

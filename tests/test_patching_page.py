@@ -98,7 +98,10 @@ def test_a_click_draws_the_head_patched_and_opens_it(page, run):
     page.sections["patching"].click(x=5.1, y=2.2)  # row 2: the traced layer
     assert page.patched_head == ("encoder.2.attention", 5)
     assert page.head == 5  # opened in the matrix
-    assert "encoder.2.attention head 5 patched in" in page.engine.title("patched prediction")
+    title = page.engine.title("patched prediction")
+    assert title == (
+        f"prediction on sample {sample} without the kettle, encoder.2.attention head 5 patched in"
+    )
     held = demo_windows(WINDOWS)
     features = time_features(held["time"].values[sample : sample + 1])
     clean = torch.from_numpy(held["aggregate"].values[sample : sample + 1])
@@ -128,7 +131,7 @@ def test_other_corruptions_and_what_is_patched(page):
     page.param.update(corruption="span replaced by zeros", corrupt_span=(100, 200), patch_what="v")
     assert np.isfinite(page.drawn("patching", "Patching")).all()
     title = page.engine.title("patching")
-    assert title == "v patched into sample 0 with positions 100-200 replaced by zeros"
+    assert title == "v patched into sample 0 with positions 100-199 replaced by zeros"
     page.param.update(corruption="another sample", corrupt_sample=0)  # the shown one itself
     assert np.isnan(page.drawn("patching", "Patching")).all()
     assert "no difference" in page.engine.title("patching")
@@ -191,3 +194,38 @@ def test_the_model_view_writes_each_maps_role():
     expected = trace_roles(traced, 1)["role"].values  # (layer, head)
     assert drawn == [str(r) for r in expected.ravel()]
     assert len(drawn) == traced.sizes["layer"] * traced.sizes["head"]
+
+
+def test_the_words_say_what_the_score_is(page):
+    page.param.update(show_patching=True, corruption="without the kettle", patch_what="output")
+    assert "the kettle's predicted power" in page.sections["patching"].explained.object
+    page.param.update(corruption="another sample", corrupt_sample=2)
+    assert "‖output‖" in page.sections["patching"].explained.object
+    page.param.update(corruption="without the kettle")
+
+
+def test_start_values_stay_and_a_setting_the_input_ignores_is_the_same_request(run):
+    explorer = AttentionExplorer(
+        attnpanel.demo(n_windows=WINDOWS), model=run, corruption="another sample",
+        corrupt_sample=3, corrupt_span=(10, 20),
+    )  # fmt: skip
+    assert (explorer.corruption, explorer.corrupt_sample, explorer.corrupt_span) == (
+        "another sample", 3, (10, 20),
+    )  # fmt: skip
+    assert explorer.param.corrupt_span.bounds == (0, 480)  # the model's input positions
+    explorer.param.update(corruption="without the kettle")
+    before = explorer.patching
+    explorer.param.update(corrupt_sample=2, corrupt_span=(30, 40))  # neither read by it
+    assert explorer.patching == before
+    explorer.param.update(corruption="span replaced by its mean")
+    assert explorer.patching.span == (30, 40)
+
+
+def test_another_corrupted_input_forgets_the_clicked_head(page):
+    sample = kettle_window()
+    page.param.update(show_patching=True, corruption="without the kettle", sample=sample)
+    page.sections["patching"].click(x=1.0, y=0.0)
+    assert page.patched_head == ("encoder.0.attention", 1)
+    page.param.update(corruption="without the fridge")
+    assert page.patched_head == ("", -1)
+    assert "(the largest effect)" in page.engine.title("patched prediction")

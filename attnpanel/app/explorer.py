@@ -69,6 +69,8 @@ class AttentionExplorer(LayerExplorer):
         "show_embedding": "embedding",
         "show_patching": "patching",
         "corruption": "corrupted",
+        "corrupt_sample": "other",
+        "corrupt_span": "span",
         "patch_what": "patch",
     }
 

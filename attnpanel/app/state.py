@@ -16,7 +16,13 @@ from __future__ import annotations
 import param
 import xarray as xr
 
-from attnpanel.interventions.model_run import ModelRun, Patching
+from attnpanel.interventions.model_run import (
+    ANOTHER_SAMPLE,
+    SPAN_MEAN,
+    SPAN_ZEROS,
+    ModelRun,
+    Patching,
+)
 from attnpanel.interventions.patching import WHATS
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.readouts.core import Selection, StageCache, at_layer, uses_sinusoidal
@@ -151,12 +157,13 @@ class ExplorerState(param.Parameterized):
         "window without one of its devices), another sample, or a span of the input replaced.",
     )
     corrupt_sample = param.Integer(
-        default=1, bounds=(0, 1), doc="The other sample, where the corrupted input is one."
+        default=1, bounds=(0, None), doc="The other sample, where the corrupted input is one."
     )
     corrupt_span = param.Range(
         default=(0, 1),
-        bounds=(0, 1),
-        doc="The positions (start, stop) replaced, where the corrupted input is a span replaced.",
+        bounds=(0, None),
+        doc="The input positions [start, stop) replaced, where the corrupted input is a span "
+        "replaced.",
     )
     patch_what = param.Selector(
         default="output",
@@ -196,7 +203,17 @@ class ExplorerState(param.Parameterized):
         self._one_layer = trace.copy(deep=False) if self.layers is None else None
         late = {
             name: params.pop(name)
-            for name in ("sample", "head", "query", "mask", "enabled_heads", "layer")
+            for name in (
+                "sample",
+                "head",
+                "query",
+                "mask",
+                "enabled_heads",
+                "layer",
+                "corruption",
+                "corrupt_sample",
+                "corrupt_span",
+            )
             if name in params
         }
         super().__init__(**params)
@@ -230,20 +247,36 @@ class ExplorerState(param.Parameterized):
             return
         names = self.model.corruption_names()
         self.param.corruption.objects = names
-        batch, length = self.model.batch, self.trace.sizes["query"]
-        self.param.corrupt_sample.bounds = (0, max(batch - 1, 1))
+        batch, length = self.model.batch, self.model.positions() or 1
+        self.param.corrupt_sample.bounds = (0, max(batch - 1, 0))
         self.param.corrupt_span.bounds = (0, length)
-        with param.parameterized.discard_events(self):
+        with param.parameterized.discard_events(self):  # a value given at the start stays
             if self.corruption not in names:
                 self.corruption = names[0] if names else None
-            self.corrupt_sample = min(1, batch - 1)
-            self.corrupt_span = (length // 2 - length // 16, length // 2 + length // 16)
+            if not 0 <= self.corrupt_sample < batch:
+                self.corrupt_sample = min(1, batch - 1)
+            start, stop = self.corrupt_span
+            if not 0 <= start < stop <= length or self.corrupt_span == (0, 1):
+                self.corrupt_span = (length // 2 - length // 16, length // 2 + length // 16)
+
+    @param.depends("corruption", "patch_what", watch=True)
+    def _forget_patched_head(self) -> None:
+        """Another corrupted input or what: the curves show its largest effect again."""
+        self.patched_head = ("", -1)
 
     @property
     def patching(self) -> Patching:
-        """The corrupted input and what of a head the page patches, as a plain value."""
-        span = tuple(int(round(p)) for p in self.corrupt_span)
-        return Patching(self.corruption or "", self.corrupt_sample, span, self.patch_what)
+        """The corrupted input and what of a head the page patches, as a plain value (the
+        other sample and the span only where the corrupted input reads them: a change of
+        one it ignores is the same request)."""
+        how = self.corruption or ""
+        other = self.corrupt_sample if how == ANOTHER_SAMPLE else 0
+        span = (
+            tuple(int(round(p)) for p in self.corrupt_span)
+            if how in (SPAN_MEAN, SPAN_ZEROS)
+            else (0, 0)
+        )
+        return Patching(how, other, span, self.patch_what)
 
     def reset(self) -> None:
         """Go back to the selection the state started with (every parameter)."""

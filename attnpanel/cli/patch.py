@@ -70,6 +70,15 @@ def _text_inputs(args):
     model, tokenizer = hugging_face_model(Path(args.model))
     both = model_inputs(model, tokenizer, list(args.text) + list(args.corrupted))
     half = len(args.text)
+    if "attention_mask" in both:  # a head is patched position by position: pairs must align
+        lengths = both["attention_mask"].sum(-1).tolist()
+        for i, (clean, corrupted) in enumerate(zip(lengths[:half], lengths[half:], strict=True)):
+            if clean != corrupted:
+                raise CommandError(
+                    f"text {i + 1} is {clean} tokens, its corrupted text {corrupted}: a head "
+                    "is patched position by position, so each pair must tokenize to the "
+                    "same length (change a word for a word)"
+                )
     clean = {k: v[:half] for k, v in both.items()}
     corrupted = {k: v[half:] for k, v in both.items()}
     return model, clean, corrupted, None

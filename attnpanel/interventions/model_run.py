@@ -50,6 +50,7 @@ class Corruption:
     name: str
     make: Callable[[int], tuple[tuple, dict]]
     score: Callable | None = None
+    score_words: str = "‖output‖"  # what ``score`` is, in the user's words
 
 
 @dataclass(frozen=True)
@@ -254,16 +255,28 @@ class ModelRun:
 
     # patching between a clean and a corrupted input
 
+    def positions(self) -> int | None:
+        """The positions of the first input where a span of it can be replaced: a floating
+        ``(batch, position)`` or ``(batch, position, feature)`` sequence; else None."""
+        first = self.inputs[0] if self.inputs else None
+        if torch.is_tensor(first) and first.is_floating_point() and first.dim() in (2, 3):
+            return int(first.shape[1])
+        return None
+
     def corruption_names(self) -> list[str]:
         """The corrupted inputs the page offers: the model's own, another sample, and a span
         replaced where the first input is a floating sequence."""
         names = [c.name for c in self.corruptions]
         if self.batch > 1:
             names.append(ANOTHER_SAMPLE)
-        first = self.inputs[0] if self.inputs else None
-        if torch.is_tensor(first) and first.is_floating_point() and first.dim() >= 2:
+        if self.positions() is not None:
             names += [SPAN_MEAN, SPAN_ZEROS]
         return names
+
+    def score_words(self, how: Patching) -> str:
+        """What the score whose difference the heads share is, in the user's words."""
+        named = {c.name: c for c in self.corruptions}
+        return named[how.how].score_words if how.how in named else "‖output‖"
 
     def corrupted(self, sample: int, how: Patching) -> tuple[tuple, dict, Callable | None]:
         """The corrupted inputs of ``sample`` and the score their difference is measured by."""
@@ -288,7 +301,8 @@ class ModelRun:
             return f"sample {how.other}"
         if how.how in (SPAN_MEAN, SPAN_ZEROS):
             fill = "their mean" if how.how == SPAN_MEAN else "zeros"
-            return f"sample {sample} with positions {how.span[0]}-{how.span[1]} replaced by {fill}"
+            first, last = how.span[0], how.span[1] - 1  # the stop is not replaced
+            return f"sample {sample} with positions {first}-{last} replaced by {fill}"
         return f"sample {sample} {how.how}"
 
     def _pair(self, args: tuple, kwargs: dict):

@@ -162,7 +162,7 @@ def demo_model_run(
         def score(output: torch.Tensor) -> torch.Tensor:  # the appliance's predicted power
             return output[:, channel].double().sum()
 
-        return Corruption(f"without the {name}", make, score)
+        return Corruption(f"without the {name}", make, score, f"the {name}'s predicted power")
 
     return ModelRun(
         model,

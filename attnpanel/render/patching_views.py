@@ -77,7 +77,5 @@ def patched_curves(
                     datatype=FAST_DATATYPE,
                 )  # fmt: skip
             )
-    what = head if head.startswith("nothing") else f"{head} patched in"
-    return hv.Overlay(
-        curves, label=f"prediction of sample {sel.sample} with a head patched: {what}"
-    )
+    what = head if head.startswith("nothing") else f"prediction on {head} patched in"
+    return hv.Overlay(curves, label=what)

@@ -31,6 +31,9 @@ GRID_PANE = "head maps"  # the one figure holding every head's tile
 QUERY_BAND_KEY = PlotKey("HSpan", "Marker")
 SHARES_KEY = PlotKey("MassShares", "MassShare")
 HEAD_AVERAGE_COLORS = styling.head_cmap(0, enabled=False)  # white to grey
+# the tiles name each head's role where one sample's maps of the layer hold at most this
+# many cells (16 heads x 1,024^2: a few tens of ms), not on a longer trace's event loop
+ROLE_CELLS = 16 * 1024 * 1024
 
 
 class HeadComparison(Section):
@@ -144,6 +147,9 @@ class HeadComparison(Section):
         """The words under each tile: the head and its role on the shown sample
         (:func:`attnpanel.readouts.roles.trace_roles`), where the trace holds weights."""
         n_heads = self.state.n_heads
+        sizes = self.trace.sizes
+        if n_heads * sizes["query"] * sizes["key"] > ROLE_CELLS:
+            return [f"head {h}" for h in range(n_heads)]  # too long to read on a click
         found = trace_roles(self.trace, sel.sample)
         if found is None:
             return [f"head {h}" for h in range(n_heads)]

@@ -114,6 +114,7 @@ class ModelView(Section):
             "model view",
             title=False,
             follows_layer=False,
+            slow=True,  # every layer's weights of the sample are read
         )
         names = layer_names(state.layers)
         plot = hv.Overlay([image, marker, roles], label=image.label)

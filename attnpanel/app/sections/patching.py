@@ -30,11 +30,11 @@ PATCHING_NEEDS_MODEL = (
     "model=attnpanel.ModelRun(model, inputs, layers=[...]))`."
 )
 EXPLAINED = (
-    "Each cell of the map: the share of the difference between this sample's prediction and "
-    "the corrupted input's that taking one head's {what} from this sample into the corrupted "
+    "Each cell of the map: the share of the difference of {score} between this sample and "
+    "the corrupted input that taking one head's {what} from this sample into the corrupted "
     "run restores (1: all of it; negative: it widens it). A click on a head draws the "
-    "prediction with it patched (dotted; solid: this sample, dashed: the corrupted input) "
-    "and opens it in the matrix."
+    "prediction with it patched (dotted; solid: this sample, dashed: the corrupted input, "
+    "both on this sample's positions) and opens it in the matrix."
 )
 PARAMETERS = ["sample", "corruption", "corrupt_sample", "corrupt_span", "patch_what"]
 
@@ -91,9 +91,10 @@ class PatchingView(Section):
 
         state.param.watch(shown, "corruption")
         shown()
-        self.explained = pn.pane.Markdown(EXPLAINED.format(what=state.patch_what), margin=(0, 10))
+        self.explained = pn.pane.Markdown(self.explanation(), margin=(0, 10))
         state.param.watch(
-            lambda e: setattr(self.explained, "object", EXPLAINED.format(what=e.new)), "patch_what"
+            lambda *_events: setattr(self.explained, "object", self.explanation()),
+            ["patch_what", "corruption"],
         )
         return pn.Column(
             self.heading(),
@@ -104,6 +105,11 @@ class PatchingView(Section):
             self.status,
             sizing_mode="stretch_width",
         )
+
+    def explanation(self) -> str:
+        """The words above the map, for the corrupted input and what is patched."""
+        how = self.state.patching
+        return EXPLAINED.format(what=how.what, score=self.run.score_words(how))
 
     def effect(self, sel):
         """The patching map of the shown sample, or an empty map saying why there is none."""
@@ -156,7 +162,8 @@ class PatchingView(Section):
         except (PatchingError, ValueError) as error:
             found = {"clean": clean, "corrupted": nothing, "patched": nothing}
             return found, f"nothing patched ({error})"
-        return {"clean": clean, "corrupted": corrupted, "patched": patched}, words
+        into = run.describe(sel.sample, how)
+        return {"clean": clean, "corrupted": corrupted, "patched": patched}, f"{into}, {words}"
 
     def _curves(self):
         def build(sel):
