@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 import torch
 import zoo
@@ -613,3 +614,26 @@ def test_heads_before_the_batch_in_an_einsum_are_gated_right():
     with torch.no_grad():
         expected = model.out(merged)
     assert torch.allclose(ablated, expected, atol=1e-6)
+
+
+def logit_difference(logits):
+    return logits[:, -1, 5].sum() - logits[:, -1, 7].sum()
+
+
+@pytest.mark.slow
+def test_a_two_worker_cluster_gives_the_same_effects(tl_model):
+    """Exact patching on dask: the recorded source and the target shipped to each worker
+    once (pickled whole), every head a task."""
+    from dask.distributed import Client, LocalCluster
+
+    model, clean, corrupted, _ = tl_model
+    kw = dict(score=logit_difference, progress=False)
+    here = attnpanel.patching_effect(model, clean, corrupted, **kw)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        there = attnpanel.patching_effect(model, clean, corrupted, client=client, **kw)
+    np.testing.assert_allclose(there.values, here.values, rtol=1e-10, atol=1e-12)
