@@ -161,12 +161,18 @@ def _difference(source_score: float, target_score: float) -> float:
     return difference
 
 
-def _exact(model, source, target, score, by, what, client, progress) -> _Found:
+def _recorded(model, what: str, source) -> tuple[HeadPatcher, torch.Tensor, dict[str, int]]:
+    """A patcher that ran the source once: its ``what`` recorded, the output, the layers."""
     patcher = HeadPatcher(model, what)
     y_source = output_tensor(patcher.record(*source[0], **source[1]))
     layers = dict(patcher.source_heads)
     if not layers:
         raise PatchingError(f"{type(model).__name__} computed no attention: no head to patch")
+    return patcher, y_source, layers
+
+
+def _exact(model, source, target, score, by, what, client, progress) -> _Found:
+    patcher, y_source, layers = _recorded(model, what, source)
     patched = _PatchedRun(patcher, target, score)
     with patched.watching():
         target_score = patched.score({}, None)
@@ -246,11 +252,7 @@ def _bar(tasks, progress: bool):
 
 
 def _attribution(model, source, target, score, by, what, client, progress) -> _Found:
-    patcher = HeadPatcher(model, what)
-    y_source = output_tensor(patcher.record(*source[0], **source[1]))
-    layers = dict(patcher.source_heads)
-    if not layers:
-        raise PatchingError(f"{type(model).__name__} computed no attention: no head to patch")
+    patcher, y_source, layers = _recorded(model, what, source)
     patcher.probe()
     with torch.enable_grad():
         with patcher.watching():

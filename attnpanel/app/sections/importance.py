@@ -10,15 +10,13 @@ opens a head on click. Without a model, the section says what it needs.
 
 from __future__ import annotations
 
-import holoviews as hv
 import panel as pn
 
-from attnpanel.app.sections.base import Section
+from attnpanel.app.sections.head_maps import ModelHeadsSection
 from attnpanel.readouts.core import PREDICTED
 from attnpanel.render import importance_views
 from attnpanel.render.palette import SERIES_COLORS
 
-MAP_SIZE = (460, 290)
 PREDICTION_HEIGHT = 230
 NEEDS_MODEL = (
     "Switching heads off needs the model itself, not only its trace: the served demo has "
@@ -43,33 +41,14 @@ def prediction_styles(labels: list[str]) -> dict:
     return styles
 
 
-class HeadImportance(Section):
+class HeadImportance(ModelHeadsSection):
     """The model re-run with the switched-off heads, and every head's importance."""
 
     title = "Which heads the prediction needs"
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self.status = pn.pane.Markdown("", margin=(0, 10))
-
-    @property
-    def run(self):
-        """The model at hand, or None."""
-        return self.state.model
-
     def off(self, sel) -> list[int]:
         """The heads switched off in the shown layer (the head toggles)."""
         return sorted(set(range(self.state.n_heads)) - set(sel.enabled_heads))
-
-    def layer_name(self, sel) -> str:
-        """The model's name of the shown layer: the trace's own where it names it (a
-        capture), else the model run's."""
-        if "layer" in self.trace.coords and self.trace["layer"].ndim == 0:
-            name = str(self.trace["layer"].item())
-            if name in self.run.heads():
-                return name
-        layers = list(self.run.layers)
-        return layers[sel.layer] if len(layers) > 1 else layers[0]
 
     def predictions(self, sel):
         off = self.off(sel)
@@ -146,34 +125,4 @@ class HeadImportance(Section):
             "importance",
             follows_layer=False,
         )
-        element = raster.element(
-            hv.Dimension("importance", label=raster.value_label), kdims=("head", "layer")
-        )
-        width, height = MAP_SIZE
-        style = dict(
-            width=width,
-            height=height,
-            colorbar=True,
-            yticks=importance_views.layer_ticks(self.run.heads()),
-            tools=("hover", "tap"),
-        )
-        return self.engine.render(element, "importance", style=style, on_tap=self.click)
-
-    def click(self, x=None, y=None) -> None:
-        """A click on the map: that head of the shown layer, or a note for another layer."""
-        if x is None or y is None:
-            return
-        found = importance_views.tapped_head(self.run.heads(), x, y)
-        if found is None:
-            return
-        layer, head = found
-        stacked = self.state.layers
-        if stacked is not None and layer in stacked["layer"].values:
-            index = list(map(str, stacked["layer"].values)).index(layer)
-            self.status.object = ""
-            self.engine.soon(self.state.param.update, layer=index, head=head)
-        elif layer == self.layer_name(self.state.selection):
-            self.status.object = ""
-            self.engine.soon(self.state.param.update, head=head)
-        else:
-            self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
+        return self.render_map(raster, "importance", "importance")

@@ -11,16 +11,14 @@ matrix. Without a model, it says what it needs.
 
 from __future__ import annotations
 
-import holoviews as hv
 import numpy as np
 import panel as pn
 
-from attnpanel.app.sections.base import Section
-from attnpanel.app.sections.importance import MAP_SIZE
+from attnpanel.app.sections.head_maps import ModelHeadsSection
 from attnpanel.interventions.model_run import ANOTHER_SAMPLE, SPAN_MEAN, SPAN_ZEROS
 from attnpanel.interventions.patching import PatchingError
 from attnpanel.readouts.core import PREDICTED
-from attnpanel.render import importance_views, patching_views
+from attnpanel.render import patching_views
 from attnpanel.render.palette import SERIES_COLORS
 
 CURVES_HEIGHT = 260
@@ -58,19 +56,11 @@ def patched_styles(labels: list[str]) -> dict:
     return styles
 
 
-class PatchingView(Section):
+class PatchingView(ModelHeadsSection):
     """The patching map of every head and the prediction with one head patched."""
 
     title = "What changes the prediction"
     shown_by = "show_patching"
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        self.status = pn.pane.Markdown("", margin=(0, 10))
-
-    @property
-    def run(self):
-        return self.state.model
 
     def build(self):
         if self.run is None:
@@ -123,18 +113,7 @@ class PatchingView(Section):
         raster = self.engine.add(
             "patching effect", self.effect, PARAMETERS, "patching", follows_layer=False, slow=True
         )
-        element = raster.element(
-            hv.Dimension("effect", label=raster.value_label), kdims=("head", "layer")
-        )
-        width, height = MAP_SIZE
-        style = dict(
-            width=width,
-            height=height,
-            colorbar=True,
-            yticks=importance_views.layer_ticks(self.run.heads()),
-            tools=("hover", "tap"),
-        )
-        return self.engine.render(element, "patching", style=style, on_tap=self.click)
+        return self.render_map(raster, "effect", "patching")
 
     def picked(self, sel) -> tuple[str, int, str]:
         """The head whose patched prediction is drawn: the clicked one, else the one of
@@ -201,20 +180,8 @@ class PatchingView(Section):
 
     def click(self, x=None, y=None) -> None:
         """A click on the map: that head's patched prediction, and the head in the matrix."""
-        if x is None or y is None:
-            return
-        found = importance_views.tapped_head(self.run.heads(), x, y)
+        found = self.tapped(x, y)
         if found is None:
             return
-        layer, head = found
-        self.engine.soon(self.state.param.update, patched_head=(layer, head))
-        stacked = self.state.layers
-        if stacked is not None and layer in stacked["layer"].values:
-            index = list(map(str, stacked["layer"].values)).index(layer)
-            self.status.object = ""
-            self.engine.soon(self.state.param.update, layer=index, head=head)
-        elif layer in self.run.layers:
-            self.status.object = ""
-            self.engine.soon(self.state.param.update, head=head)
-        else:
-            self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
+        self.engine.soon(self.state.param.update, patched_head=found)
+        self.open_head(*found)
