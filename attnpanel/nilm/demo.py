@@ -19,6 +19,7 @@ import torch
 import xarray as xr
 
 from attnpanel.interventions.model_run import Corruption, ModelRun
+from attnpanel.kernels.statistics import head_statistics_of
 from attnpanel.nilm.power import HELDOUT_SEED, HELDOUT_START, PowerConfig, generate, windows
 from attnpanel.traces import upgrades
 from attnpanel.traces.build import trace
@@ -279,11 +280,12 @@ def head_statistics(ds: xr.Dataset, radius: int = LOCAL_RADIUS) -> xr.Dataset:
     weights = np.asarray(ds["weights"].values, dtype=np.float32)  # (B, H, L, S)
     batch, n_heads, length, n_keys = weights.shape
     offset = np.abs(np.arange(length)[:, None] - np.arange(n_keys)[None, :])  # (L, S)
-    distance = np.einsum("bhls,ls->h", weights, offset.astype(np.float32)) / (batch * length)
+    # distance and entropy: the survey's own statistics (one implementation of each)
+    stats = head_statistics_of(torch.from_numpy(np.ascontiguousarray(weights)))
+    distance = stats["distance"].mean(0).numpy()
+    entropy = stats["entropy"].mean(0).numpy()
     local = np.einsum("bhls,ls->h", weights, (offset <= radius).astype(np.float32))
     local /= batch * length
-    plogp = np.where(weights > 0, weights * np.log(np.where(weights > 0, weights, 1)), 0)
-    entropy = -plogp.sum(-1).mean((0, 2))
     visible = n_keys - int(ds.attrs.get("mask") == "diagonal")
     stats = xr.Dataset(
         {

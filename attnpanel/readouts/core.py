@@ -18,8 +18,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import torch
 import xarray as xr
 
+from attnpanel.kernels.statistics import head_statistics_of
 from attnpanel.traces import virtual
 from attnpanel.traces.schema import STAGES
 from attnpanel.traces.stages import attention_stage, masked_cells
@@ -493,9 +495,9 @@ def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
     """
     weights = np.asarray(weights, dtype=np.float32)
     n_heads, n_query, n_key = weights.shape
-    positions = np.arange(n_query, dtype=np.float32)
-    distance = np.abs(positions[:, None] - np.arange(n_key, dtype=np.float32)[None, :])
-    mean_distance = np.einsum("hqk,qk->hq", weights, distance, dtype=np.float64).mean(axis=1)
+    # distance and entropy: the survey's own statistics (one implementation of each)
+    stats = head_statistics_of(torch.from_numpy(np.ascontiguousarray(weights))[None])
+    mean_distance = stats["distance"][0].numpy()
     offsets = weights.argmax(axis=2) - np.arange(n_query)[None, :]  # (H, Q)
     lag = np.empty(n_heads, dtype=np.int64)
     share = np.empty(n_heads, dtype=np.float64)
@@ -503,9 +505,7 @@ def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
         values, counts = np.unique(offsets[head], return_counts=True)
         lag[head] = values[counts.argmax()]
         share[head] = counts.max() / n_query
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = np.where(weights > 0, np.log(np.where(weights > 0, weights, 1.0)), 0.0)
-    entropy = -(weights * logs).sum(axis=2, dtype=np.float64).mean(axis=1)
+    entropy = stats["entropy"][0].numpy()
     uniform = np.log(n_key) if n_key > 1 else 1.0
     return {
         "distance": mean_distance,
