@@ -90,7 +90,10 @@ def test_ctrl_c_stops_the_survey_and_the_same_command_resumes(tmp_path):
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     if process.returncode == 0:
-        pytest.fail(f"the survey finished before Ctrl-C reached it: {out}")
+        pytest.fail(
+            f"the survey finished before Ctrl-C reached it ({done} samples seen done when it "
+            f"was sent): {out}\nits stderr: {err[-2000:]}"
+        )
     assert process.returncode == 130, err
     assert "interrupted" in out and "run the same command again to resume" in out
     held = SurveyStore(store).read().sizes["sample"]

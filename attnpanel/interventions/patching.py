@@ -136,6 +136,7 @@ class HeadPatcher(HeadWriter):
             output = self.model(*args, **kwargs)
         self.source_heads = dict(self.seen)
         self.only = self.attention_modules()  # later forwards hook only these
+        self.sites.clear()  # they hold the source run's activations
         return output
 
     def select(self, heads: Mapping[str, Sequence[int]], positions=KEEP) -> None:

@@ -62,15 +62,28 @@ class Weights:
 
 
 class Lineage:
-    """Where tensors came from, by identity, for as long as each tensor lives: an entry goes
-    when its tensor is freed, so between two attentions there is usually nothing to look
-    up (most torch calls of a forward then cost one test)."""
+    """Where tensors came from, by identity, for as long as each tensor lives.
+
+    Entries of freed tensors are swept when the table grows (no weakref callback: Python
+    runs signal handlers inside one and drops the exception they raise, so a Ctrl-C that
+    landed there was lost); a new tensor that took a freed one's id is told apart by its
+    weak reference.
+    """
+
+    SWEEP = 256  # entries before the freed ones are swept
 
     def __init__(self):
         self._known: dict[int, tuple[weakref.ref, object]] = {}
+        self._sweep_at = self.SWEEP
 
     def __bool__(self) -> bool:
         return bool(self._known)
+
+    def __getstate__(self) -> dict:
+        return {}  # what a run's tensors came from means nothing to another process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
     def of(self, t) -> object:
         """What was noted of ``t`` (None for anything else, or a tensor noted before whose
@@ -88,14 +101,10 @@ class Lineage:
 
     def follow(self, t: torch.Tensor, info) -> None:
         """Note where ``t`` came from."""
-        key, known = id(t), self._known
-
-        def forget(ref, key=key):
-            entry = known.get(key)
-            if entry is not None and entry[0] is ref:
-                del known[key]
-
-        known[key] = (weakref.ref(t, forget), info)
+        self._known[id(t)] = (weakref.ref(t), info)
+        if len(self._known) >= self._sweep_at:
+            self._known = {k: e for k, e in self._known.items() if e[0]() is not None}
+            self._sweep_at = max(self.SWEEP, 2 * len(self._known))
 
     def first_known(self, args, kwargs) -> tuple[torch.Tensor, object] | None:
         """The first tensor argument whose origin is known, with what is known of it."""
