@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from served_app import opened, shot
+from test_patching_page import kettle_window
 
 from attnpanel.nilm.demo import demo_model_run, demo_windows, without_appliance
 from attnpanel.nilm.nilmformer import time_features
@@ -27,16 +28,10 @@ CURVE_JS = """(label) => {
 }"""
 
 
-def kettle_window() -> int:
-    held = demo_windows(WINDOWS)
-    on = (held["appliance_power"].sel(appliance="kettle") > 0).sum("position").values
-    return int(np.argmax(on))
-
-
 @pytest.fixture(scope="module")
 def app(browser, demo_url):
     query = urllib.parse.urlencode(
-        {"patching": "true", "corrupted": "without the kettle", "sample": kettle_window()}
+        {"patching": "true", "corrupted": "without the kettle", "sample": kettle_window(WINDOWS)}
     )
     with opened(browser, f"{demo_url}?{query}") as served:
         yield served
@@ -76,7 +71,7 @@ def hooked(run, sample: int, layer: str, head: int | None):
 
 def test_the_painted_map_is_each_head_patched_by_a_hook(app, artifacts):
     page, console = app
-    sample = kettle_window()
+    sample = kettle_window(WINDOWS)
     page.wait_for_function(
         "() => attn.plots().some((v) => v.model.title.text.startsWith(`output patched into`))",
         timeout=120_000,
@@ -104,7 +99,7 @@ def test_the_painted_map_is_each_head_patched_by_a_hook(app, artifacts):
 
 def test_a_click_draws_the_head_patched_and_opens_it(app, artifacts):
     page, console = app
-    sample = kettle_window()
+    sample = kettle_window(WINDOWS)
     page.set_viewport_size({"width": 1600, "height": 1300})
     page.evaluate("attn.plot(`output patched into`).el.scrollIntoView({block: 'center'})")
     point = page.evaluate("attn.frame_point(attn.plot(`output patched into`), 5.5 / 8, 2.5 / 3)")

@@ -28,21 +28,25 @@ TL_HOOKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tl_model():
+def tl_native(n_layers: int):
     """TransformerLens 4's native attention-only model, built offline: matmul, softmax,
-    ``masked_fill`` of the blocked cells with 0 after it, hook modules between."""
+    ``masked_fill`` of the blocked cells with 0 after it, hook modules between; a clean
+    input and one with token 3 changed; the layer names."""
     config = dict(
-        n_layers=2, d_model=64, n_ctx=32, d_head=16, n_heads=4, d_vocab=50, act_fn="relu",
-        attn_only=True, normalization_type=None, seed=0, d_mlp=None,
+        n_layers=n_layers, d_model=64, n_ctx=32, d_head=16, n_heads=4, d_vocab=50,
+        act_fn="relu", attn_only=True, normalization_type=None, seed=0, d_mlp=None,
     )  # fmt: skip
     model = TransformerBridge.boot_native(config).eval()
     generator = torch.Generator().manual_seed(1)
     clean = torch.randint(0, 50, (2, 12), generator=generator)
     corrupted = clean.clone()
     corrupted[:, 3] = (corrupted[:, 3] + 7) % 50
-    layers = list(attention_heads(model, clean))
-    return model, clean, corrupted, layers
+    return model, clean, corrupted, list(attention_heads(model, clean))
+
+
+@pytest.fixture(scope="module")
+def tl_model():
+    return tl_native(2)
 
 
 def metric(logits: torch.Tensor) -> torch.Tensor:
@@ -422,16 +426,7 @@ def test_attribution_is_the_first_order_term(name, layer, projection):
 
 @pytest.fixture(scope="module")
 def tl_three_layers():
-    config = dict(
-        n_layers=3, d_model=64, n_ctx=32, d_head=16, n_heads=4, d_vocab=50, act_fn="relu",
-        attn_only=True, normalization_type=None, seed=0, d_mlp=None,
-    )  # fmt: skip
-    model = TransformerBridge.boot_native(config).eval()
-    generator = torch.Generator().manual_seed(1)
-    clean = torch.randint(0, 50, (2, 12), generator=generator)
-    corrupted = clean.clone()
-    corrupted[:, 3] = (corrupted[:, 3] + 7) % 50
-    return model, clean, corrupted, list(attention_heads(model, clean))
+    return tl_native(3)
 
 
 @pytest.mark.parametrize("through", ["q", "k", "v"])

@@ -23,7 +23,6 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -33,21 +32,19 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.interventions.importance import differentiable_score, evaluating, output_tensor
-from attnpanel.interventions.patching import HeadPatcher, PatchingError, check_what, inputs_of
+from attnpanel.interventions.patching import (
+    HeadPatcher,
+    PatchingError,
+    check_what,
+    inputs_of,
+    score_difference,
+    score_of,
+)
 from attnpanel.interventions.paths import path_patching
 
 DIRECTIONS = ("denoising", "noising")
 EFFECT_METHODS = ("exact", "attribution")
 BY = ("head", "head_position")
-
-
-def _score(y: torch.Tensor, score: Callable | None) -> float:
-    value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise PatchingError("score(y) must return a scalar (a number or a one-element tensor)")
-        return float(value.detach())
-    return float(value)
 
 
 def patching_effect(
@@ -150,17 +147,6 @@ class _Found:
     backwards: int = 0
 
 
-def _difference(source_score: float, target_score: float) -> float:
-    difference = source_score - target_score
-    if not math.isfinite(difference) or difference == 0:
-        raise PatchingError(
-            f"the score is {source_score!r} on the source and {target_score!r} on the "
-            "target: there is no difference for the heads to carry (pick a score that the "
-            "corruption changes)"
-        )
-    return difference
-
-
 def _recorded(model, what: str, source) -> tuple[HeadPatcher, torch.Tensor, dict[str, int]]:
     """A patcher that ran the source once: its ``what`` recorded, the output, the layers."""
     patcher = HeadPatcher(model, what)
@@ -176,8 +162,8 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     patched = _PatchedRun(patcher, target, score)
     with patched.watching():
         target_score = patched.score({}, None)
-    source_score = _score(y_source, score)
-    difference = _difference(source_score, target_score)
+    source_score = score_of(y_source, score)
+    difference = score_difference(source_score, target_score)
     tasks = [
         (layer, head, position)
         for layer, heads in layers.items()
@@ -217,7 +203,7 @@ class _PatchedRun:
         self.patcher.select(heads, None if position is None else [position])
         with torch.no_grad():
             y = output_tensor(self.patcher.model(*self.target[0], **self.target[1]))
-        return _score(y, self.measure)
+        return score_of(y, self.measure)
 
     def watching(self):
         """The patcher's hooks and mode, set up once for many forwards."""
@@ -269,8 +255,8 @@ def _attribution(model, source, target, score, by, what, client, progress) -> _F
             f"the score does not depend on any head's {what} here (no gradient reached "
             "them): attribution patching has nothing to estimate"
         )
-    source_score, target_score = _score(y_source, score), float(value.detach())
-    difference = _difference(source_score, target_score)
+    source_score, target_score = score_of(y_source, score), float(value.detach())
+    difference = score_difference(source_score, target_score)
     values = {}
     for (layer, (a_target, probe, lane)), grad in zip(probes, grads, strict=True):
         a_source = patcher.recorded[layer]

@@ -36,7 +36,8 @@ give attribution patching (:mod:`attnpanel.interventions.effects`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -408,3 +409,25 @@ def patch(
     with patcher.watching():
         yield patcher
     check_written(patcher, asked, "patch", PatchingError)
+
+
+def score_of(y: torch.Tensor, score: Callable | None) -> float:
+    """``score(y)`` as a float (default ``||y||`` in float64), refused unless a scalar."""
+    value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise PatchingError("score(y) must return a scalar (a number or a one-element tensor)")
+        return float(value.detach())
+    return float(value)
+
+
+def score_difference(source_score: float, target_score: float) -> float:
+    """``source - target``, refused where there is no difference for heads to carry."""
+    difference = source_score - target_score
+    if not math.isfinite(difference) or difference == 0:
+        raise PatchingError(
+            f"the score is {source_score!r} on the source and {target_score!r} on the "
+            "target: there is no difference for the heads to carry (pick a score that the "
+            "corruption changes)"
+        )
+    return difference

@@ -21,7 +21,7 @@ reach their inputs, and its effect is NaN.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -30,7 +30,12 @@ from torch import nn
 
 from attnpanel.interventions.gate import heads_asked
 from attnpanel.interventions.importance import output_tensor
-from attnpanel.interventions.patching import HeadPatcher, PatchingError
+from attnpanel.interventions.patching import (
+    HeadPatcher,
+    PatchingError,
+    score_difference,
+    score_of,
+)
 
 THROUGH = ("q", "k", "v")
 
@@ -74,14 +79,9 @@ class PathPatching:
             )
         order = list(self.layers)
         self.first_receiver = min(order.index(layer) for layer in self.receivers)
-        self.source_score = _score(y_source, score)
-        self.target_score = _score(y_target, score)
-        self.difference = self.source_score - self.target_score
-        if not np.isfinite(self.difference) or self.difference == 0:
-            raise PatchingError(
-                f"the score is {self.source_score!r} on the source and {self.target_score!r} "
-                "on the target: there is no difference for the heads to carry"
-            )
+        self.source_score = score_of(y_source, score)
+        self.target_score = score_of(y_target, score)
+        self.difference = score_difference(self.source_score, self.target_score)
 
     def reaches(self, layer: str) -> bool:
         """Whether a head of ``layer`` runs before every receiver (can reach its inputs)."""
@@ -113,12 +113,7 @@ class PathPatching:
         carried.select(self.receivers)
         with torch.no_grad(), carried.watching():  # step 3
             y = output_tensor(self.model(*self.target[0], **self.target[1]))
-        return (_score(y, self.measure) - self.target_score) / self.difference
-
-
-def _score(y: torch.Tensor, score: Callable | None) -> float:
-    value = score(y) if score is not None else torch.linalg.vector_norm(y.double())
-    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+        return (score_of(y, self.measure) - self.target_score) / self.difference
 
 
 def path_patching(
