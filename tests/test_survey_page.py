@@ -4,6 +4,7 @@ sample's statistic of the model's own weights (SDPA written out), computed the l
 from __future__ import annotations
 
 import numpy as np
+import panel as pn
 import pytest
 import torch
 from bokeh.document import Document
@@ -123,6 +124,38 @@ def test_a_survey_from_a_store_and_a_sample_the_trace_does_not_hold(tmp_path, ru
         section.click(x=head + survey_views.jitter(8)[6], y=float(values[6, head]))
     assert explorer.sample == 0
     assert "sample 6 of the survey is not in this trace (4 samples)" in section.status.object
+
+
+def test_a_stored_survey_opens_on_entropy_whatever_order_its_files_are_listed_in(
+    tmp_path, run, monkeypatch
+):
+    """The store's arrays come in its own order, not the file system's; the token scores a
+    power trace cannot have (NaN by construction) are not offered, and the page says so."""
+    import zarr
+
+    store = tmp_path / "survey.zarr"
+    attnpanel.survey(run.model, [run.inputs], store=store, progress=False)
+    listed = zarr.Group.arrays
+
+    def backwards(group):
+        return reversed(list(listed(group)))
+
+    monkeypatch.setattr(zarr.Group, "arrays", backwards)
+    explorer = attnpanel.explore(attnpanel.demo(n_windows=WINDOWS), survey=str(store))
+    explorer.__panel__().get_root(Document())
+    explorer.param.update(show_survey=True)
+    section = explorer.sections["survey"]
+    names = list(explorer.survey.data_vars)
+    assert names[:3] == ["entropy", "distance", "sink"]
+    assert section.statistic == "entropy"
+    offered = section.param.statistic.objects
+    assert "induction" not in offered and "duplicate_token" not in offered
+    assert {"previous_token", "offset", "offset_weight"} <= set(offered)
+    for name in offered:  # every statistic offered has a number for every head
+        assert np.isfinite(explorer.survey[name].values).all(), name
+    shown = " ".join(str(p.object) for p in section.__panel__().select(pn.pane.Markdown))
+    assert "inputs carried no token ids" in shown
+    assert survey_views.label("induction") == "induction score"
 
 
 def test_many_samples_are_drawn_as_their_density():

@@ -28,6 +28,11 @@ LABELS = {
     "diagonal_share": "weight on its own position",
     "previous_share": "weight on the previous position",
     "max_weight": "largest weight of a row",
+    "previous_token": "previous-token score",
+    "duplicate_token": "duplicate-token score",
+    "induction": "induction score",
+    "offset": "offset of the heaviest diagonal (steps)",
+    "offset_weight": "share of weight on the heaviest diagonal",
 }
 
 

@@ -114,7 +114,15 @@ class SurveyStore:
                 data = data[:done]
             kept = {k: v for k, v in array.attrs.items() if k not in XARRAY_KEYS}
             variables[name] = xr.Variable(dims, data, attrs=kept)
-        return xr.Dataset(variables, coords=coords, attrs=attrs)
+        return xr.Dataset(_in_written_order(variables, attrs), coords=coords, attrs=attrs)
+
+
+def _in_written_order(variables: dict, attrs: dict) -> dict:
+    """``variables`` in the order the survey computed them (its ``statistics`` header, then
+    the derived ones by name): a store's directory lists its arrays in whatever order the
+    file system keeps, which differs from one machine to the next."""
+    order = {name: i for i, name in enumerate(attrs.get("statistics", ()))}
+    return dict(sorted(variables.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
 
 
 XARRAY_KEYS = ("_FillValue", "_ARRAY_DIMENSIONS")  # what xarray keeps in a zarr array's attrs

@@ -15,6 +15,7 @@ import xarray as xr
 from bokeh.models import HoverTool
 
 from attnpanel.app.sections.base import Section
+from attnpanel.kernels.roles import TOKEN_ROLES
 from attnpanel.render import survey_views
 
 PLOT_SIZE = (760, 300)
@@ -64,7 +65,7 @@ class SurveyView(Section):
         found = self.survey()
         if found is None:
             return pn.Column(self.heading(), pn.pane.Markdown(NEEDS_SURVEY, margin=(0, 10)))
-        statistics = [name for name in found.data_vars if found[name].dims[-1] == "head"]
+        statistics = drawable(found)
         self.param.statistic.objects = statistics
         self.param.layer.objects = [str(n) for n in found["layer"].values]
         self.param.update(statistic=statistics[0], layer=self.shown_layer(found))
@@ -84,6 +85,11 @@ class SurveyView(Section):
             "whiskers the 5th to 95th; each point is a sample (the shown one larger). A click "
             "on a point opens its sample."
         )
+        if "token_roles" in found.attrs:
+            note += (
+                " The duplicate-token and induction scores are not offered: this survey's "
+                "inputs carried no token ids."
+            )
         return pn.Column(
             self.heading(),
             pn.pane.Markdown(note, margin=(0, 10)),
@@ -143,3 +149,12 @@ class SurveyView(Section):
                 f"sample {sample} of the survey is not in this trace ({batch} samples): "
                 "capture it to open its map"
             )
+
+
+def drawable(found: xr.Dataset) -> list[str]:
+    """The statistics a survey can draw per head, in its own order; the token scores only
+    where its inputs carried token ids (else they are NaN by construction)."""
+    absent = TOKEN_ROLES if "token_roles" in found.attrs else ()
+    return [
+        name for name in found.data_vars if found[name].dims[-1] == "head" and name not in absent
+    ]
