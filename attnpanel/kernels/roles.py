@@ -62,15 +62,18 @@ class RoleSums:
         """Accumulate a block ``a`` ``(n, L, S)`` of head-samples ``part`` (in ``B * H``
         order).
 
-        Every sum but the token patterns' comes from one pass, the block's diagonal sums:
-        ``sum a`` is their total, the previous-token sum the diagonal at offset 1, the
-        current token's at 0 (the survey's budget is a few passes over the cells).
+        Every sum but the token patterns' comes from one pass, the block's diagonal sums,
+        kept (``(n, 2L - 1)``, small beside the block): ``sum a`` is their total, the
+        previous-token sum the diagonal at offset 1, the current token's at 0. What is read
+        from them is read once, over every block, in :meth:`result` (a block is a few head-
+        samples: a dozen small operations per block cost as much as the pass itself).
         """
         length, keys = a.shape[-2:]
         if length != keys:
             return  # a cross-attention has no diagonals: its roles are NaN
-        sample = torch.arange(part.start, part.stop, device=a.device) // self.heads
+        sample = None
         if not self.every_query_real:
+            sample = self._samples(part, a.device)
             real = self.real.to(a.device)[sample]  # (n, L)
             a = a * real[..., None].to(a.dtype)  # padded queries carry nothing
         if (
@@ -79,34 +82,29 @@ class RoleSums:
             or self._buffer.shape[1] != length + 1
         ):
             self._buffer = a.new_zeros(a.shape[0], length + 1, 2 * length)
-        diagonals = _diagonal_sums(a, self._buffer)  # (n, 2L - 1): offsets L - 1 ... 1 - L
-        mass = diagonals.sum(-1)  # TransformerLens' sum(a)
-        previous = diagonals[:, length - 2] if length > 1 else torch.zeros_like(mass)
-        total = mass.clone()
-        first = None
+        found = {"diagonals": _diagonal_sums(a, self._buffer)}  # offsets L - 1 ... 1 - L
         if self.inputs.exclude_bos or self.inputs.tokens is not None:
+            sample = self._samples(part, a.device) if sample is None else sample
             first = self.first.to(a.device)[sample]  # (n,)
+            found.update(self._token_sums(a, sample, first))
+        for name, value in found.items():
+            self.parts.setdefault(name, []).append(value)
+
+    def _samples(self, part: slice, device) -> torch.Tensor:
+        return torch.arange(part.start, part.stop, device=device) // self.heads
+
+    def _token_sums(self, a, sample, first) -> dict[str, torch.Tensor]:
+        """The sums beyond the diagonals: the first real key's column and its cells
+        (``exclude_bos``), and the token patterns' sums."""
+        length, keys = a.shape[-2:]
+        found = {}
+        cases = torch.arange(len(first), device=a.device)
         if self.inputs.exclude_bos:
             at_first = a.gather(-1, first[:, None, None].expand(-1, length, 1))[..., 0]
-            total -= at_first.sum(-1, dtype=torch.float64)
+            found["bos_column"] = at_first.sum(-1, dtype=torch.float64)
             after = (first + 1).clamp_max(length - 1)  # a_{first + 1, first}: excluded too
-            cell = a[torch.arange(len(first)), after, first].double()
-            previous = previous - torch.where(first + 1 < length, cell, 0.0)
-        if self.inputs.exclude_current_token:
-            total -= diagonals[:, length - 1]
-            if self.inputs.exclude_bos:  # the cell (first, first), taken out twice
-                total += a[torch.arange(len(first)), first, first].double()
-        weight, where = (diagonals / mass.clamp_min(torch.finfo(torch.float64).tiny)[:, None]).max(
-            -1
-        )
-        offsets = torch.arange(length - 1, -length, -1, device=a.device, dtype=torch.float64)
-        found = {
-            "total": total,
-            "spread": diagonals @ offsets.abs(),  # sum_ij a_ij |i - j|: the distance's sum
-            "previous_token": previous,
-            "offset": (length - 1 - where).to(torch.float64),
-            "offset_weight": weight,
-        }
+            found["bos_previous"] = torch.where(first + 1 < length, a[cases, after, first], 0.0)
+            found["bos_own"] = a[cases, first, first].double()  # (first, first)
         if self.inputs.tokens is not None:
             rows = torch.arange(length, device=a.device)
             tokens = self.inputs.tokens.to(a.device)[sample]  # (n, L)
@@ -117,47 +115,76 @@ class RoleSums:
                 if self.inputs.exclude_current_token:
                     pattern = pattern & (rows[:, None] != rows[None, :])
                 found[name] = (a * pattern).sum(dim=(-2, -1), dtype=torch.float64)
-        for name, value in found.items():
-            self.parts.setdefault(name, []).append(value)
+        return found
+
+    def _diagonals(self) -> torch.Tensor | None:
+        """Every head-sample's diagonal sums, ``(B H, 2L - 1)`` float64 (None: none)."""
+        if "diagonals" not in self.parts:
+            return None
+        return torch.cat(self.parts["diagonals"]).to(torch.float64)
 
     def distance(self, batch: int, heads: int) -> torch.Tensor | None:
         """The ``distance`` statistic, ``(B, H)``: ``sum_ij a_ij |i - j|`` over a sample's
         real queries, from the diagonal sums, over their number (None: no diagonals)."""
-        if "spread" not in self.parts:
+        diagonals = self._diagonals()
+        if diagonals is None:
             return None
-        spread = torch.cat(self.parts["spread"]).reshape(batch, heads)
+        length = (diagonals.shape[-1] + 1) // 2
+        offsets = torch.arange(length - 1, -length, -1, device=diagonals.device).abs()
+        spread = (diagonals @ offsets.to(torch.float64)).reshape(batch, heads)
         count = self.real.sum(-1).to(torch.float64).clamp_min(1.0).to(spread.device)
         return spread / count[:, None]
 
     def result(self, batch: int, heads: int) -> dict[str, torch.Tensor]:
         """Each role statistic ``(B, H)`` float64 (NaN where it cannot be had: the token
         roles without tokens, every role of a cross-attention)."""
-        whole = {name: torch.cat(parts).reshape(batch, heads) for name, parts in self.parts.items()}
         nan = torch.full((batch, heads), float("nan"), dtype=torch.float64)
-        if "total" not in whole:  # a cross-attention: no diagonals, no roles
+        diagonals = self._diagonals()
+        if diagonals is None:  # a cross-attention: no diagonals, no roles
             return {name: nan for name in ROLE_NAMES}
-        whole.pop("spread", None)
-        total = whole.pop("total").clamp_min(torch.finfo(torch.float64).tiny)
+        whole = {
+            name: torch.cat(parts) for name, parts in self.parts.items() if name != "diagonals"
+        }
+        length = (diagonals.shape[-1] + 1) // 2
+        mass = diagonals.sum(-1)  # TransformerLens' sum(a)
+        previous = diagonals[:, length - 2] if length > 1 else torch.zeros_like(mass)
+        total = mass.clone()
+        if self.inputs.exclude_bos:
+            total -= whole["bos_column"]
+            previous = previous - whole["bos_previous"]
+        if self.inputs.exclude_current_token:
+            total -= diagonals[:, length - 1]
+            if self.inputs.exclude_bos:  # the cell (first, first), taken out twice
+                total += whole["bos_own"]
+        tiny = torch.finfo(torch.float64).tiny
+        weight, where = (diagonals / mass.clamp_min(tiny)[:, None]).max(-1)
+        sums = {
+            "previous_token": previous,
+            "offset": (length - 1 - where).to(torch.float64),
+            "offset_weight": weight,
+            **{name: whole[name] for name in TOKEN_ROLES if name in whole},
+        }
+        total = total.clamp_min(tiny)
         found = {}
         for name in ROLE_NAMES:
-            if name not in whole:
+            if name not in sums:
                 found[name] = nan
             elif name in ("offset", "offset_weight"):
-                found[name] = whole[name]
+                found[name] = sums[name].reshape(batch, heads)
             else:
-                found[name] = whole[name] / total
+                found[name] = (sums[name] / total).reshape(batch, heads)
         return found
 
 
 def _diagonal_sums(a: torch.Tensor, buffer: torch.Tensor | None = None) -> torch.Tensor:
-    """``(n, 2L - 1)`` float64: entry ``d'`` sums ``a[i, i + d' - (L - 1)]`` over ``i``
+    """``(n, 2L - 1)``: entry ``d'`` sums ``a[i, i + d' - (L - 1)]`` over ``i``
     (offset ``i - j = L - 1 - d'``), square blocks only.
 
     Each row sits in a buffer after ``L`` zeros (and one row of zeros below), read as rows
     of ``2L + 1``: row ``i`` then starts ``i`` cells later, so column ``c`` holds
     ``a[i, i + c - L]`` (what runs past a row lands in the next row's zeros), and the
     diagonals are the columns' sums, read contiguously, in float32 (at most ``L`` terms
-    each). ``buffer`` (``(>= n, L + 1, 2L)``, zeros where ``a`` is not written) is reused
+    each; float32, as the block: the caller widens them). ``buffer`` (``(>= n, L + 1, 2L)``, zeros where ``a`` is not written) is reused
     from block to block: one copy of the block, no allocation.
     """
     n, length, _ = a.shape
@@ -168,7 +195,7 @@ def _diagonal_sums(a: torch.Tensor, buffer: torch.Tensor | None = None) -> torch
     flat = buffer.reshape(n, -1)[:, : length * (2 * length + 1)]
     skewed = flat.as_strided((n, length, 2 * length + 1), (flat.stride(0), 2 * length + 1, 1))
     columns = skewed.sum(dim=1)  # (n, 2L + 1): column c is the offset i - j = L - c
-    return columns[:, 1 : 2 * length].to(torch.float64)  # offsets L - 1 down to -(L - 1)
+    return columns[:, 1 : 2 * length]  # offsets L - 1 down to -(L - 1)
 
 
 def _token_patterns(tokens: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
