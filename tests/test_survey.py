@@ -316,3 +316,28 @@ def test_statistics_from_scores_equal_those_from_the_weights_and_check_the_outpu
             np.testing.assert_allclose(found[name], values, rtol=2e-5, atol=1e-7, err_msg=name)
     _, error = head_statistics_of_scores(q, k, 0.3, blocked, bias, None, v, context + 0.5)
     assert error == pytest.approx(0.5, abs=1e-4)
+
+
+def test_a_batchs_tensors_are_freed_as_the_batch_ends_without_the_cycle_collector(nanogpt):
+    """A watcher and its module stack held each other (the stack keeps the watcher's hooks):
+    every batch's q, k and weights stayed alive until Python's slowest collection, and a
+    survey's memory grew with its batches (1,024 demo windows: +1.8 GB). With the collector
+    off, the recorder of a batch and every tensor it saw go as soon as it is dropped."""
+    import gc
+    import weakref
+
+    from attnpanel.capturing.capture import record_calls
+
+    model, batches = nanogpt
+    inputs = batches[0] if isinstance(batches[0], tuple) else (batches[0],)
+    gc.collect()
+    gc.disable()
+    try:
+        recorder, _ = record_calls(model, inputs, {})
+        tensors = [weakref.ref(t) for call in recorder.calls for t in (call.q, call.k)]
+        sites = [weakref.ref(site) for site in recorder.sites]
+        assert tensors and sites
+        del recorder
+        assert all(ref() is None for ref in tensors + sites)
+    finally:
+        gc.enable()

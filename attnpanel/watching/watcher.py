@@ -253,9 +253,17 @@ class AttentionWatcher(TorchFunctionMode):
     def watching(
         self, model: nn.Module, only: set[str] | None = None
     ) -> Iterator[AttentionWatcher]:
-        """Watch ``model``'s modules and its torch calls (off PyTorch's fused encoder path)."""
-        with fused_path_off(), self.watch(model, only), self:
-            yield self
+        """Watch ``model``'s modules and its torch calls (off PyTorch's fused encoder path).
+
+        On exit the module stack is let go: it holds this watcher's hooks (bound methods),
+        and the cycle would keep every site's tensors (a batch's q, k and weights) alive
+        until Python's slowest garbage collection, batch after batch in a survey.
+        """
+        try:
+            with fused_path_off(), self.watch(model, only), self:
+                yield self
+        finally:
+            self.modules = None
 
     @property
     def module(self) -> str:
