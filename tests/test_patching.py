@@ -480,6 +480,52 @@ def test_path_patching_equals_the_long_way_with_transformer_lens_hooks(tl_three_
         )
 
 
+def test_several_receiver_sets_share_the_frozen_run_and_equal_each_set_alone(tl_three_layers):
+    """``R`` receiver sets: one frozen run per sender set and one forward per set (counted
+    on the model), each effect that of its set alone; a set the senders cannot reach is
+    NaN, and a scan gains a ``receivers`` dimension."""
+    model, clean, corrupted, layers = tl_three_layers
+    sets = [{layers[2]: [1]}, {layers[2]: [0, 3]}, {layers[1]: [2]}]
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        effects = attnpanel.patching_effect(
+            model, clean, corrupted, score=metric, senders={layers[0]: [1]}, receivers=sets,
+            through="k", progress=False,
+        )  # fmt: skip
+        assert len(calls) == 2 + 1 + 3 == effects.attrs["forwards"]
+        calls.clear()
+        later = attnpanel.patching_effect(
+            model, clean, corrupted, score=metric, senders={layers[1]: [2]}, receivers=sets,
+            through="k", progress=False,
+        )  # fmt: skip
+        assert len(calls) == 2 + 1 + 2 == later.attrs["forwards"]  # the third set: unreached
+    finally:
+        handle.remove()
+    assert effects.dims == ("receivers",) and effects.sizes["receivers"] == 3
+    assert list(effects["receivers"].values) == [
+        f"{layers[2]}: [1]", f"{layers[2]}: [0, 3]", f"{layers[1]}: [2]"
+    ]
+    for i, one in enumerate(sets):
+        alone = attnpanel.patching_effect(
+            model, clean, corrupted, score=metric, senders={layers[0]: [1]}, receivers=one,
+            through="k", progress=False,
+        )  # fmt: skip
+        assert float(effects[i]) == pytest.approx(float(alone), abs=1e-9)
+    assert np.isnan(float(later[2])) and np.isfinite(later[:2].values).all()
+    scan = attnpanel.patching_effect(
+        model, clean, corrupted, score=metric, receivers=sets, through="k", progress=False
+    )
+    assert scan.dims == ("receivers", "layer", "head")
+    assert scan.isel(receivers=2).sel(layer=layers[1]).isnull().all()  # its own layer
+    assert scan.isel(receivers=0).sel(layer=layers[1]).notnull().all()
+    assert float(scan.isel(receivers=0).sel(layer=layers[0], head=1)) == pytest.approx(
+        float(effects[0]), abs=1e-9
+    )
+    with pytest.raises(PatchingError, match="at least one in each set"):
+        attnpanel.patching_effect(model, clean, corrupted, receivers=[sets[0], {}])
+
+
 @pytest.mark.parametrize("what", ["q", "k", "weights"])
 def test_attribution_through_a_recomputed_exchange_reaches_the_probe(what):
     """nn.MultiheadAttention's q, k and weights are exchanged by recomputing the weights:
