@@ -146,6 +146,32 @@ def test_attribution_is_close_to_exact_patching_on_a_near_linear_model(tl_model,
     assert (estimate.attrs["forwards"], estimate.attrs["backwards"]) == (2, 1)
 
 
+def test_the_probe_run_leaves_every_parameter_as_it_was_even_on_an_error(tl_model):
+    """Attribution and gradient ranking stop the parameters requiring gradients while the
+    probe runs (autograd then records only what follows a probe); each comes back as it
+    was: one the user froze stays frozen, the rest require gradients again, also when the
+    method fails."""
+    model, clean, corrupted, layers = tl_model
+    frozen = next(iter(model.parameters()))
+    frozen.requires_grad_(False)
+    try:
+        before = {name: p.requires_grad for name, p in model.named_parameters()}
+        attnpanel.patching_effect(
+            model, clean, corrupted, score=metric, method="attribution", progress=False
+        )
+        assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+        with pytest.raises(PatchingError, match="does not depend"):
+            attnpanel.patching_effect(
+                model, clean, corrupted, score=lambda y: torch.ones(()), method="attribution",
+                progress=False,
+            )  # fmt: skip
+        assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+        attnpanel.head_importance(model, clean, score=metric, method="gradient", progress=False)
+        assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+    finally:
+        frozen.requires_grad_(True)
+
+
 def test_patching_errors_name_the_problem(tl_model):
     model, clean, corrupted, layers = tl_model
     with pytest.raises(PatchingError, match=r"the source's output is \(2, 4, 12, 16\), this run"):

@@ -31,7 +31,12 @@ import torch
 import xarray as xr
 from torch import nn
 
-from attnpanel.interventions.importance import differentiable_score, evaluating, output_tensor
+from attnpanel.interventions.importance import (
+    differentiable_score,
+    evaluating,
+    output_tensor,
+    probing,
+)
 from attnpanel.interventions.patching import (
     HeadPatcher,
     PatchingError,
@@ -240,7 +245,7 @@ def _bar(tasks, progress: bool):
 def _attribution(model, source, target, score, by, what, client, progress) -> _Found:
     patcher, y_source, layers = _recorded(model, what, source)
     patcher.probe()
-    with torch.enable_grad():
+    with probing(model):
         with patcher.watching():
             y_target = output_tensor(model(*target[0], **target[1]))
         value = differentiable_score(y_target, score)

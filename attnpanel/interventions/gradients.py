@@ -28,7 +28,12 @@ from torch import nn
 
 from attnpanel.capturing.capture import capture as capture_model
 from attnpanel.interventions.gate import AblationError, HeadWriter
-from attnpanel.interventions.importance import differentiable_score, evaluating, output_tensor
+from attnpanel.interventions.importance import (
+    differentiable_score,
+    evaluating,
+    output_tensor,
+    probing,
+)
 from attnpanel.watching.lanes import Lane
 from attnpanel.watching.watcher import Site
 
@@ -60,7 +65,7 @@ def output_gradients(
     norm)."""
     probe = ContextProbe(model)
     with evaluating(model):
-        with torch.enable_grad():
+        with probing(model):
             with probe.watching():
                 y = output_tensor(model(*inputs, **kwargs))
             value = differentiable_score(y, score)
