@@ -704,3 +704,86 @@ def test_a_two_worker_cluster_gives_the_same_effects(tl_model):
     ):
         there = attnpanel.patching_effect(model, clean, corrupted, client=client, **kw)
     np.testing.assert_allclose(there.values, here.values, rtol=1e-10, atol=1e-12)
+
+
+class _Product(nn.Module):
+    def forward(self, q, k):
+        return q @ k.transpose(-1, -2)
+
+
+class _Softmax(nn.Module):
+    def forward(self, s):
+        return s.softmax(-1)
+
+
+class _Mix(nn.Module):
+    def forward(self, w, v):
+        return w @ v
+
+
+class _SplitAttention(nn.Module):
+    """One attention whose q . k, softmax and weights @ v run in three sibling modules
+    and whose scaling runs in the parent (``outer``: in the model itself); ``keep`` puts
+    ``replace`` in place of head ``head``'s output lane (the long way)."""
+
+    def __init__(self, outer: bool):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.product, self.softmax, self.mix = _Product(), _Softmax(), _Mix()
+        self.out = nn.Linear(16, 16)
+        self.outer, self.keep, self.replace, self.head = outer, None, None, 1
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 4, 4).permute(2, 0, 3, 1, 4)
+        if self.outer:
+            return q, k, v
+        w = self.softmax(self.product(q, k) * 0.5)
+        return self.finish(self.mix(w, v), b, n)
+
+    def finish(self, o, b, n):
+        self.keep = o.detach().clone()
+        if self.replace is not None:
+            o = o.clone()
+            o[:, self.head] = self.replace[:, self.head]
+        return self.out(o.transpose(1, 2).reshape(b, n, 16))
+
+
+class _SplitModel(nn.Module):
+    def __init__(self, outer: bool):
+        super().__init__()
+        self.attn, self.head = _SplitAttention(outer), nn.Linear(16, 3)
+
+    def forward(self, x):
+        if not self.attn.outer:
+            return self.head(self.attn(x))
+        b, n, _ = x.shape
+        q, k, v = self.attn(x)
+        s = self.attn.product(q, k) * 0.5  # scaled in the model, outside every module
+        o = self.attn.mix(self.attn.softmax(s), v)
+        return self.head(self.attn.finish(o, b, n))
+
+
+@pytest.mark.parametrize("outer", [False, True])
+def test_a_site_spread_over_modules_is_still_written_once_its_modules_are_known(outer):
+    """Later forwards hook only the modules an earlier forward ran attention in: a softmax
+    path whose q . k, softmax and weights @ v run in sibling modules (and its scaling in
+    the parent, or in the model) is still found and named as before. Patching a head
+    equals putting its lane in by hand, forward after forward (the second and third with
+    the narrowed hooks)."""
+    torch.manual_seed(0)
+    model = _SplitModel(outer).eval()
+    source, target = torch.randn(2, 6, 16), torch.randn(2, 6, 16)
+    with torch.no_grad():
+        model(source)
+        lane = model.attn.keep
+        model.attn.replace = lane
+        expected = model(target)
+        model.attn.replace = None
+    names = list(attnpanel.attention_heads(model, target))
+    assert names == ["attn.softmax"]  # the layer: the innermost module at its softmax
+    with attnpanel.patch(model, source, heads={names[0]: [1]}) as patcher:
+        assert patcher.only == {"attn.softmax"}  # hooked: the module naming the layer
+        for _ in range(3):
+            with torch.no_grad():
+                torch.testing.assert_close(model(target), expected, rtol=1e-5, atol=1e-6)
