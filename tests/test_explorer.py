@@ -499,3 +499,26 @@ def test_the_short_q_k_v_bar_charts_keep_their_value_labels_apart(explorer):
         assert handles["yaxis"].ticker.desired_num_ticks == 3
     (handles, *_) = next(iter(explorer.engine.plots("sequence").values()))
     assert handles["yaxis"].ticker.desired_num_ticks != 3
+
+
+def test_the_maps_hover_names_the_stage_shown_and_a_blocked_cell_in_words(explorer):
+    """The matrix's hover names the value the map holds now (a raw score is not "softmax
+    weights", also when the page opens on another stage), and a cell the mask blocks
+    (drawn blank, NaN in the image) reads "blocked by the mask", not NaN."""
+    for stage in ("raw", "scaled", "masked", "softmax", "value_weighted", "raw"):
+        with explorer.engine.drawing_now():
+            explorer.param.update(stage=stage, mask="causal", head=1)
+        matrix = handles(explorer, "matrix", "Image", "Attention")
+        name, field = matrix["hover"].tooltips[-1]
+        assert name == core.STAGE_LABELS[stage], stage
+        assert field == "@image{custom}"
+    formatter = matrix["hover"].formatters["@image"]
+    assert "blocked by the mask" in formatter.code and "toFixed(4)" in formatter.code
+    with explorer.engine.drawing_now():
+        explorer.param.update(stage="softmax")
+    image = shown_matrix(explorer)
+    assert np.isnan(image[0, 1:]).all()  # causal: query 0 sees key 0 only; the rest blank
+    opened = AttentionExplorer(make_trace(), stage="raw")
+    opened.__panel__().get_root(Document())
+    first = handles(opened, "matrix", "Image", "Attention")
+    assert first["hover"].tooltips[-1][0] == core.STAGE_LABELS["raw"]

@@ -28,6 +28,7 @@ from bokeh.models import (
     FixedTicker,
     GlyphRenderer,
     Grid,
+    CustomJSHover,
     HoverTool,
     InlineStyleSheet,
     Legend,
@@ -246,7 +247,11 @@ def draw(
     if ylabel is not None and y_axis is not None:
         y_axis.axis_label = ylabel or None
     if "hover" in tools:
-        fig.add_tools(_hover(found, layers))
+        hover = _hover(found, layers)
+        fig.add_tools(hover)
+        for _, handles in found:
+            if "color_mapper" in handles and "image" in handles["source"].data:
+                handles["hover"] = hover  # its value's name follows the stage (push)
     if xlim is not None and x_range is None:
         fig.x_range = Range1d(*xlim)
     if ylim is not None and y_range is None:
@@ -468,6 +473,16 @@ def _axes(x_axis, y_axis, first, xticks, yticks, xrotation) -> None:
         x_axis.formatter = BasicTickFormatter(use_scientific=False)  # 0.0001, not 1.000e-4
 
 
+# A map's cell in the hover: 4 decimals, and where the map holds NaN (drawn blank) the
+# words, not "NaN": in an attention map, a cell the mask blocks; elsewhere, no value.
+MASKED_GROUPS = ("Attention", "HeadMap")
+
+
+def cell_format(group: str) -> CustomJSHover:
+    words = "blocked by the mask" if group in MASKED_GROUPS else "no value"
+    return CustomJSHover(code=f"return Number.isNaN(value) ? '{words}' : value.toFixed(4)")
+
+
 def _hover(found, layers) -> HoverTool:
     """Hover on the first data layer (points that name their sample first): its columns
     named by its own dimensions (a map's axes and value: key and query, or head and layer),
@@ -484,7 +499,10 @@ def _hover(found, layers) -> HoverTool:
             named = isinstance(layer, hv.Image)  # a Raster is an attention map
             x, y = (d.label for d in layer.kdims[:2]) if named else ("key", "query")
             value = layer.vdims[0].label if named else "value"
-            tips = [(x, "$x{0}"), (y, "$y{0}"), (value, "@image{0.0000}")]
+            tips = [(x, "$x{0}"), (y, "$y{0}"), (value, "@image{custom}")]
+            hover = HoverTool(renderers=[renderer], tooltips=tips)
+            hover.formatters = {"@image": cell_format(key.group)}
+            return hover
         elif key.kind == "Scatter" and "sample" in columns:  # a survey's points
             x, y = layer.kdims[0], layer.vdims[0]
             tips = [("sample", "@sample"), (x.label, f"@{{{x.name}}}{{0}}")]

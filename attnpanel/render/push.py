@@ -97,6 +97,11 @@ def push(handles: dict, element):
         if colorbar is not None and colorbar.title:  # a titled bar states the rule
             label = element.value_label or handles.get("colorbar_label", "")
             colorbar.title = scale_title(label, mapper.low)
+        hover = handles.get("hover")
+        if element.value_label and hover is not None and hover.tooltips:
+            *place, (_, field) = hover.tooltips  # the value's name: what the map now shows
+            if hover.tooltips[-1][0] != element.value_label:
+                hover.tooltips = [*place, (element.value_label, field)]
         return None
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")

@@ -102,7 +102,8 @@ class Clock:
             figure.yaxis.formatter = tick
         for tool in figure.select({"type": HoverTool}):
             values = [(n, f) for n, f in (tool.tooltips or []) if f.startswith("@")]
-            tool.formatters = dict.fromkeys(fields, hover)
+            kept = {k: v for k, v in (tool.formatters or {}).items() if k.startswith("@")}
+            tool.formatters = {**kept, **dict.fromkeys(fields, hover)}
             tool.tooltips = [(n, f"{f}{{custom}}") for f, n in fields.items()] + values
 
     def _follow(self, *_events) -> None:

@@ -34,18 +34,20 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
             axis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICK_CODE)
     formatter = CustomJSHover(args=dict(labels=labels), code=HOVER_CODE)
     for hover in figure.select({"type": HoverTool}):
-        fields = {}
+        fields = {k: v for k, v in (hover.formatters or {}).items() if k == "@image"}
         if n_key == len(labels):
             fields["$x"] = formatter
         if n_query == len(labels):
             fields["$y"] = formatter
         hover.formatters = fields
-        names = [name for name, _ in hover.tooltips or []]
+        tips = list(hover.tooltips or [])
+        names = [name for name, _ in tips]
         names = names if len(names) == 3 else ["key", "query", "value"]
+        value = tips[2][1] if len(tips) == 3 else "@image{0.0000}"
         hover.tooltips = [  # the names the map gave (key, query, its value's own), as clocks
             (names[0], "$x{custom}" if "$x" in fields else "$x{0}"),
             (names[1], "$y{custom}" if "$y" in fields else "$y{0}"),
-            (names[2], "@image{0.0000}"),
+            (names[2], value),
         ]
 
 
