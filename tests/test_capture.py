@@ -741,3 +741,65 @@ def test_an_output_projection_in_a_sibling_module_is_read_from_the_linear_it_fee
     np.testing.assert_array_equal(layer["w_o"].values, dense.weight.detach().numpy())
     np.testing.assert_array_equal(layer["output"].values, seen[0].numpy())
     assert "merged heads" in traces.attrs["note"]
+
+
+class _Filled(nn.Module):
+    """A causal softmax path that blocks its cells the way it is told."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.proj, self.how = nn.Linear(8, 16), how
+
+    def forward(self, x):
+        q, k = self.proj(x).view(2, 5, 2, 2, 4).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / 2
+        above = torch.ones(5, 5, dtype=torch.bool).triu(1)
+        if self.how == "sdpa_causal":
+            return nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+        if self.how == "sdpa_additive":
+            additive = torch.zeros(5, 5).masked_fill(above, -1e9)
+            return nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=additive)
+        fill = {"inf": float("-inf"), "min": torch.finfo(torch.float32).min, "big": -1e9}
+        return scores.masked_fill(above, fill[self.how]).softmax(-1) @ k
+
+
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("inf", "−inf"),
+        ("min", "the float32 minimum (−3.4e+38)"),
+        ("big", "−1e+09"),
+        ("sdpa_causal", "−inf"),
+        ("sdpa_additive", "an additive mask (down to −1e+09)"),
+    ],
+)
+def test_the_trace_says_how_the_model_blocked_its_cells(how, words):
+    """A capture records the fill the model wrote into blocked cells, and the shape table
+    says that (it said "fill −1e4" whatever the model did); a model that blocks nothing
+    records none."""
+    from attnpanel.readouts.summary import shape_table
+
+    torch.manual_seed(0)
+    found = capture(_Filled(how), torch.randn(2, 5, 8))
+    assert found.attrs["mask_fill"] == words
+    masked = dict(zip(*shape_table(found)[["step", "operation"]].values.T, strict=True))["masked"]
+    assert masked == f"blocked cells filled with {words} by the model (mask causal)"
+
+
+def test_a_trace_without_a_recorded_fill_says_so_and_the_demo_says_its_own():
+    from attnpanel.readouts.summary import shape_table
+
+    def masked(ds, **kw):
+        table = shape_table(ds, **kw)
+        return dict(zip(table["step"], table["operation"], strict=True))["masked"]
+
+    demo = attnpanel.demo(n_windows=2)
+    assert demo.attrs["mask_fill"] == "−10000"  # NILMFormer's own masked_fill(-1e4)
+    assert masked(demo) == "blocked cells filled with −10000 by the model (mask diagonal)"
+    older = demo.copy()
+    del older.attrs["mask_fill"]  # a file from before the fill was recorded
+    assert masked(older) == (
+        "blocked cells masked (the model's fill is not recorded in this trace) (mask diagonal)"
+    )
+    plain = capture(nn.MultiheadAttention(8, 2, batch_first=True), *(torch.randn(2, 5, 8),) * 3)
+    assert "mask_fill" not in plain.attrs and masked(plain) == "nothing blocked (mask none)"

@@ -226,9 +226,13 @@ def test_shape_table_never_names_a_stale_mask(explorer):
         rows = table_rows(explorer, "shapes")
         return {row["step"]: row["operation"] for row in rows}["masked"]
 
+    own = explorer.trace.attrs["mask"]
     for mask in ("causal", "none", "diagonal"):
         explorer.mask = mask
-        assert masking_step() == "fill −1e4 where blocked (mask selected above)"
+        assert masking_step() == (
+            f"blocked cells filled with −10000 by the model (its own mask: {own}); "
+            "other masks recomputed with −10000"
+        )
 
 
 def test_a_failing_view_is_reported_and_the_session_goes_on(explorer, monkeypatch):

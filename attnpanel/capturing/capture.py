@@ -406,6 +406,8 @@ def _trace(
     if kv_heads:
         attrs["kv_heads"] = int(kv_heads)  # w_k, w_v, k and v are repeated per query head
     attrs["dtype"] = str(call.dtype).removeprefix("torch.")
+    if call.fill:
+        attrs["mask_fill"] = call.fill  # how the model blocked cells (the same in every layer)
     if call.cross:
         attrs["attention"] = "cross"
     if note:

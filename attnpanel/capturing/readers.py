@@ -30,7 +30,7 @@ from attnpanel.capturing.recorder import (
     tolerance,
 )
 from attnpanel.kernels import precision, tiles
-from attnpanel.kernels.masks import Masking
+from attnpanel.kernels.masks import Masking, fill_words
 from attnpanel.watching.lineage import split_bias, union
 from attnpanel.watching.watcher import (
     BOUNDED_SIGNATURE,
@@ -78,6 +78,7 @@ def _read_sdpa(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     call = AttentionCall(site.module, "sdpa", q, k, float(scale), weights=None, dtype=dtype)
     call.v, call.context = v, result
     mask, causal = a["attn_mask"], a["is_causal"]
+    call.fill = _mask_fill(mask, always=bool(causal))
     if a["dropout_p"]:
         call.unsupported = f"attention dropout is on (dropout_p={a['dropout_p']})"
     elif recorder.records_weights(q.shape[:-2], length, n_keys):
@@ -110,6 +111,14 @@ def _check_output(call: AttentionCall, error: float, what: str) -> None:
             f"{what} q, k and mask do not reproduce the output of its "
             f"scaled_dot_product_attention call (max error {error:.3g})"
         )
+
+
+def _mask_fill(mask: torch.Tensor | None, always: bool = False) -> str:
+    """The fill of a mask argument of SDPA or ``nn.MultiheadAttention``: a bool mask (or a
+    causal flag: ``always``) fills ``-inf``, a float one is added."""
+    values = (-math.inf,) if always or (mask is not None and mask.dtype == torch.bool) else ()
+    additive = mask if mask is not None and mask.dtype != torch.bool else None
+    return fill_words(values, additive)
 
 
 def _mask_terms(mask: torch.Tensor | None, true_allows: bool):
@@ -236,6 +245,8 @@ def _read_bounded(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     call = AttentionCall(site.module, "attnpanel", q, k, float(scale), None, dtype=q.dtype)
     call.v, call.context = v, result[0]
     length, n_keys = q.shape[-2], k.shape[-2]
+    blocks = masking.mode != "none" or masking.key_padding is not None
+    call.fill = fill_words((masking.fill,) if blocks else (), masking.bias)
     if recorder.records_weights(lead, length, n_keys):
         call.blocked = masking.blocked(slice(0, length), slice(0, n_keys), q.device)
         call.bias = masking.bias_tile(slice(0, length), slice(0, n_keys))
@@ -313,6 +324,7 @@ def _read_mha(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     batch, _, length, head_dim = q.shape
     n_keys = k.shape[2]
     call.q, call.k, call.v, call.scale = q, k, v, found.scale
+    call.fill = " and ".join(dict.fromkeys(w for w in map(_mask_fill, (mask, padding)) if w))
     call.cross = not (query is key or (query.shape == key.shape and torch.equal(query, key)))
     if recorder.records_weights(q.shape[:-2], length, n_keys):
         call.blocked, call.bias = mha_mask(mask, padding)
@@ -396,6 +408,7 @@ def _read_softmax(recorder: AttentionRecorder, site: Site, func, args, kwargs):
     call = AttentionCall(site.module, "softmax", q, k, info.scale, result.detach())
     call.dtype = q.dtype
     call.unsupported = info.unsupported
+    call.fill = fill_words(info.fill_values, info.bias)
     if not call.unsupported:
         blocked, bias = info.blocked, None
         if info.bias is not None:

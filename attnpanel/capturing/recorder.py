@@ -69,6 +69,7 @@ class AttentionCall:
     unsupported: str = ""  # why the call cannot be reproduced; empty when it can
     virtual: VirtualForm | None = None  # the rows' lse and the mask as a mode and padded keys
     layer: str = ""  # its layer name, as the watcher named its site
+    fill: str = ""  # how the model blocked cells, in words (readers.fill_words); "" if none
 
 
 @dataclass(frozen=True)

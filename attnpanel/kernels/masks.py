@@ -18,6 +18,7 @@ from attnpanel.kernels.memory import check_attention_size
 
 MASK_MODES = ("none", "diagonal", "causal")
 MASK_FILL = -1e4  # NILMFormer's fill of a blocked cell before the softmax
+BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
 _DIAGONALS: dict[int, weakref.ref] = {}  # id -> the cached diagonal masks, for a free test
 
 
@@ -211,3 +212,26 @@ class Masking:
         rows = query[:, None] if bias.shape[-2] > 1 else torch.zeros_like(query)[:, None]
         cols = key[None, :] if bias.shape[-1] > 1 else torch.zeros_like(key)[None, :]
         return bias[..., rows.to(bias.device), cols.to(bias.device)]
+
+
+def fill_words(values=(), additive: torch.Tensor | None = None) -> str:
+    """How a model blocked cells, in words: the values it filled them with (``-inf`` for a
+    bool mask given to SDPA or ``nn.MultiheadAttention``, which fill so), and an additive
+    mask's smallest term where it blocks (at or below -5000)."""
+    words = [_number(value) for value in dict.fromkeys(float(v) for v in values)]
+    if additive is not None and additive.numel():
+        low = float(additive.float().min())
+        if low <= BLOCKING_BIAS:
+            words.append(f"an additive mask (down to {_number(low)})")
+    return " and ".join(words)
+
+
+def _number(value: float) -> str:
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if value == float(torch.finfo(dtype).min):
+            return f"the {str(dtype).removeprefix('torch.')} minimum ({_signed(value, '.3g')})"
+    return "−inf" if value == -math.inf else _signed(value, ".6g")
+
+
+def _signed(value: float, spec: str) -> str:
+    return format(value, spec).replace("-", "−")

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from attnpanel.kernels.masks import MASK_FILL, fill_words
+
 from attnpanel.readouts.core import head_patterns
 
 
@@ -61,7 +63,7 @@ def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
         ("split", "(B, L, D) → (B, H, L, E)", shape_of("q")),
         ("scores", "q·kᵀ", shape_of("scores") if "scores" in ds else attn + from_qk),
         ("scaled", f"× scale = {ds.attrs.get('scale', float('nan')):.4g}", attn + from_qk),
-        ("masked", f"fill −1e4 where blocked (mask {mask})", attn + from_qk),
+        ("masked", _masked_words(ds, mask), attn + from_qk),
         ("weights", "softmax over key", shape_of("weights")),
         ("context", "weights · v", shape_of("context")),
         (
@@ -173,3 +175,22 @@ def describe(ds: xr.Dataset, batch: int = 0, positions: bool | None = None) -> s
     if positions or (positions is None and ds.sizes["query"] <= 64):
         lines += ["", "most attended key per query position:", top_key_table(ds, batch).to_string()]
     return "\n".join(lines)
+
+
+def _masked_words(ds: xr.Dataset, mask) -> str:
+    """The masking step as it was done: the fill the model wrote into blocked cells
+    (recorded at capture), never a value it did not use; on the page (``mask`` "selected
+    above") a mask other than the trace's own is recomputed here, with :data:`MASK_FILL`."""
+    fill = ds.attrs.get("mask_fill")
+    own = (
+        f"blocked cells filled with {fill} by the model"
+        if fill
+        else "blocked cells masked (the model's fill is not recorded in this trace)"
+    )
+    if mask == "selected above":
+        other = f"other masks recomputed with {fill_words((MASK_FILL,))}"
+        return f"{own} (its own mask: {ds.attrs.get('mask', 'none')}); {other}"
+    blocks = mask != "none" or any(n in ds for n in ("padding", "blocked", "bias"))
+    if not blocks:
+        return "nothing blocked (mask none)"
+    return f"{own} (mask {mask})"

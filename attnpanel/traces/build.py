@@ -513,7 +513,14 @@ def trace(
     if not _all_finite(s.q, s.k, s.v, s.scores, s.context, s.output):
         validate(ds)  # names the variable and location
         raise ValueError("the layer produced NaN or Inf")
+    _note_fill(ds, layer)
     return ds
+
+
+def _note_fill(ds: xr.Dataset, layer: MultiHeadSelfAttention) -> None:
+    """What the layer writes into a blocked cell (its dense path's rule), where it blocks."""
+    if layer.mask_name != "none":
+        ds.attrs["mask_fill"] = masks.fill_words((masks.MASK_FILL,))
 
 
 PROJECTIONS_KEPT = 6  # x, q, k, v, context, output: (B, L, D) each in a virtual trace
@@ -557,6 +564,7 @@ def _virtual_trace(layer: MultiHeadSelfAttention, x: torch.Tensor, **labels) -> 
     if not _all_finite(q, k, v, lse, context, output):
         validate(ds)  # names the variable and location
         raise ValueError("the layer produced NaN or Inf")
+    _note_fill(ds, layer)
     return ds
 
 

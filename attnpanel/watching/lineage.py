@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-BLOCKING_BIAS = -5e3  # an additive term at or below this blocks its cell (exp underflows to 0)
+from attnpanel.kernels.masks import BLOCKING_BIAS
+
 PRODUCTS = {"matmul", "bmm", "einsum"}
 SOFTMAX = {"softmax", "_softmax"}
 SCALES = {"mul", "mul_", "div", "div_", "multiply", "true_divide", "divide"}
@@ -52,6 +53,7 @@ class Scores:
     blocked: torch.Tensor | None = None  # cells filled with a blocking value
     unsupported: str = ""
     fills: tuple = ()  # the mask tensors given to those fills, as given (by identity)
+    fill_values: tuple = ()  # the values those fills (masked_fill, where) wrote
 
 
 @dataclass
@@ -244,14 +246,23 @@ def _masking(name: str, args, source: torch.Tensor, info: Scores) -> Scores:
         mask, value = args[1], scalar(args[2])
         if value is None or value > BLOCKING_BIAS:
             return replace(info, unsupported=f"masked_fill with {args[2]!r}, not a block")
-        return replace(info, blocked=union(info.blocked, mask.bool()), fills=(*info.fills, mask))
+        return replace(
+            info,
+            blocked=union(info.blocked, mask.bool()),
+            fills=(*info.fills, mask),
+            fill_values=(*info.fill_values, value),
+        )
     condition, first, second = args[0], args[1], args[2]
     fill = second if first is source else first
     value = scalar(fill)
     if value is None or value > BLOCKING_BIAS or (first is not source and second is not source):
         return replace(info, unsupported="where() that does not block cells")
     keep = condition.bool()
-    return replace(info, blocked=union(info.blocked, ~keep if first is source else keep))
+    return replace(
+        info,
+        blocked=union(info.blocked, ~keep if first is source else keep),
+        fill_values=(*info.fill_values, value),
+    )
 
 
 def split_bias(additive: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
