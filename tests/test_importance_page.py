@@ -257,3 +257,26 @@ def test_a_metrics_change_is_written_to_the_decimals_of_its_metric():
         [2],
     )
     assert list(table.dimension_values("change")) == ["+24.87", "-0.0079"]
+
+
+def test_an_f1_with_nothing_on_is_not_available_with_its_reason_not_zero():
+    """An appliance that never runs in the sample (0 W), rightly predicted off: its F1 is
+    0 / 0, undefined; the table reads "n/a" with the reason on hover, and no change."""
+    from attnpanel.nilm.demo import demo_model_run
+    from attnpanel.nilm.training import f1_score
+    from attnpanel.render.figures import table_html
+    from attnpanel.render.importance_views import F1_UNDEFINED, metric_table
+
+    off = np.zeros(480, dtype=bool)
+    assert np.isnan(f1_score(off, off))
+    assert f1_score(off, off | (np.arange(480) == 3)) == 0.0  # predicted on once: F1 0
+    run = demo_model_run(n_windows=1)
+    silent = np.zeros((len(run.series), 480))
+    metrics = run.metrics(silent, silent)
+    assert all(np.isnan(v) for k, v in metrics.items() if k.startswith("F1"))
+    assert all(v == 0.0 for k, v in metrics.items() if k.startswith("MAE"))
+    table = metric_table(metrics, metrics, [2])
+    html = table_html(table)
+    name = next(k for k in metrics if k.startswith("F1"))
+    assert f"<td>{name}</td><td title=\"{F1_UNDEFINED}\">n/a</td>" in html
+    assert "<td>0</td>" not in html.split(name)[1].split("</tr>")[0]

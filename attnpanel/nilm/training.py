@@ -112,7 +112,8 @@ def evaluate(model: NILMFormer, windows_ds, train_mean: list[float] | None = Non
     dict
         ``{appliance: {"mae_model", "mae_zero", "mae_mean", "f1_model", "f1_always_on",
         "on_threshold", "on_share"}}`` (MAE in W). Predicting zero or the (small) mean
-        never crosses the on-threshold, so their F1 is 0; the F1 baseline is "always on".
+        never crosses the on-threshold, so their F1 is 0 (NaN where the appliance is never
+        on either); the F1 baseline is "always on".
     """
     cfg = model.config
     truth = windows_ds["appliance_power"].sel(appliance=cfg.appliances).values  # (B, A, L)
@@ -139,10 +140,16 @@ def evaluate(model: NILMFormer, windows_ds, train_mean: list[float] | None = Non
 
 
 def f1_score(truth: np.ndarray, predicted: np.ndarray) -> float:
-    """F1 of boolean on-states."""
+    """F1 of boolean on-states, ``2 TP / (|truth on| + |predicted on|)``; NaN where neither
+    is ever on (0 / 0: an appliance that does not run, rightly predicted off, has no F1,
+    not an F1 of 0)."""
     tp = float(np.sum(truth & predicted))
     denominator = float(np.sum(truth) + np.sum(predicted))
-    return 2 * tp / denominator if denominator else 0.0
+    return 2 * tp / denominator if denominator else float("nan")
+
+
+def _f1_text(value: float) -> str:
+    return "n/a" if np.isnan(value) else f"{value:.3f}"
 
 
 def _learning_rate(progress: float, peak: float, warmup: float = 0.05) -> float:
@@ -367,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, m in result.metrics.items():
         print(
             f"{name:16} {m['mae_model']:10.1f} {m['mae_zero']:9.1f} "
-            f"{m['f1_model']:9.3f} {m['f1_always_on']:6.3f}"
+            f"{_f1_text(m['f1_model']):>9} {_f1_text(m['f1_always_on']):>6}"
         )
     return 0
 

@@ -549,13 +549,25 @@ def _cell(value) -> str:
     return str(value)
 
 
+NOT_AVAILABLE = "n/a"  # a table cell with no value; its row's WHY column says why
+WHY = "why"  # a table column not drawn: the hover (title) of its row's "n/a" cells
+
+
+def _td(value, why: str) -> str:
+    if value == NOT_AVAILABLE and why:
+        return f'<td title="{escape(why)}">{NOT_AVAILABLE}</td>'
+    return f"<td>{escape(_cell(value))}</td>"
+
+
 def table_html(element: hv.Table) -> str:
-    """An ``hv.Table`` as an HTML table; every header and cell escaped (untrusted text)."""
-    dims = element.dimensions()
-    columns = {d.name: element.dimension_values(d) for d in dims}
+    """An ``hv.Table`` as an HTML table; every header and cell escaped (untrusted text); an
+    "n/a" cell has its row's :data:`WHY` (a column not drawn) on hover."""
+    dims = [d for d in element.dimensions() if d.name != WHY]
+    columns = {d.name: element.dimension_values(d) for d in element.dimensions()}
+    whys = columns.get(WHY, [""] * len(element))
     head = "".join(f"<th>{escape(d.pprint_label)}</th>" for d in dims)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{escape(_cell(columns[d.name][i]))}</td>" for d in dims) + "</tr>"
+        "<tr>" + "".join(_td(columns[d.name][i], str(whys[i])) for d in dims) + "</tr>"
         for i in range(len(element))
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

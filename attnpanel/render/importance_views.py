@@ -14,6 +14,7 @@ import xarray as xr
 
 from attnpanel.readouts import core
 from attnpanel.render.elements import Raster
+from attnpanel.render.figures import NOT_AVAILABLE, WHY
 from attnpanel.render.views import FAST_DATATYPE
 
 OFF_SUFFIX = " (heads off)"
@@ -100,17 +101,33 @@ def change_text(before: str, after: str, change: float) -> str:
     return f"{change:+.1g}" if float(text) == 0 else text
 
 
+F1_UNDEFINED = (
+    "F1 is undefined here: neither the truth nor the prediction is ever on in this sample"
+)
+
+
+def _metric_text(value: float) -> str:
+    """A metric's value to four significant digits; "n/a" where it is undefined (NaN)."""
+    return f"{value:.4g}" if np.isfinite(value) else NOT_AVAILABLE
+
+
+def _why(name: str) -> str:
+    return F1_UNDEFINED if name.startswith("F1") else f"{name} is undefined on this sample"
+
+
 def metric_table(with_all: dict[str, float], without: dict[str, float], off: list[int]) -> hv.Table:
     """Each metric with every head and with the switched-off heads, and the change."""
     rows = []
     for name, value in with_all.items():
-        shown, other = f"{value:.4g}", f"{without[name]:.4g}"
-        rows.append((name, shown, other, change_text(shown, other, without[name] - value)))
+        shown, other = _metric_text(value), _metric_text(without[name])
+        undefined = NOT_AVAILABLE in (shown, other)
+        change = "–" if undefined else change_text(shown, other, without[name] - value)
+        rows.append((name, shown, other, change, _why(name) if undefined else ""))
     label = "heads off" if off else "heads off (none)"
     return hv.Table(
         rows,
         kdims=["metric"],
-        vdims=["every head", label, "change"],
+        vdims=["every head", label, "change", WHY],
         group="Metrics",
         label="the model's metrics on this sample",
     )
