@@ -343,3 +343,31 @@ def test_trace_subcommand_needs_a_source(tmp_path):
     assert (
         main(["trace", "--model", str(tmp_path), "--text", "hi", "-o", str(tmp_path / "o.nc")]) == 2
     )
+
+
+def test_one_layer_has_one_name_on_the_page_in_info_and_in_the_export(tmp_path, capsys):
+    """The demo's layer is ``encoder.2.attention`` everywhere: the page's title, the
+    source line, ``attnpanel info`` and ``attnpanel export`` (they said "encoder layer 2
+    of 3", "layer=2" and "layer 0"); its index is ``layer_index``, called so."""
+    from bokeh.document import Document
+
+    from attnpanel.readouts import core
+
+    demo = attnpanel.demo(n_windows=2)
+    name = "encoder.2.attention"
+    assert demo["layer"].item() == name and demo.attrs["layer_index"] == 2
+    assert f"layer {name} of 3 encoder layers" in demo.attrs["source"]
+    path = tmp_path / "demo.nc"
+    attnpanel.save(demo, str(path))
+    assert main(["info", str(path)]) in (0, None)
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == f"== layer {name}"
+    assert "layer=2" not in printed and "layer_index=2" in printed
+    assert " queries, entropy" in printed and "% of queries" not in printed  # counts
+    assert main(["export", str(path), "-o", str(tmp_path / "demo.html")]) in (0, None)
+    assert f"layer {name}, sample 0" in capsys.readouterr().out
+    page = attnpanel.explore(attnpanel.load(str(path)))
+    page.__panel__().get_root(Document())
+    title = page.engine.title("matrix")
+    assert f"head 0, layer {name}:" in title
+    assert core.layer_label(name) == name

@@ -63,6 +63,9 @@ def drawn_maps(page) -> dict[str, np.ndarray]:
     }
 
 
+LAYERS = ("EncoderBlock.0.attention_layer", "EncoderBlock.1.attention_layer")  # as captured
+
+
 def long_way_ranking(own) -> tuple[list[tuple[int, int]], np.ndarray]:
     """``(layer, head)`` by the long way's divergence, most different first, and the
     divergences in that order."""
@@ -79,6 +82,7 @@ def test_the_three_maps_are_each_models_own_attention(page, pair):
     _, _, (own_a, own_b) = pair
     order, _ = long_way_ranking((own_a, own_b))
     assert (page.layer, page.head) == order[0]  # the page opens on the most different head
+    assert tuple(str(n) for n in pair[0]["layer"].values) == LAYERS
     for selection in ({}, {"sample": 1}, {"layer": 0, "head": 2}, {"sample": 0, "head": 7}):
         page.param.update(**selection)
         layer, sample, head = page.layer, page.sample, int(page.head)
@@ -90,7 +94,7 @@ def test_the_three_maps_are_each_models_own_attention(page, pair):
         np.testing.assert_allclose(drawn["difference"], second - first, atol=2e-6)
         assert np.isnan(drawn["difference"][np.eye(49, dtype=bool)]).all()  # masked: black
         assert np.nanmax(np.abs(drawn["difference"])) > 1e-3  # the checkpoints differ
-        where = f"sample {sample}, layer {layer}, head {head}"
+        where = f"sample {sample}, layer {LAYERS[layer]}, head {head}"
         assert page.engine.title("a") == f"A · {where}"
         assert page.engine.title("difference") == f"B − A · {where}"
     assert page.last_error == ""
@@ -133,7 +137,7 @@ def test_the_ranking_is_the_order_of_the_divergence(page, pair):
     np.testing.assert_allclose(bars["right"], js, rtol=1e-5, atol=1e-7)  # bar length: js
     assert list(bars["right"]) == sorted(bars["right"], reverse=True)
     assert [(int(r.layer), int(r.head)) for r in page.ranking.itertuples()] == order
-    names = [f"layer {layer}, head {head}" for layer, head in order]
+    names = [f"layer {LAYERS[layer]}, head {head}" for layer, head in order]
     assert list(bars["name"]) == names
     ticks = page.engine.handles("ranking", PlotKey("Rectangles", "Ranking"))[0]["yaxis"]
     assert [ticks.major_label_overrides[float(i)] for i in range(16)] == names
@@ -199,7 +203,8 @@ def test_the_page_is_driven_by_its_state_and_names_its_captures(page):
     long = "NILMFormer demo (nilmformer.pt), encoder layer 2 of 3, 32 held-out windows"
     assert shortened(long, 60) == "NILMFormer demo (nilmformer.pt), encoder layer 2 of 3, 32…"
     assert shortened("short", 60) == "short"
-    assert page.sections["maps"].caption.object.startswith("layer 1, head 0: rank")
+    caption = page.sections["maps"].caption.object
+    assert caption.startswith(r"layer EncoderBlock\.1\.attention\_layer, head 0: rank")
     assert set(page.URL_PARAMS) == {"sample", "layer", "head"}
     with pytest.raises(ValueError):
         page.head = "mean"  # one head at a time
@@ -222,24 +227,27 @@ def test_paths_open_and_what_cannot_be_compared_is_refused(pair, tmp_path):
         attnpanel.explore(a, compare=np.zeros(3))
 
 
-def document_texts(html: str) -> list[str]:
+def document_texts(html: str, markup_only: bool = False) -> list[str]:
     """Every text of a standalone Bokeh page (its Divs' HTML, its plots' titles), read from
-    the document the page embeds."""
+    the document the page embeds; ``markup_only``: only the texts a browser reads as HTML
+    (not a plot's title, which Bokeh draws as plain text)."""
     found = re.search(
         r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>', html, re.S
     )
     texts = []
 
-    def walk(node):
+    def walk(node, model=""):
         if isinstance(node, dict):
+            model = node.get("name", model) if node.get("type") == "object" else model
             for key, value in node.items():
                 if key == "text" and isinstance(value, str):
-                    texts.append(unescape(value))  # Bokeh escapes the embedded document
+                    if not (markup_only and model == "Title"):
+                        texts.append(unescape(value))  # Bokeh escapes the embedded document
                 else:
-                    walk(value)
+                    walk(value, model)
         elif isinstance(node, list):
             for value in node:
-                walk(value)
+                walk(value, model)
 
     walk(json.loads(found.group(1)))
     return texts
@@ -256,16 +264,17 @@ def test_the_offline_report_holds_the_ranking_and_the_top_heads_maps(page, pair,
     texts = document_texts(html)
     table = next(t for t in texts if "<table>" in t)
     # every head in the table, most different first, with its divergence
-    names = re.findall(r"<td>\d+</td><td>(layer \d, head \d)</td><td>([0-9.e-]+)</td>", table)
-    assert [n for n, _ in names] == [f"layer {la}, head {h}" for la, h in order]
+    names = re.findall(r"<td>\d+</td><td>(layer [^<]+, head \d)</td><td>([0-9.e-]+)</td>", table)
+    assert [n for n, _ in names] == [f"layer {LAYERS[la]}, head {h}" for la, h in order]
     np.testing.assert_allclose([float(v) for _, v in names], js, rtol=1e-3)
     assert table.count('class="drawn"') == 3
     headings = [t for t in texts if t.startswith("<h3>")]
     assert len(headings) == 3
     for rank, (layer, head) in enumerate(order[:3], start=1):
-        assert headings[rank - 1].startswith(f"<h3>{rank}. layer {layer}, head {head}</h3>")
+        name = f"layer {LAYERS[layer]}, head {head}"
+        assert headings[rank - 1].startswith(f"<h3>{rank}. {name}</h3>")
         for which in ("A", "B", "B − A"):
-            assert f"{which} · sample 1, layer {layer}, head {head}" in texts
+            assert f"{which} · sample 1, {name}" in texts
 
 
 def test_serve_compares_two_saved_traces_of_the_same_inputs(pair, tmp_path, capsys):
@@ -308,7 +317,10 @@ def test_a_notebook_shows_it_and_hostile_names_stay_text(tmp_path):
     assert SOURCE not in html  # the markdown holds it escaped, never as markup
     about = explorer.sections["maps"].__panel__()[1].object  # what A and B are
     assert "<img" not in about and "&lt;img src=x onerror=alert" in about
-    texts = document_texts(explorer.save(tmp_path / "hostile.html").read_text())
+    saved = explorer.save(tmp_path / "hostile.html").read_text()
+    texts = document_texts(saved, markup_only=True)
     header = texts[0]
     assert "<img" not in header and "&lt;img src=x onerror=alert(1)&gt;" in header
     assert not any("<script>" in text or "<svg" in text for text in texts)
+    titles = set(document_texts(saved)) - set(texts)  # drawn as text: the name as it is
+    assert any("layer blocks.<svg onload=alert(7)>, head 0" in title for title in titles)

@@ -54,7 +54,7 @@ def test_shape_dims_and_coords(ds):
     assert (attrs["d_model"], attrs["n_heads"], attrs["head_dim"]) == (96, 8, 12)
     assert attrs["mask"] == "diagonal" and attrs["scale"] == pytest.approx(12**-0.5)
     assert attrs["n_layers"] == load_model().config.n_layers
-    assert 0 <= attrs["layer"] < attrs["n_layers"]
+    assert 0 <= attrs["layer_index"] < attrs["n_layers"]
     assert "NILMFormer" in attrs["source"]
 
 
@@ -81,14 +81,14 @@ def test_x_is_the_input_the_traced_layer_sees(ds):
     model = load_model()
     aggregate = torch.from_numpy(ds["signal"].values[:2])
     features = time_features(ds["time"].values[:2])
-    seen = model.attention_input(aggregate, features, ds.attrs["layer"])
+    seen = model.attention_input(aggregate, features, ds.attrs["layer_index"])
     np.testing.assert_allclose(ds["x"].values[:2], seen.detach().numpy(), atol=1e-5)
 
 
 def test_layers_and_errors():
     small = demo(layer=0, n_windows=2)
-    assert small["weights"].shape == (2, 8, 480, 480) and small.attrs["layer"] == 0
-    assert demo(layer=-1, n_windows=2).attrs["layer"] == small.attrs["n_layers"] - 1
+    assert small["weights"].shape == (2, 8, 480, 480) and small.attrs["layer_index"] == 0
+    assert demo(layer=-1, n_windows=2).attrs["layer_index"] == small.attrs["n_layers"] - 1
     with pytest.raises(ValueError, match="layer must be in"):
         demo(layer=small.attrs["n_layers"])
     with pytest.raises(ValueError, match="n_windows must be positive"):

@@ -278,5 +278,5 @@ def test_an_f1_with_nothing_on_is_not_available_with_its_reason_not_zero():
     table = metric_table(metrics, metrics, [2])
     html = table_html(table)
     name = next(k for k in metrics if k.startswith("F1"))
-    assert f"<td>{name}</td><td title=\"{F1_UNDEFINED}\">n/a</td>" in html
+    assert f'<td>{name}</td><td title="{F1_UNDEFINED}">n/a</td>' in html
     assert "<td>0</td>" not in html.split(name)[1].split("</tr>")[0]

@@ -530,7 +530,9 @@ def test_several_receiver_sets_share_the_frozen_run_and_equal_each_set_alone(tl_
         handle.remove()
     assert effects.dims == ("receivers",) and effects.sizes["receivers"] == 3
     assert list(effects["receivers"].values) == [
-        f"{layers[2]}: [1]", f"{layers[2]}: [0, 3]", f"{layers[1]}: [2]"
+        f"{layers[2]}: [1]",
+        f"{layers[2]}: [0, 3]",
+        f"{layers[1]}: [2]",
     ]
     for i, one in enumerate(sets):
         alone = attnpanel.patching_effect(

@@ -73,7 +73,9 @@ def test_layer_switches_every_view(explorer, trace):
     wq = handles(explorer, "w_q", "Image", "Weight")["source"].data["image"][0]
     np.testing.assert_array_equal(wq, layer3["w_q"].values)
     title = explorer.engine.title("matrix")
-    assert title == "sample 0, head 5, layer 3: softmax weights (mask none)"
+    assert title == (
+        "sample 0, head 5, layer encoder.layer.3.attention.self: softmax weights (mask none)"
+    )
     head_map = handles(explorer, "head 7", "Image", "HeadMap")["source"].data["image"][0]
     numerics.assert_same_numbers(head_map, layer3["weights"].isel(batch=0, head=7))
     explorer.layer = 0

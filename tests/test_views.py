@@ -249,17 +249,15 @@ def test_views_name_the_missing_variable(weights_only):
 
 
 def test_layer_names_in_titles_tell_groups_apart():
-    # Alone, a layer's title keeps its numbers; among groups the numbers repeat
-    # (encoder layer 0, decoder layer 0, cross-attention layer 0), so the kind stays.
-    assert core.short_layer_name("encoder.layer.3.attention.self") == "3"
-    assert core.short_layer_name("attn") == "attn"
+    # a layer is named by its module name everywhere: across groups (encoder layer 0,
+    # decoder layer 0, cross-attention layer 0) the names differ, so the kind stays
     names = [
         "encoder.layers.0.self_attn",
         "decoder.layers.0.self_attn",
         "decoder.layers.0.multihead_attn",
     ]
-    short = [core.short_layer_name(name, among_groups=True) for name in names]
-    assert short == ["encoder.0.self_attn", "decoder.0.self_attn", "decoder.0.multihead_attn"]
+    assert [core.layer_label(name) for name in names] == names
+    assert core.layer_label("encoder.layer.3.attention.self") == "encoder.layer.3.attention.self"
 
 
 def test_signed_maps_are_centred_on_zero_and_weights_start_at_zero():

@@ -15,10 +15,10 @@ target and source runs of :func:`~attnpanel.interventions.effects.patching_effec
 Steps 2 and 3 are the two forwards of one sender set and one receiver set; the source and
 target runs are shared by every sender set, and step 2 by every receiver set (it records
 every receiver's ``through`` at once): ``R`` receiver sets cost ``2 + 1 + R`` forwards per
-sender set, ``(3 + R) / R`` per receiver set. What the definition leaves out: MLPs and normalisations are not
-frozen in step 2 (only attention heads are), so a sender's effect through an MLP that
-feeds the receivers counts as direct; a sender in the receivers' layer or after it cannot
-reach their inputs, and its effect is NaN.
+sender set, ``(3 + R) / R`` per receiver set. What the definition leaves out: MLPs and
+normalisations are not frozen in step 2 (only attention heads are), so a sender's effect
+through an MLP that feeds the receivers counts as direct; a sender in the receivers' layer
+or after it cannot reach their inputs, and its effect is NaN.
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ class PathPatching:
                 f"{', '.join(self.layers) or 'none'}"
             )
         order = list(self.layers)
-        self.first_receivers = [min(order.index(layer) for layer in one) for one in self.receiver_sets]
+        self.first_receivers = [
+            min(order.index(layer) for layer in one) for one in self.receiver_sets
+        ]
         self.source_score = score_of(y_source, score)
         self.target_score = score_of(y_target, score)
         self.difference = score_difference(self.source_score, self.target_score)

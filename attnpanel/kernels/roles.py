@@ -183,9 +183,10 @@ def _diagonal_sums(a: torch.Tensor, buffer: torch.Tensor | None = None) -> torch
     Each row sits in a buffer after ``L`` zeros (and one row of zeros below), read as rows
     of ``2L + 1``: row ``i`` then starts ``i`` cells later, so column ``c`` holds
     ``a[i, i + c - L]`` (what runs past a row lands in the next row's zeros), and the
-    diagonals are the columns' sums, read contiguously, in float32 (at most ``L`` terms
-    each; float32, as the block: the caller widens them). ``buffer`` (``(>= n, L + 1, 2L)``, zeros where ``a`` is not written) is reused
-    from block to block: one copy of the block, no allocation.
+    diagonals are the columns' sums, read contiguously, in the block's float32 (at most
+    ``L`` terms each; the caller widens them). ``buffer`` (``(>= n, L + 1, 2L)``, zeros
+    where ``a`` is not written) is reused from block to block: one copy of the block, no
+    allocation.
     """
     n, length, _ = a.shape
     if buffer is None:

@@ -198,6 +198,12 @@ def demo_long(
     return _traced(held, layer, weights, f"{days} held-out days at one minute", dense)
 
 
+def layer_module_name(layer: int) -> str:
+    """The demo model's name of its encoder layer ``layer``'s attention module (as
+    :func:`attnpanel.capture` and a survey name it)."""
+    return f"encoder.{layer}.attention"
+
+
 def _traced(held: xr.Dataset, layer: int, weights, what: str, dense: bool | None = None):
     """The trace of one encoder layer of the demo model on the windows ``held``."""
     from attnpanel.nilm.nilmformer import default_path, time_features
@@ -219,10 +225,13 @@ def _traced(held: xr.Dataset, layer: int, weights, what: str, dense: bool | None
         predicted = model.predict(aggregate, features)  # (B, A, L) W
     finally:
         hook.remove()
-    source = f"NILMFormer demo ({path.name}), encoder layer {layer} of {n_layers}, {what}"
+    name = layer_module_name(layer)
+    source = f"NILMFormer demo ({path.name}), layer {name} of {n_layers} encoder layers, {what}"
     ds = trace(attention, seen[0], time=time, source=source, dense=dense)
     ds = ds.assign(reference_series(held["aggregate"], held["appliance_power"], predicted))
-    ds.attrs.update(layer=layer, n_layers=n_layers)
+    # the layer's one name, as a capture names it (its module name); attrs keep the index
+    ds = ds.assign_coords(layer=name)
+    ds.attrs.update(layer_index=layer, n_layers=n_layers)
     return ds
 
 

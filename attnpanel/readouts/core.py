@@ -11,7 +11,6 @@ it; the explorer shows that message in the view's place.
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -250,30 +249,18 @@ def attention_values(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
     return cache.get(("matrix", sel.layer, sel.sample, mask, sel.stage, sel.head, enabled), compute)
 
 
-# Module-name segments that say nothing about which attention it is.
-GENERIC_SEGMENTS = frozenset({"layers", "layer", "h", "blocks", "block", "model", "transformer"})
-
-
-def short_layer_name(name, among_groups: bool = False) -> str:
-    """A layer's module name cut to fit a title.
-
-    Alone, its numbers (``encoder.layer.3.attn`` -> ``3``); ``among_groups`` (a capture with
-    several kinds of attention, where numbers repeat across kinds) keeps every segment
-    but the generic ones (``decoder.layers.0.multihead_attn`` -> ``decoder.0.multihead_attn``).
-    """
-    name = str(name)
-    if among_groups:
-        return ".".join(part for part in name.split(".") if part not in GENERIC_SEGMENTS)
-    numbers = re.findall(r"\d+", name)
-    return ".".join(numbers) if numbers and len(name) > 12 else name
+def layer_label(name) -> str:
+    """A layer as every surface names it (page, CLI, export, importance, survey): the
+    capture's own name for it, its module name, which carries its index where the model
+    has several (``encoder.2.attention``, ``transformer.h.0.attn``)."""
+    return str(name)
 
 
 def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     """The attention matrix's title for a selection (naming the layer of a captured model)."""
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
     if "layer" in ds.coords and ds["layer"].ndim == 0:
-        name = short_layer_name(ds["layer"].item(), among_groups="group" in ds.attrs)
-        head = f"{head}, layer {name}"
+        head = f"{head}, layer {layer_label(ds['layer'].item())}"
     mask = mask_mode(ds, sel)
     if "sample_mask" in ds and mask == ds.attrs.get("mask", "none"):
         mask += ", per sample"

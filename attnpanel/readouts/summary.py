@@ -10,7 +10,6 @@ import pandas as pd
 import xarray as xr
 
 from attnpanel.kernels.masks import MASK_FILL, fill_words
-
 from attnpanel.readouts.core import head_patterns
 
 
@@ -166,10 +165,12 @@ def describe(ds: xr.Dataset, batch: int = 0, positions: bool | None = None) -> s
         lines.append(f"source: {str(ds.attrs['source']).splitlines()[0]}")
     lines += ["", shape_table(ds).to_string(index=False), "", f"heads, sample {batch}:"]
     summary = head_summary(ds, batch)
+    queries = ds.sizes["query"]
     for row in summary.itertuples(index=False):
+        count = round(row.top_offset_share * queries)  # a count: "0%" hid 1 of 480
         lines.append(
             f"  head {row.head}: mean distance {row.mean_distance:.1f}, "
-            f"top key at offset {row.top_offset:+d} for {row.top_offset_share:.0%} of queries, "
+            f"top key at offset {row.top_offset:+d} for {count} of {queries} queries, "
             f"entropy {row.entropy_vs_uniform:.2f} of uniform, most attended {row.most_attended}"
         )
     if positions or (positions is None and ds.sizes["query"] <= 64):

@@ -24,11 +24,11 @@ JS_LABEL = "Jensen-Shannon divergence (nats, mean over real queries)"
 
 
 def head_name(layer_name: str, head: int) -> str:
-    """A ranked head as the page names it: ``layer 1, head 3`` (``head 3`` for one layer)."""
+    """A ranked head as the page names it: ``layer encoder.1.attn, head 3`` (``head 3`` for
+    one layer)."""
     if not layer_name:
         return f"head {head}"
-    short = core.short_layer_name(layer_name)
-    return f"layer {short}, head {head}"
+    return f"layer {core.layer_label(layer_name)}, head {head}"
 
 
 def compared_title(which: str, ds: xr.Dataset, sel: core.Selection) -> str:

@@ -37,9 +37,8 @@ def importance_map(importance: xr.DataArray) -> Raster:
 
 
 def layer_ticks(layers) -> list[tuple[int, str]]:
-    """The map's y ticks: each layer's short name at its row (layer 0 on top)."""
-    short = [core.short_layer_name(str(name)) for name in layers]
-    return [(i, f"layer {n}" if n.isdigit() else n) for i, n in enumerate(short)]
+    """The map's y ticks: each layer's name at its row (layer 0 on top)."""
+    return [(i, core.layer_label(name)) for i, name in enumerate(layers)]
 
 
 def tapped_head(heads: dict[str, int], x: float, y: float) -> tuple[str, int] | None:

@@ -122,7 +122,9 @@ def _in_written_order(variables: dict, attrs: dict) -> dict:
     the derived ones by name): a store's directory lists its arrays in whatever order the
     file system keeps, which differs from one machine to the next."""
     order = {name: i for i, name in enumerate(attrs.get("statistics", ()))}
-    return dict(sorted(variables.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
+    return dict(
+        sorted(variables.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    )
 
 
 XARRAY_KEYS = ("_FillValue", "_ARRAY_DIMENSIONS")  # what xarray keeps in a zarr array's attrs
