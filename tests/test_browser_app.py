@@ -219,7 +219,7 @@ def test_switching_a_head_off_re_runs_the_model(app, artifacts):
     before = page.evaluate(f"attn.hash({plot})")
     page.get_by_role("button", name="head 5", exact=True).click()
     page.evaluate(f"(b) => attn.until_changed({plot}, b)", before)
-    page.wait_for_function(f"{plot}.model.title.text.includes('heads 5 switched off')")
+    page.wait_for_function(f"{plot}.model.title.text.includes('head 5 switched off')")
     every = model_prediction(run, sample, [], windows=32)
     without = model_prediction(run, sample, [5], windows=32)
     for i, name in enumerate(run.series):

@@ -119,7 +119,7 @@ def test_layer_selector_switches_the_matrix(app, artifacts):
     before = matrix_hash(page)
     choose_layer(page, "3: ")
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
-    shown = ", layer encoder.layer.3.attention.self: softmax weights"
+    shown = ", layer encoder.layer.3.attention.self:\\nsoftmax weights"
     page.wait_for_function(f"{matrix_js()}.model.title.text.includes('{shown}')")
     assert matrix_hash(page) != before
     shot(page, artifacts, "text_layer_3")
@@ -136,7 +136,7 @@ def test_model_view_click_opens_the_map(app, artifacts):
     page.wait_for_function(f"({SHOWN_JS})('Head') === 'head 7'")
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
     title = page.evaluate(f"{matrix_js()}.model.title.text")
-    assert title.startswith("sample 0, head 7, layer encoder.layer.5.attention.self: "), title
+    assert title.startswith("sample 0, head 7, layer encoder.layer.5.attention.self:"), title
     page.wait_for_function(
         "[...attn.plot('model view').renderer_views.values()].some((rv) => rv.model.glyph && "
         "rv.model.glyph.type === 'Quad' && rv.model.data_source.data.left[0] === 6.5 && "

@@ -99,10 +99,43 @@ def test_a_page_built_ahead_shows_its_urls_selection_on_its_first_paint(browser,
         log = (ROOT / "artifacts" / f"serve-{port}.log").read_text()
     assert "this session takes what was built ahead for it" in log
     assert any(t.startswith("sample 2: ") for t in titles), titles  # the power curve
-    assert any(t.startswith("sample 2, head 3: softmax") for t in titles), titles
+    matrix = "sample 2, head 3, layer encoder.2.attention: softmax"
+    assert any(t.startswith(matrix) for t in titles), titles
     assert any(t.startswith("weights of query 120 (head 3)") for t in titles), titles
     assert any(t.startswith("context of query 120, head 3") for t in titles), titles
     weights = attnpanel.demo().weights.isel(batch=2, head=3).values  # what the model computed
     shown = np.array(image["values"], dtype=float).reshape(image["shape"])
     expected = np.where(np.eye(480, dtype=bool), np.nan, weights)  # the diagonal mask: black
     numerics.assert_same_numbers(shown, expected)  # the model's float32 weights, drawn
+
+
+TOGGLES_JS = """() => attn.views().find((v) => v.model && v.model.labels
+    && v.model.type.endsWith('CheckboxButtonGroup') && v.model.labels[0] === 'head 0')
+    .model.active"""
+OFF_JS = "() => new URLSearchParams(window.location.search).get('off')"
+
+
+def test_a_link_keeps_the_heads_switched_off(browser, artifacts, demo_url):
+    """``?off=2,5`` reopens with heads 2 and 5 off (the toggles, the model's prediction);
+    a toggle writes the URL; a link naming a head the layer lacks is refused by name."""
+    plot = 'attn.plot("the model\'s prediction")'
+    with opened(browser, demo_url + "?sample=1&off=2,5") as (page, console):
+        assert page.evaluate(TOGGLES_JS) == [0, 1, 3, 4, 6, 7]
+        page.wait_for_function(f"{plot}.model.title.text.includes('heads 2, 5 switched off')")
+        page.get_by_role("button", name="head 3", exact=True).click()
+        page.wait_for_function(f"() => ({OFF_JS})() === '2,3,5'")
+        assert parse_qs(urlparse(page.url).query)["off"] == ["2,3,5"]
+        page.get_by_role("button", name="head 3", exact=True).click()
+        page.get_by_role("button", name="head 2", exact=True).click()
+        page.get_by_role("button", name="head 5", exact=True).click()
+        page.wait_for_function(f"() => ({OFF_JS})() === null")  # every head on
+        assert parse_qs(urlparse(page.url).query)["sample"] == ["1"]
+        shot(page, artifacts, "heads_off_from_the_link")
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []
+    with opened(browser, demo_url + "?off=9") as (page, _console):
+        page.wait_for_function(  # a notification that names the problem
+            "() => document.body.innerText.includes("
+            "'reading the link failed: off=9: 9 is not a head of this layer (heads 0 to 7)')",
+            timeout=30_000,
+        )
+        assert page.evaluate(TOGGLES_JS) == list(range(8))

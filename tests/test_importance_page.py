@@ -85,7 +85,10 @@ def test_the_page_draws_the_models_prediction_with_heads_switched_off(page, run)
     for i, name in enumerate(names):
         np.testing.assert_allclose(drawn[f"{name} (heads off)"], without[i], rtol=1e-6, atol=1e-4)
         np.testing.assert_allclose(drawn[f"{name} (predicted)"], every[i], rtol=1e-6, atol=1e-4)
-    assert "heads 3 switched off" in page.engine.title("prediction")
+    assert "head 3 switched off in this layer" in page.engine.title("prediction")
+    page.param.update(enabled_heads=[0, 1, 2, 4, 6, 7])
+    assert "heads 3, 5 switched off in this layer" in page.engine.title("prediction")
+    page.param.update(enabled_heads=[0, 1, 2, 4, 5, 6, 7])
     table = page.engine.plots("metrics")[PlotKey("Table", "Metrics")][0]["table"].text
     truth = page.trace["truth"].isel(batch=0).values
     mae = np.abs(without[0] - truth[0]).mean()

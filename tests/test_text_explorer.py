@@ -74,7 +74,7 @@ def test_layer_switches_every_view(explorer, trace):
     np.testing.assert_array_equal(wq, layer3["w_q"].values)
     title = explorer.engine.title("matrix")
     assert title == (
-        "sample 0, head 5, layer encoder.layer.3.attention.self: softmax weights (mask none)"
+        "sample 0, head 5, layer encoder.layer.3.attention.self:\nsoftmax weights (mask none)"
     )
     head_map = handles(explorer, "head 7", "Image", "HeadMap")["source"].data["image"][0]
     numerics.assert_same_numbers(head_map, layer3["weights"].isel(batch=0, head=7))

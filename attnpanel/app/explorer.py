@@ -22,6 +22,7 @@ import traceback
 import panel as pn
 
 from attnpanel.app.base import LayerExplorer
+from attnpanel.app.heads_url import HeadsOffInUrl
 from attnpanel.app.sections import (
     AttentionMatrix,
     Controls,
@@ -73,6 +74,13 @@ class AttentionExplorer(LayerExplorer):
         "corrupt_span": "span",
         "patch_what": "patch",
     }
+
+    def sync_url(self) -> None:
+        """The URL keeps the selection (:attr:`URL_PARAMS`) and the heads switched off
+        (``off=2,5``: :mod:`attnpanel.app.heads_url`)."""
+        super().sync_url()
+        if pn.state.location is not None:
+            HeadsOffInUrl(self, pn.state.location, later=once_loaded).start()
 
     def make_sections(self, parts: dict) -> dict:
         return {
@@ -159,6 +167,12 @@ class AttentionExplorer(LayerExplorer):
             overwrite=overwrite,
             query=self.query,
         )
+
+
+def once_loaded(callback, *args) -> None:
+    """Run ``callback`` once the browser has loaded the page (a notification sent while it
+    is being built never shows)."""
+    pn.state.onload(lambda: callback(*args))
 
 
 def notify_errors(err: BaseException) -> None:

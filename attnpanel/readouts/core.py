@@ -256,6 +256,9 @@ def layer_label(name) -> str:
     return str(name)
 
 
+TITLE_LINE = 64  # characters of a map's title line (a 500 px map at Bokeh's title font)
+
+
 def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     """The attention matrix's title for a selection (naming the layer of a captured model)."""
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
@@ -268,7 +271,10 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
         padded = int(np.asarray(ds["padding"].isel(batch=sel.sample).values).sum())
         if padded:
             mask += f"; {padded} padded positions masked"
-    return f"sample {sel.sample}, {head}: {STAGE_LABELS[sel.stage]} (mask {mask})"
+    first, second = f"sample {sel.sample}, {head}", f"{STAGE_LABELS[sel.stage]} (mask {mask})"
+    if len(first) + len(second) + 2 > TITLE_LINE:  # two lines: a title is never cut
+        return f"{first}:\n{second}"
+    return f"{first}: {second}"
 
 
 def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:

@@ -81,7 +81,8 @@ def prediction_curves(
             hv.Curve((xs, without), xdim, ydim, group="Prediction", label=f"{name}{OFF_SUFFIX}")
         )
     heads = ", ".join(map(str, off))
-    what = f"heads {heads} switched off in this layer" if off else "every head on"
+    heads = f"head {heads}" if len(off) == 1 else f"heads {heads}"
+    what = f"{heads} switched off in this layer" if off else "every head on"
     return hv.Overlay(curves, label=f"the model's prediction, sample {sel.sample}: {what}")
 
 
