@@ -371,3 +371,27 @@ def test_one_layer_has_one_name_on_the_page_in_info_and_in_the_export(tmp_path, 
     title = page.engine.title("matrix")
     assert f"head 0, layer {name}:" in title
     assert core.layer_label(name) == name
+
+
+def test_an_existing_output_is_refused_in_the_command_lines_words(tmp_path, capsys):
+    """Every writing subcommand tells a command-line user to add --force (it named the
+    Python keyword overwrite=True); Python keeps its own words."""
+    from attnpanel.util.files import TargetExists
+
+    path = tmp_path / "t.nc"
+    attnpanel.save(attnpanel.demo(n_windows=1), str(path))
+    page = tmp_path / "t.html"
+    assert main(["export", str(path), "-o", str(page)]) in (0, None)
+    kept = page.read_text()
+    capsys.readouterr()
+    for args in (
+        ["export", str(path), "-o", str(page)],
+        ["compare", str(path), str(path), "-o", str(path)],
+    ):
+        assert main(args) != 0
+        err = capsys.readouterr().err
+        assert "exists; add --force to replace it" in err, err
+        assert "overwrite=True" not in err
+    assert page.read_text() == kept
+    with pytest.raises(TargetExists, match="pass overwrite=True to replace it"):
+        attnpanel.save(attnpanel.demo(n_windows=1), str(path))

@@ -113,6 +113,11 @@ def test_the_importance_map_is_each_head_switched_off_alone(page, run):
     (hover,) = [t for t in handles["plot"].tools if isinstance(t, HoverTool)]
     named = [name for name, _ in hover.tooltips]
     assert named[:2] == ["head", "layer"] and named[2].startswith("‖Δ output‖")
+    ticker = handles["xaxis"].ticker  # one tick per whole head, none at 0.5, 1.5 ...
+    assert list(ticker.ticks) == list(range(8))
+    assert [t for _, t in sorted(handles["yaxis"].major_label_overrides.items())] == [
+        f"encoder.{i}.attention" for i in range(3)
+    ]
 
 
 def test_a_click_on_the_map_opens_the_head(page):

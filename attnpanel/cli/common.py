@@ -21,9 +21,15 @@ def say(text: str, file=None) -> None:
 
 
 def first_line(error: BaseException) -> str:
-    """The first non-empty line of an error's message, for a one-line report."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    """The first non-empty line of an error's message, for a one-line report (in the
+    command line's words where the error has them: ``--force``, not ``overwrite=True``)."""
+    lines = [line.strip() for line in cli_text(error).splitlines() if line.strip()]
     return lines[0].rstrip(":") if lines else type(error).__name__
+
+
+def cli_text(error: BaseException) -> str:
+    """An error's message as the command line says it."""
+    return getattr(error, "cli_words", None) or str(error)
 
 
 def load_trace(path: str):

@@ -18,7 +18,7 @@ from attnpanel.cli import (
     trace,
     train,
 )
-from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, say
+from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, cli_text, say
 
 COMMANDS = (
     serve,
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # one line for the user; ATTNPANEL_DEBUG=1 shows the traceback
         if os.environ.get("ATTNPANEL_DEBUG"):
             raise
-        say(f"attnpanel: error: {type(error).__name__}: {error}", file=sys.stderr)
+        say(f"attnpanel: error: {type(error).__name__}: {cli_text(error)}", file=sys.stderr)
         return 1
     return 0
 

@@ -89,9 +89,7 @@ def check_target(path: str | Path, kind: str, overwrite: bool = False) -> Path:
                 "(choose another path)"
             )
         if not overwrite:
-            raise FileExistsError(
-                f"{path} exists; pass overwrite=True (--force on the command line) to replace it"
-            )
+            raise TargetExists(path)
     if not path.parent.is_dir():
         raise FileNotFoundError(f"no directory {path.parent} to write {path.name} in")
     return path
@@ -159,3 +157,16 @@ def _remove(path: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+class TargetExists(FileExistsError):
+    """A path to write exists and the caller did not say to replace it; the message speaks
+    Python, :attr:`cli_words` the command line."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} exists; pass overwrite=True to replace it")
+        self.path = path
+
+    @property
+    def cli_words(self) -> str:
+        return f"{self.path} exists; add --force to replace it"

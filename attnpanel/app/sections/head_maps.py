@@ -46,10 +46,12 @@ class ModelHeadsSection(Section):
             hv.Dimension(value, label=raster.value_label), kdims=("head", "layer")
         )
         width, height = MAP_SIZE
+        heads = max(self.run.heads().values())
         style = dict(
             width=width,
             height=height,
             colorbar=True,
+            xticks=[(h, str(h)) for h in range(heads)],  # whole heads (not 0.5, 1.5 ...)
             yticks=importance_views.layer_ticks(self.run.heads()),
             tools=("hover", "tap"),
         )

@@ -67,7 +67,8 @@ class HeadImportance(ModelHeadsSection):
         return pn.Column(
             self.heading(),
             pn.pane.Markdown(
-                "Switch heads off with the head toggles below: the model runs again on this "
+                "Switch heads off with the head toggles above (under the head maps): the "
+                "model runs again on this "
                 "sample without them (solid: every head; dashed: heads off). A click on the "
                 "map opens a head of the shown layer.",
                 margin=(0, 10),
