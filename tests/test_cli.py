@@ -395,3 +395,35 @@ def test_an_existing_output_is_refused_in_the_command_lines_words(tmp_path, caps
     assert page.read_text() == kept
     with pytest.raises(TargetExists, match="pass overwrite=True to replace it"):
         attnpanel.save(attnpanel.demo(n_windows=1), str(path))
+
+
+def test_the_demo_as_a_file_is_small_and_opens_on_the_same_page(tmp_path, capsys):
+    """``attnpanel trace --demo`` writes the served demo's trace with each row's
+    log-sum-exp instead of its maps (about 1.1 MB a window, against 15 MB dense);
+    ``explore`` opens it on the page of every stage, each map the model's own weights."""
+    import os
+
+    from bokeh.document import Document
+    from drawn import shown_matrix
+
+    from attnpanel.app.explorer import AttentionExplorer
+
+    path = tmp_path / "demo.nc"
+    assert main(["trace", "--demo", "--windows", "4", "-o", str(path)]) in (0, None)
+    assert "wrote" in capsys.readouterr().out
+    size = os.path.getsize(path)
+    assert size < 4 * 1.5 * 2**20, size  # 4 windows; dense they hold 60 MB of maps
+    dense = attnpanel.demo(n_windows=4)
+    page = attnpanel.explore(str(path))
+    assert isinstance(page, AttentionExplorer)
+    page.__panel__().get_root(Document())
+    page.param.update(sample=3, head=5)
+    shown = shown_matrix(page)
+    expected = dense["weights"].isel(batch=3, head=5).values
+    blocked = np.eye(480, dtype=bool)
+    np.testing.assert_allclose(shown[~blocked], expected[~blocked], rtol=1e-5, atol=1e-7)
+    assert page.trace["layer"].item() == "encoder.2.attention"
+    assert main(["trace", "--demo", "--windows", "0", "-o", str(tmp_path / "x.nc")]) == 2
+    assert "--windows 0: at least one window" in capsys.readouterr().err
+    assert main(["trace", "--demo", "--model", "m", "-o", str(tmp_path / "y.nc")]) == 2
+    assert "give one of" in capsys.readouterr().err

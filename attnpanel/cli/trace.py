@@ -104,6 +104,19 @@ def _written(capture) -> list[str]:
     return lines
 
 
+def _demo(args: argparse.Namespace):
+    """The served demo's trace, as a file: each row's log-sum-exp instead of its maps
+    (every map recomputed exactly on opening) unless ``--dense``."""
+    from attnpanel.nilm.demo import demo
+
+    if args.windows < 1:
+        raise CommandError(f"--windows {args.windows}: at least one window")
+    try:
+        return demo(layer=args.layer, n_windows=args.windows, dense=args.dense)
+    except ValueError as error:
+        raise CommandError(first_line(error)) from error
+
+
 def run(args: argparse.Namespace) -> None:
     """Compute a trace (a layer checkpoint on an input array, or a model on a text) and save it."""
     from tqdm import tqdm
@@ -111,11 +124,14 @@ def run(args: argparse.Namespace) -> None:
     from attnpanel.traces.build import trace
     from attnpanel.traces.io import save
 
-    if (args.model is None) == (args.checkpoint is None):
-        raise CommandError("give either --checkpoint and --input, or --model and --text")
+    sources = [args.model is not None, args.checkpoint is not None, args.demo]
+    if sum(sources) != 1:
+        raise CommandError("give one of --checkpoint and --input, --model and --text, or --demo")
     check_output(args.output, args.force)  # refused before minutes of work, not after
     with tqdm(total=2, desc="trace", unit="step", disable=None) as progress:
-        if args.model is not None:
+        if args.demo:
+            capture = _demo(args)
+        elif args.model is not None:
             if not args.text:
                 raise CommandError("--model needs --text")
             capture = _trace_hugging_face(Path(args.model), args.text)
@@ -146,7 +162,7 @@ def add_parser(sub) -> None:
     """Add the command and its options to the ``attnpanel`` parser's subcommands."""
     trace = sub.add_parser(
         "trace",
-        help="compute a trace: a layer checkpoint on an input, or a model on a text",
+        help="compute a trace: a layer checkpoint on an input, a model on a text, or the demo",
         description="Compute a trace and save it (.nc or .zarr). A Hugging Face model whose "
         "attention has several kinds or shapes (an encoder-decoder such as BART or T5) is "
         "saved as one group per kind, a DataTree.",
@@ -171,4 +187,18 @@ def add_parser(sub) -> None:
     trace.add_argument("--force", action="store_true", help="replace an existing trace at --output")
     trace.add_argument("--heads", type=int, help="number of heads, if the checkpoint lacks it")
     trace.add_argument("--mask", choices=["none", "diagonal", "causal"], help="override the mask")
+    trace.add_argument(
+        "--demo",
+        action="store_true",
+        help="the served demo's trace (the trained NILMFormer on held-out windows), to share "
+        "or open offline: q, k, v and each row's log-sum-exp, every map recomputed exactly "
+        "on opening (1.1 MB a window)",
+    )
+    trace.add_argument("--windows", type=int, default=32, help="--demo: windows of 480 steps")
+    trace.add_argument("--layer", type=int, default=2, help="--demo: the encoder layer (0-2)")
+    trace.add_argument(
+        "--dense",
+        action="store_true",
+        help="--demo: keep every map as well (scores and weights: 15 MB a window)",
+    )
     trace.set_defaults(func=run)

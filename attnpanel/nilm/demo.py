@@ -84,6 +84,7 @@ def demo(
     n_windows: int = 32,
     seed: int = HELDOUT_SEED,
     weights: str | Path | None = None,
+    dense: bool = True,
 ) -> xr.Dataset:
     """Trace of one attention layer of the trained demo NILMFormer on held-out windows.
 
@@ -97,6 +98,11 @@ def demo(
         Seed of the held-out household data.
     weights : str or Path, optional
         A model file from :func:`attnpanel.nilm.nilmformer.save_model`; default the shipped one.
+    dense : bool
+        Keep every map (scores and weights, 15 MB a window); False keeps each row's
+        log-sum-exp instead, from which every map is recomputed exactly (the file to share:
+        ``attnpanel trace --demo``, 1.1 MB a window; :func:`attnpanel.explore` opens it on
+        the same page).
 
     Returns
     -------
@@ -106,7 +112,8 @@ def demo(
         (``docs/trace.md``): the aggregate power as ``signal`` (batch, position), each
         appliance's true and predicted power as ``truth`` and ``prediction`` (batch, series,
         position), in W; the ``time`` (batch, position) and ``series`` (the appliances)
-        coordinates, and attrs ``layer``, ``n_layers`` and ``source``.
+        coordinates, the ``layer`` coordinate (its module name, ``encoder.2.attention``) and
+        attrs ``layer_index``, ``n_layers`` and ``source``.
 
     Raises
     ------
@@ -115,7 +122,8 @@ def demo(
     FileNotFoundError
         When the shipped weights are missing.
     """
-    return _traced(demo_windows(n_windows, seed), layer, weights, f"{n_windows} held-out windows")
+    held = demo_windows(n_windows, seed)
+    return _traced(held, layer, weights, f"{n_windows} held-out windows", dense)
 
 
 def demo_model_run(
