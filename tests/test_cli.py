@@ -423,6 +423,8 @@ def test_the_demo_as_a_file_is_small_and_opens_on_the_same_page(tmp_path, capsys
     blocked = np.eye(480, dtype=bool)
     np.testing.assert_allclose(shown[~blocked], expected[~blocked], rtol=1e-5, atol=1e-7)
     assert page.trace["layer"].item() == "encoder.2.attention"
+    assert main(["export", str(path), "-o", str(tmp_path / "demo.html")]) in (0, None)
+    assert not (tmp_path / "demo.nc.overviews").exists()  # drawn as a dense trace: no overviews
     assert main(["trace", "--demo", "--windows", "0", "-o", str(tmp_path / "x.nc")]) == 2
     assert "--windows 0: at least one window" in capsys.readouterr().err
     assert main(["trace", "--demo", "--model", "m", "-o", str(tmp_path / "y.nc")]) == 2

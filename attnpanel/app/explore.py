@@ -66,8 +66,8 @@ def explore(
     if isinstance(capture, str | Path):
         path = Path(capture)
         capture = io.load(path)
-        long = isinstance(capture, xr.Dataset) and virtual.is_virtual(capture)
-        if long and not _dense_enough(capture):
+        capture = virtual.densified(capture)
+        if isinstance(capture, xr.Dataset) and virtual.is_virtual(capture):
             params.setdefault("folder", folder_for(path))
     if "model" in params or "inputs" in params:
         params["model"] = model_run(capture, params.pop("model", None), params.pop("inputs", None))
@@ -78,18 +78,10 @@ def explore(
             "explore() takes a trace (an xarray Dataset or DataTree, as capture() and load() "
             f"return) or the path of a saved one, not {type(capture).__name__}"
         )
-    if virtual.is_virtual(capture) and not _dense_enough(capture):
+    capture = virtual.densified(capture)
+    if virtual.is_virtual(capture):
         return LongExplorer(capture, **params)
-    if virtual.is_virtual(capture):  # short: its maps recomputed once, the page of every stage
-        capture = capture.load().drop_vars(virtual.LSE)
     return AttentionExplorer(capture, **params)
-
-
-def _dense_enough(ds: xr.Dataset) -> bool:
-    """Whether a virtual trace's maps fit in memory as a dense trace's would (a trace kept
-    virtual to be small on disk, such as ``attnpanel trace --demo``'s)."""
-    sizes = (ds.sizes[d] for d in ("batch", "head", "query", "key"))
-    return "layer" not in ds.dims and virtual.wants_dense(*sizes)
 
 
 def model_run(capture, model, inputs) -> ModelRun | None:

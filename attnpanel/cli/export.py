@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> None:
     """Write a standalone, offline HTML file of one layer and one sample of a trace."""
     from attnpanel.render.export import export_html
     from attnpanel.traces.layers import groups, layers, select
+    from attnpanel.traces.virtual import densified, is_virtual
 
     capture = load_trace(args.trace)
     entry = _pick_layer(capture, args.layer)
@@ -53,8 +54,11 @@ def run(args: argparse.Namespace) -> None:
     shown = f"layer {entry.name}" if entry.name else f"layer {index}"
     if entry.group:
         shown += f" (group {entry.group})"
-    # a virtual trace is drawn from its overviews, read from (and stored in) TRACE.overviews
-    overviews = stored_overviews(capture, args.trace, entry.group)
+    # a virtual trace is drawn from its overviews, read from (and stored in) TRACE.overviews;
+    # one whose maps fit in memory (attnpanel trace --demo's) as a dense one
+    ds = densified(ds)
+    dense = not is_virtual(ds)
+    overviews = None if dense else stored_overviews(capture, args.trace, entry.group)
     stacked = "layer" in groups(capture)[entry.group].dims
     try:
         path = export_html(

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> None:
     if compared and not args.trace:
         raise CommandError("--compare B compares a saved trace A with B: serve A.nc --compare B.nc")
     path, capture, options = served_capture(args)
+    capture = virtual.densified(capture)  # a short virtual trace: its maps once, for every session
     if path is not None and isinstance(capture, xr.Dataset):
         # a virtual trace's overviews, stored beside it, read once and shared by every session
         overviews = stored_overviews(capture, path)

@@ -38,6 +38,24 @@ def is_virtual(ds: xr.Dataset) -> bool:
     return LSE in ds.data_vars
 
 
+COMPACT = "compact"  # attr of a trace kept virtual to be small on disk, not for its length
+
+
+def densified(capture):
+    """A trace kept virtual only to be small on disk (attr :data:`COMPACT`, such as
+    ``attnpanel trace --demo``'s) with its maps computed once, where they fit in memory, for
+    the page of every stage; anything else as it is (a long trace stays virtual)."""
+    if not isinstance(capture, xr.Dataset) or COMPACT not in capture.attrs:
+        return capture
+    if not is_virtual(capture) or "layer" in capture.dims:
+        return capture
+    if not wants_dense(*(capture.sizes[d] for d in ("batch", "head", "query", "key"))):
+        return capture
+    dense = capture.load().drop_vars(LSE)
+    del dense.attrs[COMPACT]
+    return dense
+
+
 def dense_bytes(batch: int, heads: int, length: int, keys: int) -> int:
     """Bytes of a dense trace's two float32 maps (``scores`` and ``weights``)."""
     return 2 * 4 * int(batch) * int(heads) * int(length) * int(keys)
