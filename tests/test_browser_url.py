@@ -139,3 +139,38 @@ def test_a_link_keeps_the_heads_switched_off(browser, artifacts, demo_url):
             timeout=30_000,
         )
         assert page.evaluate(TOGGLES_JS) == list(range(8))
+
+
+RANGE_JS = """() => { const m = attn.plot('sample ').model; const xs = [];
+  for (const r of m.renderers) { const d = r.data_source.data;
+    for (const k of ['time', 'left', 'right']) { const c = d[k];
+      if (r.visible && c && c.length) xs.push(...Array.from(c).filter(Number.isFinite)); } }
+  return {title: m.title.text, start: m.x_range.start, end: m.x_range.end,
+          lo: Math.min(...xs), hi: Math.max(...xs)}; }"""
+
+
+def test_a_sample_changed_by_the_keyboard_keeps_no_range_of_the_sample_before(
+    browser, artifacts, demo_url
+):
+    """Sample slider focused, ArrowRight: the power curve's time axis spans the new
+    sample's hours (its data and Bokeh's 10 % padding), not the two samples' (a legend
+    swatch drawn at the first sample's first time kept 05:11 to 22:47 for 14:00 to 22:00)."""
+    with opened(browser, demo_url) as (page, console):
+        for sample in (1, 2):
+            page.locator(".noUi-handle").first.focus()
+            page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                f"() => attn.plot('sample ').model.title.text.startsWith('sample {sample}:')"
+            )
+            page.wait_for_timeout(500)  # Bokeh's ranges follow on its next render
+            found = page.evaluate(RANGE_JS)
+            span = found["hi"] - found["lo"]
+            assert found["lo"] - 0.06 * span <= found["start"] <= found["lo"], found
+            assert found["hi"] <= found["end"] <= found["hi"] + 0.06 * span, found
+        legend = page.evaluate(
+            "() => attn.plot('sample ').model.center.concat(attn.plot('sample ').model.right)"
+            ".find((m) => m.type === 'Legend').items.map((i) => i.label.value)"
+        )
+        assert "selected query's weights" in legend
+        shot(page, artifacts, "sample_by_keyboard")
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []

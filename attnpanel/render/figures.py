@@ -274,11 +274,12 @@ def draw(
 
 
 def _swatch(fig, layer, color: str):
-    """A quad of no area at the layer's first corner, coloured ``color``: Bokeh draws a
-    legend item's glyph from its data, and needs a row to draw from."""
-    corner = [layer.dimension_values(i)[:1] for i in range(2)] if len(layer) else [[], []]
-    x, y = corner
-    return fig.quad(left=x, right=x, bottom=y, top=y, fill_color=color, line_color=None)
+    """A quad at NaN, coloured ``color``: Bokeh draws a legend item's glyph from its data
+    and needs a row to draw from; a row of NaN draws nothing on the plot and leaves the
+    data ranges alone (one at the first sample's first corner kept the axis of a datetime
+    plot on that sample's hours after every sample change)."""
+    nan = [float("nan")]
+    return fig.quad(left=nan, right=nan, bottom=nan, top=nan, fill_color=color, line_color=None)
 
 
 def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
