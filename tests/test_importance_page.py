@@ -288,3 +288,17 @@ def test_an_f1_with_nothing_on_is_not_available_with_its_reason_not_zero():
     name = next(k for k in metrics if k.startswith("F1"))
     assert f'<td>{name}</td><td title="{F1_UNDEFINED}">n/a</td>' in html
     assert "<td>0</td>" not in html.split(name)[1].split("</tr>")[0]
+
+
+def test_the_power_axis_names_what_it_draws(page):
+    """The aggregate alone: "aggregate power (W)"; with each appliance's true and predicted
+    power on the same axis: "power (W)" (it said "aggregate power" for every curve)."""
+    from attnpanel.readouts import core
+
+    sel = page.selection
+    assert core.sequence_series(page.trace, sel, show_reference=False).ylabel == "aggregate power"
+    assert core.sequence_series(page.trace, sel, show_reference=True).ylabel == "power"
+    page.param.update(show_reference=True)
+    axis = page.engine.plots("sequence")
+    labels = {h["yaxis"].axis_label for f in axis.values() for h in f if h.get("yaxis")}
+    assert labels == {"power (W)"}

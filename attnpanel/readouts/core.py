@@ -308,6 +308,13 @@ def reference_name(ds: xr.Dataset) -> str:
     return "reference series"
 
 
+def _both(name: str, reference: str) -> str:
+    """The value axis of a signal drawn with its reference series: their common quantity
+    ("aggregate power" and "appliance power": "power"), else both names."""
+    last = name.split()[-1] if name.split() else name
+    return last if reference.split()[-1:] == [last] else f"{name}, {reference}"
+
+
 def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True):
     """The input sequence of the selected sample: a :class:`SequenceSeries`.
 
@@ -331,7 +338,8 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True)
                 series.append((f"{channel}{suffix}", channels.isel(series=i).values))
         title = f"sample {sel.sample}: {name} (click to pick the query)"
         unit = signal.attrs.get("units")
-        return SequenceSeries(xs, xname, "signal", name, unit, series, title)
+        ylabel = name if len(series) == 1 else _both(name, reference_name(ds))
+        return SequenceSeries(xs, xname, "signal", ylabel, unit, series, title)
     if "x" in ds:
         norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
         title = f"sample {sel.sample}: input vector norm per position"
