@@ -82,6 +82,19 @@ class AttentionExplorer(LayerExplorer):
         if pn.state.location is not None:
             HeadsOffInUrl(self, pn.state.location, later=once_loaded).start()
 
+    def figure(self, view: str, path, overwrite: bool = False):
+        """Write ``view`` (``matrix``, ``heads``, ``model``, ``importance``) as it stands
+        now (sample, head, layer, mask, stage) as a figure for a paper: ``.svg``, ``.pdf``
+        or ``.png`` (:mod:`attnpanel.render.paper`). Returns the written path."""
+        from attnpanel.render import paper
+
+        sel = self.selection
+        ranking = None
+        if view == "importance" and self.model is not None:
+            ranking = self.model.importance(sel.sample)
+        element = paper.view_of(view, self.trace, sel, self.layers, ranking)
+        return paper.write_figure(element, path, overwrite=overwrite)
+
     def make_sections(self, parts: dict) -> dict:
         return {
             "controls": Controls(**parts),

@@ -9,6 +9,7 @@ import sys
 from attnpanel.cli import (
     compare,
     export,
+    figure,
     importance,
     info,
     overviews,
@@ -23,6 +24,7 @@ from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, cli_text, say
 COMMANDS = (
     serve,
     export,
+    figure,
     info,
     trace,
     importance,

@@ -310,7 +310,7 @@ def reference_name(ds: xr.Dataset) -> str:
 
 def _both(name: str, reference: str) -> str:
     """The value axis of a signal drawn with its reference series: their common quantity
-    ("aggregate power" and "appliance power": "power"), else both names."""
+    ("total power" and "device power": "power"), else both names."""
     last = name.split()[-1] if name.split() else name
     return last if reference.split()[-1:] == [last] else f"{name}, {reference}"
 

@@ -44,4 +44,5 @@ CROSS_DIMS = {
 # ``key`` (padding varies by (batch, key), T5's bias by (head, query, key), ...).
 MASK_TRUTH = ("sample_mask", "bias")
 STAGES = ("raw", "scaled", "masked", "softmax", "value_weighted")
+FIGURE_VIEWS = ("matrix", "heads", "model", "importance")  # attnpanel.render.paper's views
 ROW_SUM_TOLERANCE = 1e-3

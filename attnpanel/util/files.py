@@ -51,12 +51,28 @@ def _is_json(path: Path) -> bool:
     return path.is_file() and _head(path).lstrip().startswith((b"{", b"["))
 
 
+def _is_svg(path: Path) -> bool:
+    start = _head(path, 1024).lstrip().lower() if path.is_file() else b""
+    return start.startswith((b"<?xml", b"<svg")) and b"<svg" in start
+
+
+def _is_pdf(path: Path) -> bool:
+    return path.is_file() and _head(path, 5) == b"%PDF-"
+
+
+def _is_png(path: Path) -> bool:
+    return path.is_file() and _head(path, 8) == b"\x89PNG\r\n\x1a\n"
+
+
 KINDS: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "netcdf": ("a netCDF (HDF5) file", _is_netcdf),
     "zarr": ("a zarr store", _is_zarr),
     "html": ("an HTML page", _is_html),
     "torch": ("a torch.save file", _is_torch_file),
     "json": ("a JSON file", _is_json),
+    "svg": ("an SVG figure", _is_svg),
+    "pdf": ("a PDF figure", _is_pdf),
+    "png": ("a PNG figure", _is_png),
 }
 
 
