@@ -164,7 +164,8 @@ def test_a_click_on_the_ranking_opens_its_head(app, artifacts):
     )
     page.evaluate("(b) => attn.until_changed(attn.plot('B − A · '), b)", before)
     page.wait_for_timeout(500)
-    layer, head = (int(n) for n in ranked[rank].replace("layer ", "").split(", head "))
+    name, head = ranked[rank].removeprefix("layer ").split(", head ")
+    layer = ("EncoderBlock.0.attention_layer", "EncoderBlock.1.attention_layer").index(name)
     assert page.evaluate("attn.widget('Head').value") == str(head)
     assert page.evaluate("attn.widget('Layer').value") == str(layer)
     for prefix in MAPS:

@@ -99,7 +99,7 @@ def test_a_page_built_ahead_shows_its_urls_selection_on_its_first_paint(browser,
         log = (ROOT / "artifacts" / f"serve-{port}.log").read_text()
     assert "this session takes what was built ahead for it" in log
     assert any(t.startswith("sample 2: ") for t in titles), titles  # the power curve
-    matrix = "sample 2, head 3, layer encoder.2.attention: softmax"
+    matrix = "sample 2, head 3, layer encoder.2.attention:\nsoftmax"
     assert any(t.startswith(matrix) for t in titles), titles
     assert any(t.startswith("weights of query 120 (head 3)") for t in titles), titles
     assert any(t.startswith("context of query 120, head 3") for t in titles), titles
