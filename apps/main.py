@@ -26,18 +26,37 @@ pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 serving.release_on_close()
 serving.skip_document_validation()  # the page is validated once, by the tests
 
-trace = serving.shared_trace("demo", attnpanel.demo)
-model = pn.state.as_cached("attnpanel:demo model", demo_model_run)  # one per process
-explorer = serving.built_ahead("demo", partial(AttentionExplorer.built, trace, model=model))
-explorer.servable(title="attnpanel explorer")
+TITLE = "attnpanel explorer"
+READY = ("attnpanel:demo", "attnpanel:demo model")  # what every session shares, once built
+
+
+def page(trace, model):
+    return serving.built_ahead("demo", partial(AttentionExplorer.built, trace, model=model))
+
+
+if all(key in pn.state.cache for key in READY):
+    trace, model = (pn.state.cache[key] for key in READY)
+    page(trace, model).servable(title=TITLE)
+else:  # the first page after the server starts: a loading page at once, then the explorer
+    steps = [
+        ("the trace of 32 held-out windows", lambda: serving.shared_trace("demo", attnpanel.demo)),
+        ("the model at hand", lambda: pn.state.as_cached(READY[1], demo_model_run)),
+    ]
+    serving.LoadingPage("the demo", steps, lambda found: page(*found)).servable(title=TITLE)
 
 
 def warm_survey() -> threading.Thread:
     """The demo's survey (every head over every sample), computed once per process off the
     event loop after the first page has loaded: ready when a session first shows it."""
+    model = pn.state.cache[READY[1]]
     thread = threading.Thread(target=model.survey, name="attnpanel demo survey", daemon=True)
     thread.start()
     return thread
 
 
-pn.state.onload(lambda: pn.state.as_cached("attnpanel:demo survey", warm_survey))
+def survey_later() -> None:
+    if READY[1] in pn.state.cache:  # else the loading page's first session warms none
+        pn.state.as_cached("attnpanel:demo survey", warm_survey)
+
+
+pn.state.onload(survey_later)

@@ -174,3 +174,26 @@ def test_a_sample_changed_by_the_keyboard_keeps_no_range_of_the_sample_before(
         assert "selected query's weights" in legend
         shot(page, artifacts, "sample_by_keyboard")
         assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+def test_the_first_page_after_the_server_starts_says_what_it_builds(browser, artifacts):
+    """A fresh server's first page shows at once that it builds the demo, step by step
+    (it was a blank tab for the 10 to 15 s the demo takes), then the explorer with the
+    link's selection; the next page opens directly."""
+    with serve() as (url, _proc):
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            page.goto(url + "?sample=2", timeout=180_000)
+            words = page.get_by_text("Building the demo: the trace of 32 held-out windows")
+            words.first.wait_for(timeout=60_000)
+            page.screenshot(path=str(artifacts / "browser_cold_start_building.png"))
+            page.wait_for_function("() => window.Bokeh && Object.keys(Bokeh.index).length > 0")
+            page.evaluate(HELPERS_JS)
+            page.wait_for_function(RENDERED_JS, timeout=180_000)
+            titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
+            assert any(t.startswith("sample 2, head 0, layer encoder.2.attention") for t in titles)
+        finally:
+            page.close()
+        with opened(browser, url) as (second, console):
+            assert second.get_by_text("Building the demo").count() == 0
+            assert [m for m in console if m[0] in ("error", "pageerror")] == []

@@ -167,6 +167,58 @@ class Ahead(Generic[T]):
             self._next = self._worker.submit(self._build)
 
 
+class LoadingPage:
+    """What a page shows at once while what it needs is built (the first page after the
+    server starts): a spinner, each step by name with a progress bar, then the page. A
+    step that fails says so on the page; the server goes on.
+
+    Parameters
+    ----------
+    what : str
+        What is being built ("the demo").
+    steps : list of (str, callable)
+        Each step's name and its work, ``() -> object``, run on a worker thread one after
+        the other (the event loop stays free: the page keeps drawing the progress).
+    page : callable
+        ``page(results) -> viewable``: the page itself, from every step's result, built on
+        the event loop once the steps are done.
+    """
+
+    def __init__(self, what: str, steps: list, page: Callable):
+        self.what, self.steps, self.page = what, steps, page
+        self.status = pn.pane.Markdown(f"Building {what} ...", margin=(0, 10))
+        self.progress = pn.indicators.Progress(max=len(steps), value=0, width=320, margin=(0, 10))
+        spinner = pn.indicators.LoadingSpinner(value=True, size=28, margin=(10, 10))
+        note = pn.pane.Markdown(
+            f"**attnpanel** · the first page after the server starts builds {what} once; "
+            "later pages open at once.",
+            margin=(0, 10),
+        )
+        self.layout = pn.Column(
+            note, spinner, self.status, self.progress, sizing_mode="stretch_width"
+        )
+
+    def servable(self, title: str):
+        pn.state.onload(self.build)
+        return self.layout.servable(title=title)
+
+    async def build(self) -> None:
+        import asyncio
+
+        results = []
+        for index, (name, work) in enumerate(self.steps, start=1):
+            self.status.object = f"Building {self.what}: {name} ({index} of {len(self.steps)})"
+            try:
+                results.append(await asyncio.to_thread(work))
+            except Exception as error:  # noqa: BLE001 - said on the page; the server goes on
+                log.exception("building %s failed", self.what)
+                self.status.object = f"Building {self.what} failed at {name}: {error}"
+                self.layout[1].value = False  # the spinner stops: nothing more is coming
+                return
+            self.progress.value = index
+        self.layout[:] = [self.page(results)]
+
+
 def built_ahead(key: str, build: Callable[[], T]) -> T:
     """This session's ``build()``, taken from the one built ahead for it, and the next one
     started once this session's page has loaded.
