@@ -279,9 +279,18 @@ def test_an_explorer_built_ahead_is_the_explorer_of_its_own_state():
     assert np.isnan(after[0, 1:]).all()  # causal: query 0 sees key 0 only
 
 
-def test_a_loading_page_shows_each_step_then_the_page_or_what_failed():
+def run_alone(coroutine) -> None:
+    """Run ``coroutine`` on an event loop of its own thread (a browser test of this process
+    may have left one running in this thread)."""
     import asyncio
+    import threading
 
+    worker = threading.Thread(target=asyncio.run, args=(coroutine,))
+    worker.start()
+    worker.join()
+
+
+def test_a_loading_page_shows_each_step_then_the_page_or_what_failed():
     import panel as pn
 
     from attnpanel.app.serving import LoadingPage
@@ -290,7 +299,7 @@ def test_a_loading_page_shows_each_step_then_the_page_or_what_failed():
     steps = [("the first part", lambda: 2), ("the second part", lambda: 3)]
     page = LoadingPage("the thing", steps, lambda found: pn.pane.Markdown(f"made of {found}"))
     page.status.param.watch(lambda e: seen.append(e.new), "object")
-    asyncio.run(page.build())
+    run_alone(page.build())
     assert seen == [
         "Building the thing: the first part (1 of 2)",
         "Building the thing: the second part (2 of 2)",
@@ -298,6 +307,6 @@ def test_a_loading_page_shows_each_step_then_the_page_or_what_failed():
     assert page.progress.value == 2
     assert [p.object for p in page.layout] == ["made of [2, 3]"]
     broken = LoadingPage("the thing", [("a part", lambda: 1 / 0)], lambda found: None)
-    asyncio.run(broken.build())
+    run_alone(broken.build())
     assert broken.status.object == "Building the thing failed at a part: division by zero"
     assert broken.layout[1].value is False  # the spinner stopped
