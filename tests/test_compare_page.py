@@ -19,6 +19,7 @@ from test_compare import NUDGE, long_way, own_attention, second_checkpoint
 from test_export import external_references
 
 import attnpanel
+from attnpanel.app.base import MISSING_RESOURCES
 from attnpanel.app.compare_explorer import CompareExplorer, shortened
 from attnpanel.app.sections.comparison import COMPARED_SIZE as SIZE
 from attnpanel.readouts.raster import window_raster
@@ -313,6 +314,8 @@ def test_a_notebook_shows_it_and_hostile_names_stay_text(tmp_path):
     explorer = attnpanel.explore(first, compare=first.copy(deep=True))
     data, _metadata = explorer._repr_mimebundle_()
     html = data["text/html"]
+    assert html.startswith(MISSING_RESOURCES)  # a note of our own, then Panel's output
+    html = html.removeprefix(MISSING_RESOURCES)
     assert html.lower().count("</script") == 1 and html.endswith("</script>")
     assert SOURCE not in html  # the markdown holds it escaped, never as markup
     about = explorer.sections["maps"].__panel__()[1].object  # what A and B are

@@ -174,6 +174,8 @@ def test_explorer_renders_and_reacts_in_jupyterlab(jupyterlab, browser, artifact
         assert errors.count() == 0 or "Traceback" not in errors.all_inner_texts()[0]
         page.locator(".jp-OutputArea-output .bk-Figure").nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(artifacts / "jupyterlab_explorer.png"))
+        # the note that would say what is missing went away once the explorer was drawn
+        assert page.locator(".attnpanel-waiting").count() == 0
         page.evaluate(HELPERS_JS)
         matrix = "attn.plots().find((v) => /^sample \\d+, head /.test(v.model.title.text))"
         # the notebook's own `explorer.param.update(head=3, mask="causal", ...)` reaches the page

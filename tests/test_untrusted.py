@@ -13,6 +13,7 @@ from hostile import LAYER, NOTE, SOURCE, TOKENS, hostile_capture
 from served_app import HELPERS_JS, PAGE_TEXT_JS, ROOT, opened, serve, shot
 
 import attnpanel
+from attnpanel.app.base import MISSING_RESOURCES
 from attnpanel.app.explore import explore
 from attnpanel.app.explorer import notify_errors
 from attnpanel.cli import main
@@ -105,5 +106,28 @@ def test_notebook_output_keeps_its_script_whole():
     pn.extension()
     data, _metadata = explore(hostile_capture())._repr_mimebundle_()
     html = data["text/html"]
+    assert html.startswith(MISSING_RESOURCES)  # a note of our own, then Panel's output
+    html = html.removeprefix(MISSING_RESOURCES)
     assert html.lower().count("</script") == 1 and html.endswith("</script>")
     assert "<script>alert(5)<\\/script>" in html  # the token, as a JavaScript string
+
+
+def test_a_notebook_output_says_what_is_missing_until_the_explorer_draws(browser, tmp_path):
+    """Where Panel's JavaScript never arrives (pn.extension() without inline=True in an
+    offline JupyterLab) the output says so; where it does, the note goes as soon as BokehJS
+    holds a document (tests/test_notebook.py: gone in JupyterLab)."""
+    page = browser.new_page()
+    try:
+        missing = tmp_path / "missing.html"
+        missing.write_text(f"<!doctype html><html><body>{MISSING_RESOURCES}</body></html>")
+        page.goto(missing.as_uri())
+        page.wait_for_timeout(1000)
+        note = page.locator(".attnpanel-waiting")
+        assert note.count() == 1 and "pn.extension(inline=True)" in note.inner_text()
+        arrives = "<script>setTimeout(() => { window.Bokeh = {index: {one: 1}}; }, 300)</script>"
+        drawn = tmp_path / "drawn.html"
+        drawn.write_text(f"<!doctype html><html><body>{MISSING_RESOURCES}{arrives}</body></html>")
+        page.goto(drawn.as_uri())
+        page.wait_for_function("() => !document.querySelector('.attnpanel-waiting')", timeout=5000)
+    finally:
+        page.close()

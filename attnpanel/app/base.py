@@ -33,7 +33,34 @@ class Explorer(pn.viewable.Viewer):
         raise NotImplementedError(f"{type(self).__name__} has no offline export")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
+        bundle = untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
+        return with_missing_resources_note(bundle)
+
+
+# Shown above a notebook's explorer until Panel's JavaScript draws it: where the resources
+# never arrive (pn.extension() without inline=True in an offline JupyterLab), the output
+# says why instead of staying empty. A script removes it as soon as BokehJS is there.
+MISSING_RESOURCES = (
+    '<div class="attnpanel-waiting" style="font: 13px sans-serif; color: #555; '
+    "padding: 4px 0\">attnpanel: waiting for Panel's JavaScript to draw the explorer. If "
+    "nothing appears, the page could not load it: offline, run "
+    "<code>pn.extension(inline=True)</code> first, which puts it in the notebook instead "
+    "of fetching it from the internet.</div>"
+    "<script>(function () { var note = document.currentScript.previousElementSibling;"
+    " var poll = setInterval(function () { if (window.Bokeh && window.Bokeh.index"
+    " && Object.keys(window.Bokeh.index).length) { note.remove(); clearInterval(poll); }"
+    " }, 200); })();</script>"
+)
+
+
+def with_missing_resources_note(bundle):
+    """A notebook bundle whose HTML says what is missing when the explorer cannot draw."""
+    if not bundle:
+        return bundle
+    data, metadata = bundle if isinstance(bundle, tuple) else (bundle, None)
+    if "text/html" in data:
+        data = {**data, "text/html": MISSING_RESOURCES + data["text/html"]}
+    return data if metadata is None else (data, metadata)
 
 
 class LayerExplorer(ExplorerState, Explorer):
