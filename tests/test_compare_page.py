@@ -95,7 +95,7 @@ def test_the_three_maps_are_each_models_own_attention(page, pair):
         np.testing.assert_allclose(drawn["difference"], second - first, atol=2e-6)
         assert np.isnan(drawn["difference"][np.eye(49, dtype=bool)]).all()  # masked: black
         assert np.nanmax(np.abs(drawn["difference"])) > 1e-3  # the checkpoints differ
-        where = f"sample {sample}, layer {LAYERS[layer]}, head {head}"
+        where = f"sample {sample},\nlayer {LAYERS[layer]}, head {head}"  # two lines: it fits
         assert page.engine.title("a") == f"A · {where}"
         assert page.engine.title("difference") == f"B − A · {where}"
     assert page.last_error == ""
@@ -275,7 +275,7 @@ def test_the_offline_report_holds_the_ranking_and_the_top_heads_maps(page, pair,
         name = f"layer {LAYERS[layer]}, head {head}"
         assert headings[rank - 1].startswith(f"<h3>{rank}. {name}</h3>")
         for which in ("A", "B", "B − A"):
-            assert f"{which} · sample 1, {name}" in texts
+            assert f"{which} · sample 1, {name}" in [t.replace(",\n", ", ") for t in texts]
 
 
 def test_serve_compares_two_saved_traces_of_the_same_inputs(pair, tmp_path, capsys):
