@@ -20,10 +20,11 @@ from test_export import external_references
 
 import attnpanel
 from attnpanel.app.base import MISSING_RESOURCES
-from attnpanel.app.compare_explorer import CompareExplorer, shortened
+from attnpanel.app.compare_explorer import CompareExplorer
 from attnpanel.app.sections.comparison import COMPARED_SIZE as SIZE
 from attnpanel.readouts.raster import window_raster
 from attnpanel.render.elements import PlotKey
+from attnpanel.util.untrusted import page_title, shortened
 
 NAME = "nilmformer_real"
 
@@ -204,6 +205,11 @@ def test_the_page_is_driven_by_its_state_and_names_its_captures(page):
     long = "NILMFormer demo (nilmformer.pt), encoder layer 2 of 3, 32 held-out windows"
     assert shortened(long, 60) == "NILMFormer demo (nilmformer.pt), encoder layer 2 of 3, 32…"
     assert shortened("short", 60) == "short"
+    source = "NILMFormer demo (nilmformer.pt), layer encoder.2.attention of 3 encoder layers, 32"
+    assert page_title(source + " held-out windows, and a long tail of words", 90) == (
+        f"attnpanel · {source}…"  # at a word's end, never mid-word or at a comma
+    )
+    assert page_title("") == "attnpanel"
     caption = page.sections["maps"].caption.object
     assert caption.startswith(r"layer EncoderBlock\.1\.attention\_layer, head 0: rank")
     assert set(page.URL_PARAMS) == {"sample", "layer", "head"}

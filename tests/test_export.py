@@ -278,6 +278,16 @@ def test_the_export_keeps_the_power_curve_and_a_query_selection(browser, artifac
             }"""
         )
         numerics.assert_same_numbers(curve["first"], ds["signal"].values[1])
+        swatch = page.evaluate(  # the weights' legend item draws a fixed colour, at any query
+            """() => {
+              const fig = [...Bokeh.documents[0].all_models].find(m => m.name === 'sequence');
+              const legend = fig.center.concat(fig.right).find(a => a.type === 'Legend');
+              const item = legend.items.find(i => i.label.value.includes('weight'));
+              const glyph = item.renderers[0].glyph;
+              return {alpha: glyph.fill_alpha, hides: item.renderers.length};
+            }"""
+        )
+        assert swatch["alpha"]["value"] == 0.6 and swatch["hides"] == 2, swatch
         channels = list(ds["series"].values)
         assert curve["n"] == 1 + 2 * len(channels)  # signal, truth, prediction
         assert "fridge (predicted)" in curve["legend"]

@@ -25,6 +25,7 @@ from attnpanel.app.sections.comparison import (
 )
 from attnpanel.readouts import compare as pairwise
 from attnpanel.traces import io, virtual
+from attnpanel.util import untrusted
 
 
 def compared_capture(capture, which: str) -> xr.Dataset:
@@ -47,14 +48,6 @@ def compared_capture(capture, which: str) -> xr.Dataset:
             "heads with attnpanel.compare(a, b)"
         )
     return capture
-
-
-def shortened(text: str, most: int) -> str:
-    """``text`` cut to at most ``most`` characters at a word's end, "…" where cut."""
-    if len(text) <= most:
-        return text
-    cut = text[: most - 1].rsplit(" ", 1)[0].rstrip(" ,;:·")
-    return f"{cut}…"
 
 
 class CompareExplorer(LayerExplorer):
@@ -115,7 +108,7 @@ class CompareExplorer(LayerExplorer):
 
     @property
     def title(self) -> str:
-        a, b = (shortened(str(label).splitlines()[0], 60) for label in self.pair.labels)
+        a, b = (untrusted.shortened(str(label).splitlines()[0], 60) for label in self.pair.labels)
         return f"{a} vs {b}"
 
     def make_sections(self, parts: dict) -> dict:

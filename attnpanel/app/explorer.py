@@ -170,7 +170,7 @@ class AttentionExplorer(LayerExplorer):
         from attnpanel.render.export_maps import DISPLAY
 
         sample = self.sample if sample is None else sample
-        title = f"attnpanel · {str(self.trace.attrs.get('source', '')).splitlines()[0][:80]}"
+        title = untrusted.page_title(self.trace.attrs.get("source", ""))
         return export_html(
             self.trace,
             path,

@@ -33,6 +33,7 @@ from attnpanel.readouts import windows
 from attnpanel.render.styling import WRAP
 from attnpanel.traces import virtual
 from attnpanel.traces.overviews import Overviews
+from attnpanel.util import untrusted
 
 
 class LongExplorer(LayerExplorer):
@@ -150,7 +151,7 @@ class LongExplorer(LayerExplorer):
             self.trace,
             path,
             sample=self.sample if sample is None else sample,
-            title="attnpanel" + (f" · {source.splitlines()[0][:80]}" if source else ""),
+            title=untrusted.page_title(source),
             overwrite=overwrite,
             query=self.query,
             masks=[self.mask],

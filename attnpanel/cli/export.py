@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> None:
     from attnpanel.render.export import export_html
     from attnpanel.traces.layers import groups, layers, select
     from attnpanel.traces.virtual import densified, is_virtual
+    from attnpanel.util.untrusted import page_title
 
     capture = load_trace(args.trace)
     entry = _pick_layer(capture, args.layer)
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
             f"sample{'s' if n != 1 else ''}, 0 to {n - 1}"
         )
     source = str(capture.attrs.get("source", "") or ds.attrs.get("source", ""))
-    title = "attnpanel" + (f" · {source.splitlines()[0][:80]}" if source.strip() else "")
+    title = page_title(source)
     shown = f"layer {entry.name}" if entry.name else f"layer {index}"
     if entry.group:
         shown += f" (group {entry.group})"

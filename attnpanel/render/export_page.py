@@ -223,7 +223,7 @@ def _sequence_figure(
             alpha=np.zeros(n),
         )
     )
-    fig.quad(
+    shading = fig.quad(
         left="left",
         right="right",
         bottom="bottom",
@@ -232,10 +232,24 @@ def _sequence_figure(
         fill_color="#b2182b",
         fill_alpha="alpha",
         line_color=None,
+    )
+    # the legend's swatch: its own quad at NaN (the band's first row has the alpha of a
+    # weight, 0 at query 0 where the mask blocks the key: a blank swatch)
+    nan = [float("nan")]
+    swatch = fig.quad(
+        left=nan,
+        right=nan,
+        bottom=nan,
+        top=nan,
+        fill_color="#b2182b",
+        fill_alpha=0.6,
+        line_color=None,
         legend_label="max weight of the query's pixel row"
         if pixel_rows
         else "selected query's weights",
     )
+    item = next(i for i in fig.legend[0].items if swatch in i.renderers)
+    item.renderers.append(shading)  # a click on the legend hides the shading too
     labels = [label for label, _ in found.series]
     for label, series, line in zip(labels, values, curve_styles(labels), strict=True):
         cut_xs, cut_ys = envelope(xs, series, CURVE_BINS)

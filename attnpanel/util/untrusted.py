@@ -66,3 +66,18 @@ def notebook_bundle(bundle):
         body = _SCRIPT_END.sub("<\\/", script[: -len("</script>")]).replace("<!--", "<\\!--")
         data = {**data, "text/html": f"{head}{found}{body}</script>"}
     return data if metadata is None else (data, metadata)
+
+
+def shortened(text: str, most: int) -> str:
+    """``text`` cut to at most ``most`` characters at a word's end, "…" where cut (a
+    title is never cut mid-word or after a dangling comma)."""
+    if len(text) <= most:
+        return text
+    cut = text[: most - 1].rsplit(" ", 1)[0].rstrip(" ,;:·")
+    return f"{cut}…"
+
+
+def page_title(source: str, most: int = 100) -> str:
+    """A page's title from a capture's ``source``: its first line, cut at a word."""
+    first = str(source).splitlines()[0] if str(source).strip() else ""
+    return "attnpanel" + (f" · {shortened(first, most)}" if first else "")
