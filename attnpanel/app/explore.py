@@ -63,12 +63,12 @@ def explore(
         from attnpanel.surveys.store import SurveyStore
 
         params["survey"] = SurveyStore(Path(params["survey"])).read().load()
-    if isinstance(capture, str | Path):
-        path = Path(capture)
+    path = Path(capture) if isinstance(capture, str | Path) else None
+    if path is not None:
         capture = io.load(path)
-        capture = virtual.densified(capture)
-        if isinstance(capture, xr.Dataset) and virtual.is_virtual(capture):
-            params.setdefault("folder", folder_for(path))
+    capture = virtual.densified(capture)  # kept virtual only to be small on disk: dense
+    if path is not None and isinstance(capture, xr.Dataset) and virtual.is_virtual(capture):
+        params.setdefault("folder", folder_for(path))
     if "model" in params or "inputs" in params:
         params["model"] = model_run(capture, params.pop("model", None), params.pop("inputs", None))
     if isinstance(capture, xr.DataTree):
@@ -78,7 +78,6 @@ def explore(
             "explore() takes a trace (an xarray Dataset or DataTree, as capture() and load() "
             f"return) or the path of a saved one, not {type(capture).__name__}"
         )
-    capture = virtual.densified(capture)
     if virtual.is_virtual(capture):
         return LongExplorer(capture, **params)
     return AttentionExplorer(capture, **params)

@@ -109,13 +109,6 @@ class PathPatching:
         firsts = self.first_receivers if receivers is None else [self.first_receivers[receivers]]
         return any(index < first for first in firsts)
 
-    def effect(self, senders: Mapping[str, list[int]]) -> float:
-        """The share of the difference the senders carry through the receivers' inputs
-        (one receiver set)."""
-        if len(self.receiver_sets) != 1:
-            raise PatchingError("effect() takes one receiver set; effects() gives one per set")
-        return float(self.effects(senders)[0])
-
     def effects(self, senders: Mapping[str, list[int]]) -> np.ndarray:
         """The share of the difference the senders carry through each receiver set's
         inputs, ``(sets,)`` (NaN for a set the senders cannot reach)."""

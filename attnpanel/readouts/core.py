@@ -259,6 +259,14 @@ def layer_label(name) -> str:
 TITLE_LINE = 64  # characters of a map's title line (a 500 px map at Bokeh's title font)
 
 
+def fitted_title(first: str, joint: str, second: str, line: int = TITLE_LINE) -> str:
+    """``first{joint} second`` on one line where it fits ``line`` characters, else broken
+    after ``joint``: a map's title wraps, it is never cut."""
+    if len(first) + len(joint) + 1 + len(second) > line:
+        return f"{first}{joint}\n{second}"
+    return f"{first}{joint} {second}"
+
+
 def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     """The attention matrix's title for a selection (naming the layer of a captured model)."""
     head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
@@ -271,10 +279,9 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
         padded = int(np.asarray(ds["padding"].isel(batch=sel.sample).values).sum())
         if padded:
             mask += f"; {padded} padded positions masked"
-    first, second = f"sample {sel.sample}, {head}", f"{STAGE_LABELS[sel.stage]} (mask {mask})"
-    if len(first) + len(second) + 2 > TITLE_LINE:  # two lines: a title is never cut
-        return f"{first}:\n{second}"
-    return f"{first}: {second}"
+    return fitted_title(
+        f"sample {sel.sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} (mask {mask})"
+    )
 
 
 def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:

@@ -37,10 +37,8 @@ COMPARED_TITLE_LINE = 40  # characters of a compared map's title line (a 300 px 
 def compared_title(which: str, ds: xr.Dataset, sel: core.Selection) -> str:
     """The title of one of the three maps: ``A · sample 0, layer 1, head 3``."""
     name = str(ds["layer"].item()) if "layer" in ds.coords and ds["layer"].ndim == 0 else ""
-    first, second = f"{which} · sample {sel.sample}", head_name(name, int(sel.head))
-    if len(first) + len(second) + 2 > COMPARED_TITLE_LINE:  # a 300 px map: two lines
-        return f"{first},\n{second}"
-    return f"{first}, {second}"
+    head = head_name(name, int(sel.head))
+    return core.fitted_title(f"{which} · sample {sel.sample}", ",", head, COMPARED_TITLE_LINE)
 
 
 def ranking_ticks(ranking: pd.DataFrame) -> list[tuple[int, str]]:

@@ -38,7 +38,7 @@ from attnpanel.readouts.core import Selection, sequence_series
 from attnpanel.readouts.raster import scale_title
 from attnpanel.readouts.windows import CURVE_BINS, envelope
 from attnpanel.render.export_maps import LEVELS, MASKED, map_palette
-from attnpanel.render.palette import HIGHLIGHT, curve_styles, head_color
+from attnpanel.render.palette import HIGHLIGHT, curve_styles, head_color, legend_swatch
 from attnpanel.traces import virtual
 
 
@@ -233,17 +233,11 @@ def _sequence_figure(
         fill_alpha="alpha",
         line_color=None,
     )
-    # the legend's swatch: its own quad at NaN (the band's first row has the alpha of a
-    # weight, 0 at query 0 where the mask blocks the key: a blank swatch)
-    nan = [float("nan")]
-    swatch = fig.quad(
-        left=nan,
-        right=nan,
-        bottom=nan,
-        top=nan,
-        fill_color="#b2182b",
-        fill_alpha=0.6,
-        line_color=None,
+    # the band's first row has a weight's alpha (0 at query 0, where the mask blocks it)
+    swatch = legend_swatch(
+        fig,
+        "#b2182b",
+        0.6,
         legend_label="max weight of the query's pixel row"
         if pixel_rows
         else "selected query's weights",

@@ -46,6 +46,7 @@ from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
 from attnpanel.render.elements import CENTRED_GROUPS
+from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
@@ -229,7 +230,7 @@ def draw(
             renderers = [handles["glyph_renderer"]]
             swatch = LEGEND_SWATCH.get((type(layer).__name__, layer.group))
             if swatch is not None:  # a square of no area on the plot: the legend's swatch
-                renderers.insert(0, _swatch(fig, layer, swatch))
+                renderers.insert(0, legend_swatch(fig, swatch))
             legend_items.append(LegendItem(label=layer.label, renderers=renderers))
     for renderer in fig.renderers:
         # nothing here is ever selected or muted (legends hide): no glyphs for those
@@ -271,15 +272,6 @@ def draw(
             "right",
         )
     return fig, found
-
-
-def _swatch(fig, layer, color: str):
-    """A quad at NaN, coloured ``color``: Bokeh draws a legend item's glyph from its data
-    and needs a row to draw from; a row of NaN draws nothing on the plot and leaves the
-    data ranges alone (one at the first sample's first corner kept the axis of a datetime
-    plot on that sample's hours after every sample change)."""
-    nan = [float("nan")]
-    return fig.quad(left=nan, right=nan, bottom=nan, top=nan, fill_color=color, line_color=None)
 
 
 def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:

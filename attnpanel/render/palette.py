@@ -40,6 +40,24 @@ HEAD_COLORS = (
 )
 
 
+def legend_swatch(fig, color: str, alpha: float = 1.0, **legend):
+    """A quad at NaN coloured ``color``, the glyph a legend item draws: Bokeh draws it from
+    the renderer's first row, so a data renderer's own (a weight's alpha, the first sample's
+    corner) would show a blank swatch or pull the data ranges; a row of NaN draws nothing
+    on the plot and leaves the ranges alone."""
+    nan = [float("nan")]
+    return fig.quad(
+        left=nan,
+        right=nan,
+        bottom=nan,
+        top=nan,
+        fill_color=color,
+        fill_alpha=alpha,
+        line_color=None,
+        **legend,
+    )
+
+
 def head_color(head: int) -> str:
     """Head ``head``'s colour: the 8 Okabe-Ito colours, then Glasbey's (distinct up to 256)."""
     if head < len(HEAD_COLORS):
