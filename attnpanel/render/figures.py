@@ -45,6 +45,7 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
+from attnpanel.render.axes import axis_number, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
@@ -253,6 +254,8 @@ def draw(
         for _, handles in found:
             if "color_mapper" in handles and "image" in handles["source"].data:
                 handles["hover"] = hover  # its value's name follows the stage (push)
+    if image is None and not isinstance(first, hv.HeatMap) and x_range is y_range is None:
+        fit_chart(fig, layers)  # the same rule as every later state's (push.write)
     if xlim is not None and x_range is None:
         fig.x_range = Range1d(*xlim)
     if ylim is not None and y_range is None:
@@ -528,6 +531,7 @@ TABLE_CSS = """
 table { border-collapse: collapse; font-size: 13px; }
 th { text-align: left; font-weight: 600; border-bottom: 1px solid #bbb; padding: 4px 14px 4px 6px; }
 td { padding: 3px 14px 3px 6px; white-space: nowrap; }
+td.prose { white-space: normal; min-width: 18em; }
 tbody tr:nth-child(odd) { background: #f3f3f3; }
 """
 
@@ -546,21 +550,29 @@ NOT_AVAILABLE = "n/a"  # a table cell with no value; its row's WHY column says w
 WHY = "why"  # a table column not drawn: the hover (title) of its row's "n/a" cells
 
 
-def _td(value, why: str) -> str:
+PROSE = 48  # a cell of the widest column longer than this wraps (the rest stay on one line)
+
+
+def _td(value, why: str, wraps: bool = False) -> str:
     if value == NOT_AVAILABLE and why:
         return f'<td title="{escape(why)}">{NOT_AVAILABLE}</td>'
-    return f"<td>{escape(_cell(value))}</td>"
+    text = _cell(value)
+    if wraps and len(text) > PROSE and " " in text:  # a sentence, within the table's width
+        return f'<td class="prose">{escape(text)}</td>'
+    return f"<td>{escape(text)}</td>"
 
 
 def table_html(element: hv.Table) -> str:
     """An ``hv.Table`` as an HTML table; every header and cell escaped (untrusted text); an
-    "n/a" cell has its row's :data:`WHY` (a column not drawn) on hover."""
+    "n/a" cell has its row's :data:`WHY` (a column not drawn) on hover; the long cells of
+    the widest column wrap, so that the table keeps to its frame."""
     dims = [d for d in element.dimensions() if d.name != WHY]
     columns = {d.name: element.dimension_values(d) for d in element.dimensions()}
     whys = columns.get(WHY, [""] * len(element))
+    widest = max(dims, key=lambda d: max((len(_cell(v)) for v in columns[d.name]), default=0))
     head = "".join(f"<th>{escape(d.pprint_label)}</th>" for d in dims)
     rows = "".join(
-        "<tr>" + "".join(_td(columns[d.name][i], str(whys[i])) for d in dims) + "</tr>"
+        "<tr>" + "".join(_td(columns[d.name][i], str(whys[i]), d is widest) for d in dims) + "</tr>"
         for i in range(len(element))
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
@@ -575,10 +587,3 @@ def _table(element: hv.Table, width, height):
     )
     handles = {"plot": table, "table": table}
     return table, [(_key(element), handles)]
-
-
-def axis_number(value) -> float:
-    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
-    if isinstance(value, np.datetime64):
-        return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
-    return float(value)

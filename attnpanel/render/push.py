@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import holoviews as hv
 import numpy as np
+from bokeh.models import Div
 
 from attnpanel.readouts.raster import image_limits, scale_title
+from attnpanel.render.axes import axis_number, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
-from attnpanel.render.figures import axis_number, table_html
+from attnpanel.render.figures import table_html
 
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
 
@@ -37,24 +39,21 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         Whether the element's label becomes the plot's title.
     """
     present = set()
-    figures = {}
+    figures = {}  # id -> (figure, the layers written into it by the generic push)
     for layer in layers_of(element):
         key = PlotKey.of(layer)
         present.add(key)
         if key.group == "Lanes":
             continue  # the lane shading never changes
         for handles in drawn.get(key, []):
-            # a section that drew its own models says how they take new data
-            extent = handles.get("push", push)(handles, layer)
+            own = handles.get("push")  # a section that drew its own models writes them
+            (own or push)(handles, layer)
             figure = handles["plot"]
             if "glyph_renderer" in handles:
                 handles["glyph_renderer"].visible = True
-            if extent is not None:
-                # a layer on a fixed axis (None) beside one that rescales it
-                lo, hi = figures.get(id(figure), (figure, None))[1] or (np.inf, -np.inf)
-                figures[id(figure)] = (figure, (min(lo, extent[0]), max(hi, extent[1])))
-            else:
-                figures.setdefault(id(figure), (figure, None))
+            written = figures.setdefault(id(figure), (figure, []))[1]
+            if own is None:
+                written.append(layer)
     # Reference curves switched off are hidden, but only by a redraw of the curves
     # themselves: the query marker shares their pane and must not hide them.
     redrawn_sequence = any(key.group == "Sequence" for key in present)
@@ -62,27 +61,25 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         if redrawn_sequence and key.group == "Sequence" and key not in present:
             for handles in found:
                 handles["glyph_renderer"].visible = False
-    for figure, extent in figures.values():
+    for figure, written in figures.values():
         if title:
             figure.title.text = element.label
-        # all-equal values (empty mass bars: zeros) keep the axis they were drawn with
-        if extent is not None and np.isfinite(extent).all() and extent[1] > extent[0]:
-            pad = 0.06 * (extent[1] - extent[0]) or 1.0
-            figure.y_range.start, figure.y_range.end = extent[0] - pad, extent[1] + pad
+        if not isinstance(figure, Div):
+            fit_chart(figure, written)  # the axes follow the data, as on the first draw
 
 
-def push(handles: dict, element):
-    """Write one element's data into its rendered Bokeh models; return its y extent."""
+def push(handles: dict, element) -> None:
+    """Write one element's data into its rendered Bokeh models (their axes: :func:`write`)."""
     if isinstance(element, hv.Table):
         handles["table"].text = table_html(element)
-        return None
+        return
     glyph = handles.get("glyph")
     if isinstance(element, hv.HSpan):
         glyph.bottom, glyph.top = (axis_number(v) for v in element.data)
-        return None
+        return
     if isinstance(element, hv.VLine):
         glyph.location = axis_number(element.data)
-        return None
+        return
     source = handles["source"]
     if isinstance(element, Raster):
         left, bottom, right, top = element.bounds
@@ -102,7 +99,7 @@ def push(handles: dict, element):
             *place, (_, field) = hover.tooltips  # the value's name: what the map now shows
             if hover.tooltips[-1][0] != element.value_label:
                 hover.tooltips = [*place, (element.value_label, field)]
-        return None
+        return
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")
         data = {
@@ -118,25 +115,10 @@ def push(handles: dict, element):
         handles["y_range"].factors = [str(k) for k in dict.fromkeys(data["key"])][::-1]
         mapper = handles["color_mapper"]
         mapper.low, mapper.high = image_limits(np.asarray(values, dtype=float))
-        return None
+        return
     columns = element.data if isinstance(element.data, dict) else {}
     data = {}
     for column in source.data:
         name = RECT_COLUMNS.get(column, column) if isinstance(element, hv.Rectangles) else column
         data[column] = columns[name] if name in columns else element.dimension_values(name)
     source.data = data
-    if isinstance(element, hv.Rectangles):
-        if element.group != "Vector":
-            return None  # an outline or token boxes: their axis is fixed
-        return float(np.min(data["bottom"])), float(np.max(data["top"]))
-    xs = element.dimension_values(0)
-    if len(xs) and np.issubdtype(np.asarray(xs).dtype, np.datetime64):
-        # A new sample covers other hours: the time axis follows it.
-        handles["x_range"].start, handles["x_range"].end = (
-            axis_number(xs.min()),
-            axis_number(xs.max()),
-        )
-    values = element.dimension_values(1)
-    if not np.isfinite(values).any():
-        return None  # nothing drawn (a prediction that could not be made): the range stays
-    return float(np.nanmin(values)), float(np.nanmax(values))

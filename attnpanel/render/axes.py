@@ -1,0 +1,86 @@
+"""A chart's axes follow what it draws, on its first draw and on every later state.
+
+Both :func:`attnpanel.render.figures.draw` and :func:`attnpanel.render.push.write` fit a
+chart's axes here, by one rule: the value axis to the layers that rescale it (bars, curves,
+points) with 6 % of their span beyond each end, a clock axis to its curves' hours. The
+ranges are ``Range1d`` models the server writes (see :func:`fit_axis`).
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+from bokeh.models import Range1d
+
+from attnpanel.render.elements import Raster
+
+CHART_PAD = 0.06  # a chart's value axis: its data, and 6 % of their span beyond each end
+# layers that never rescale a chart: markers, spans and lanes are drawn within its data
+FIXED_AXIS = (hv.Table, hv.HSpan, hv.VSpan, hv.HSpans, hv.VSpans, hv.VLine, hv.HLine)
+FIXED_AXIS += (hv.Image, hv.HeatMap, Raster)
+
+
+def chart_extent(layer) -> tuple[float, float] | None:
+    """The value (y) extent of a chart's layer, to which its axis fits; None where the layer
+    sits on a fixed axis (outlines, token boxes, markers, maps, tables) or draws nothing."""
+    if isinstance(layer, FIXED_AXIS):
+        return None
+    if isinstance(layer, hv.Rectangles):
+        if layer.group != "Vector":
+            return None  # an outline or token boxes: their axis is fixed
+        values = np.concatenate([layer.dimension_values("y0"), layer.dimension_values("y1")])
+    else:
+        values = layer.dimension_values(1)
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return (float(values.min()), float(values.max())) if len(values) else None
+
+
+def time_extent(layer) -> tuple[float, float] | None:
+    """A curve's clock (milliseconds since the epoch, first to last), or None for a layer
+    whose x is not time."""
+    if isinstance(layer, (*FIXED_AXIS, hv.Rectangles)):
+        return None  # markers at one time, the weights' band: drawn within the curves' hours
+    xs = np.asarray(layer.dimension_values(0))
+    if not len(xs) or not np.issubdtype(xs.dtype, np.datetime64):
+        return None
+    xs = xs[~np.isnat(xs)]
+    return (axis_number(xs.min()), axis_number(xs.max())) if len(xs) else None
+
+
+def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD) -> None:
+    """Fit a chart's ``x`` or ``y`` axis to ``extent``, with ``pad`` of its span beyond each
+    end (all-equal values: 1 either side), its reset included.
+
+    The range is a ``Range1d`` the server writes: BokehJS keeps a ``DataRange1d``'s start
+    and end for ever once a document arrives with them set, so a range written into one
+    before the page loads (a link's sample) would stay the first state's in every later one.
+    """
+    lo, hi = extent
+    margin = pad * (hi - lo) if hi > lo else 1.0
+    start, end = lo - margin, hi + margin
+    name = f"{axis}_range"
+    rng = getattr(fig, name)
+    if not isinstance(rng, Range1d):
+        setattr(fig, name, Range1d(start=start, end=end, reset_start=start, reset_end=end))
+        return
+    rng.update(start=start, end=end, reset_start=start, reset_end=end)
+
+
+def fit_chart(fig, layers) -> None:
+    """Fit a chart's axes to what its layers draw: the value axis to every layer that
+    rescales it (:func:`chart_extent`), a clock axis to its curves' hours; an axis no layer
+    rescales stays as it is (fixed, or Bokeh's own range of data that never change)."""
+    values = [e for e in map(chart_extent, layers) if e is not None]
+    if values:
+        fit_axis(fig, "y", (min(e[0] for e in values), max(e[1] for e in values)))
+    times = [e for e in map(time_extent, layers) if e is not None]
+    if times:  # a new sample covers other hours: the time axis follows it, unpadded
+        fit_axis(fig, "x", (min(e[0] for e in times), max(e[1] for e in times)), pad=0.0)
+
+
+def axis_number(value) -> float:
+    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
+    if isinstance(value, np.datetime64):
+        return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
+    return float(value)

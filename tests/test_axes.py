@@ -1,0 +1,87 @@
+"""A chart's axes follow what it draws: on its first draw and on every later state, by one
+rule (attnpanel.render.axes), as ranges the browser cannot keep from a state before."""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import pytest
+from bokeh.models import DataRange1d, Range1d
+
+from attnpanel.render.axes import axis_number, chart_extent
+from attnpanel.render.elements import PlotKey
+from attnpanel.render.figures import draw, table_html
+from attnpanel.render.push import write
+from attnpanel.render.views import lanes, vector_bars
+
+
+def bars(values) -> hv.Overlay:
+    values = np.asarray(values, dtype=np.float32)
+    return hv.Overlay([vector_bars(values, ["#b2182b"] * len(values), "key", "weight")])
+
+
+def drawn_of(element):
+    figure, layers = draw(element)
+    found: dict = {}
+    for key, handles in layers:
+        found.setdefault(key, []).append(handles)
+    return figure, found
+
+
+def test_the_value_axis_follows_each_new_state_with_its_reset():
+    """Query 0 under a causal mask has one weight of 1: after weights of 0.004 the axis
+    must reach 1 (BokehJS kept a DataRange1d's first start and end for ever: the bar of 1
+    was drawn far above a frame that ended at 0.006)."""
+    figure, found = drawn_of(bars(np.full(480, 1 / 480)))
+    assert isinstance(figure.y_range, Range1d)  # not a DataRange1d the browser would freeze
+    assert figure.y_range.end == pytest.approx(1 / 480 * 1.06)
+    write(found, bars(np.r_[1.0, np.zeros(479)]))
+    rng = figure.y_range
+    assert (rng.start, rng.end) == pytest.approx((-0.06, 1.06))
+    assert (rng.reset_start, rng.reset_end) == (rng.start, rng.end)  # reset: this state's
+    write(found, bars([-2.0, 1.0, 0.5]))  # negative bars: their bottoms count
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((-2.18, 1.18))
+
+
+def test_a_curves_clock_axis_is_its_own_hours():
+    def curve(hour):
+        times = np.datetime64("2025-06-03T00:00") + np.arange(5) * np.timedelta64(1, "h")
+        times = times + np.timedelta64(hour, "h")
+        marker = hv.VLine(times[0], group="Marker")  # at one time: never the axis
+        return hv.Overlay([hv.Curve((times, np.arange(5.0)), "time", "signal"), marker])
+
+    figure, found = drawn_of(curve(0))
+    assert figure.x_range.start == axis_number(np.datetime64("2025-06-03T00:00"))
+    write(found, curve(14))
+    assert figure.x_range.start == axis_number(np.datetime64("2025-06-03T14:00"))
+    assert figure.x_range.end == axis_number(np.datetime64("2025-06-03T18:00"))
+    assert figure.x_range.reset_end == figure.x_range.end
+
+
+def test_lanes_markers_and_maps_never_rescale_an_axis():
+    assert chart_extent(lanes(8, 12)) is None
+    assert chart_extent(hv.VLine(3.0)) is None
+    assert chart_extent(hv.Image(np.ones((3, 3)))) is None
+    figure, found = drawn_of(
+        hv.Overlay([vector_bars(np.ones(96), ["k"] * 96, "f", "q"), lanes(8, 12)])
+    )
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((-0.06, 1.06))
+    # a chart whose layers never rescale it keeps Bokeh's own range of data that stay put
+    outline, _ = draw(hv.Rectangles([(0, 0, 1, 1)], group="Outline"))
+    assert isinstance(outline.y_range, DataRange1d)
+    assert PlotKey.of(lanes(8, 12)).group == "Lanes"
+
+
+def test_the_widest_column_of_a_table_wraps_its_long_cells_only():
+    """The shape table's "masked" row (a sentence) cut the table at the frame's edge."""
+    sentence = "blocked cells filled with -10000 by the model (its own mask: diagonal)"
+    shape = "(batch=32, head=8, query=480, key=480) (from q, k)"
+    html = table_html(
+        hv.Table(
+            {"step": ["masked"], "operation": [sentence], "shape": [shape]},
+            kdims=["step"],
+            vdims=["operation", "shape"],
+        )
+    )
+    assert f'<td class="prose">{sentence}</td>' in html
+    assert f"<td>{shape}</td>" in html  # a shape stays on one line

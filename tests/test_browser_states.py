@@ -1,0 +1,286 @@
+"""The words and ranges of every view follow the state they show, in every state.
+
+One walk of the served demo through every stage x every mask x two samples x two heads, at
+1280 and at 1600 px. The first sample comes from the link (``?sample=1``), the second from
+the keyboard (the Sample slider focused, ArrowRight): the two ways a sample changes that
+once left a range of the sample before. In each state, for every plot on the page (the
+projection and the merge opened as well):
+
+- its title fits its canvas (measured with the title's own font), or it wraps; no table
+  is wider than its frame (a cell cut at its edge);
+- its continuous axis ranges hold the data it draws, and are no more than Bokeh's padding
+  wider (a range left from the previous state is wider);
+- the matrix's title, hover label and the stage agree (``raw scores q·k`` at stage raw, not
+  "softmax weights"); the head maps, labelled "weight", are the same at every stage; the
+  bars titled "weights of query" are one query's weights (they sum to 1 over the keys the
+  mask leaves).
+
+Every problem found is collected with its state and reported together.
+"""
+
+from __future__ import annotations
+
+import pytest
+from served_app import HELPERS_JS, RENDERED_JS, shot
+
+from attnpanel.kernels.masks import MASK_MODES
+from attnpanel.readouts.core import STAGE_LABELS
+from attnpanel.traces.schema import STAGES
+
+SAMPLES = (1, 2)  # 1 from the link, 2 by the keyboard
+HEADS = (0, 5)
+SECTIONS = "projection=true&merge=true"
+
+# Every problem of the page as it stands, as strings; [] when every view is right.
+CHECK_JS = r"""
+([stage_label]) => {
+  const problems = [];
+  const measure = document.createElement("canvas").getContext("2d");
+  const value = (glyph, name) => glyph[name];
+  const column = (data, spec, n) => {
+    if (spec === null || spec === undefined) return null;
+    if (typeof spec === "number") return new Array(n).fill(spec);
+    if (spec.field !== undefined) return data[spec.field] ? Array.from(data[spec.field]) : null;
+    if (typeof spec.value === "number") return new Array(n).fill(spec.value);
+    return null;
+  };
+  const finite = (xs) => xs.filter((x) => typeof x === "number" && Number.isFinite(x));
+  // The data extent along x and y of one glyph renderer: [[lo, hi] or null, ...].
+  const extent = (r) => {
+    const g = r.glyph, data = r.data_source.data;
+    const n = Math.max(1, ...Object.values(data).map((c) => (c && c.length) || 0));
+    const get = (name) => column(data, value(g, name), n);
+    const xs = [], ys = [];
+    const add = (to, ...cols) => { for (const c of cols) if (c) to.push(...finite(c)); };
+    switch (g.type) {
+      case "Image": case "ImageRGBA": {
+        const x = get("x"), y = get("y"), dw = get("dw"), dh = get("dh");
+        if (x && dw) add(xs, x, x.map((v, i) => v + dw[i]));
+        if (y && dh) add(ys, y, y.map((v, i) => v + dh[i]));
+        break;
+      }
+      case "Quad": add(xs, get("left"), get("right")); add(ys, get("bottom"), get("top")); break;
+      case "Line": case "Scatter": case "Circle": add(xs, get("x")); add(ys, get("y")); break;
+      case "VBar": {
+        const x = get("x"), w = get("width");
+        if (x && w) add(xs, x.map((v, i) => v - w[i] / 2), x.map((v, i) => v + w[i] / 2));
+        add(ys, get("bottom"), get("top"));
+        break;
+      }
+      case "Rect": {
+        const x = get("x"), w = get("width"), y = get("y"), h = get("height");
+        if (x && w) add(xs, x.map((v, i) => v - w[i] / 2), x.map((v, i) => v + w[i] / 2));
+        if (y && h) add(ys, y.map((v, i) => v - h[i] / 2), y.map((v, i) => v + h[i] / 2));
+        break;
+      }
+      case "Segment": add(xs, get("x0"), get("x1")); add(ys, get("y0"), get("y1")); break;
+      case "Text": add(xs, get("x")); add(ys, get("y")); break;  // a label's anchor
+      default: return [null, null];
+    }
+    const span = (v) => (v.length ? [Math.min(...v), Math.max(...v)] : null);
+    return [span(xs), span(ys)];
+  };
+  for (const pv of attn.plots()) {
+    if (!pv.el.isConnected || pv.bbox.width === 0) continue;
+    const m = pv.model;
+    const title = m.title ? m.title.text : "";
+    const name = title.split("\n")[0].slice(0, 60) || m.name || "(untitled plot)";
+    // 1. the title fits its canvas
+    const tv = [...pv.renderer_views.values()].find((r) => r.model === m.title);
+    if (tv && title) {
+      measure.font = tv.visuals.text.font_value();
+      const widest = Math.max(...title.split("\n").map((l) => measure.measureText(l).width));
+      const room = pv.canvas_view.bbox.width - tv.bbox.x0;
+      if (widest > room + 1) {
+        const px = (v) => `${v.toFixed(0)} px`;
+        problems.push(`${name}: title cut (${px(widest)} of text, ${px(room)} of room)`);
+      }
+    }
+    // 2. continuous ranges hold the data, no more than the padding wider
+    const glyphs = m.renderers.filter((r) => r.type === "GlyphRenderer" && r.visible && !r.muted);
+    const found = { x: [], y: [] };
+    for (const r of glyphs) {
+      const [x, y] = extent(r);
+      if (x) found.x.push(x);
+      if (y) found.y.push(y);
+    }
+    for (const axis of ["x", "y"]) {
+      const range = m[`${axis}_range`];
+      if (range.type === "FactorRange" || found[axis].length === 0) continue;
+      const lo = Math.min(...found[axis].map((e) => e[0]));
+      const hi = Math.max(...found[axis].map((e) => e[1]));
+      const a = Math.min(range.start, range.end), b = Math.max(range.start, range.end);
+      const span = hi - lo, tol = 0.01 * span + 1e-9;
+      const p = (v) => v.toPrecision(6);
+      const where = `${name}: ${axis} range ${p(a)} to ${p(b)}, data ${p(lo)} to ${p(hi)}`;
+      if (a > lo + tol || b < hi - tol) problems.push(`${where}: data outside the range`);
+      else if (span > 0 && b - a > 1.25 * span + tol) {
+        problems.push(`${where}: range wider than its data`);
+      }
+    }
+  }
+  // 3. no table is wider than its frame (a cut cell)
+  for (const v of attn.views()) {
+    const table = v.shadow_el && v.shadow_el.querySelector("table");
+    if (!table || !v.el.isConnected) continue;
+    const frame = v.el.getBoundingClientRect(), drawn = table.getBoundingClientRect();
+    if (frame.width > 0 && drawn.right > frame.right + 1) {
+      const first = table.querySelector("th, td");
+      const what = `table "${first ? first.textContent : ""}..."`;
+      problems.push(`${what}: ${drawn.width.toFixed(0)} px wide in ${frame.width.toFixed(0)} px`);
+    }
+  }
+  // 4. the matrix: title, hover label and stage agree
+  const matrix = attn.plots().find((v) => /^sample \d+, /.test(v.model.title.text));
+  const tips = matrix.model.toolbar.tools.filter((t) => t.type === "HoverTool")
+    .flatMap((t) => t.tooltips.map((pair) => pair[0]));
+  if (!tips.includes(stage_label)) problems.push(`matrix hover names ${JSON.stringify(tips)}`);
+  const text = matrix.model.title.text;
+  if (!text.includes(stage_label)) problems.push(`matrix title ${JSON.stringify(text)}`);
+  const bar = matrix.model.right.concat(matrix.model.center).find((a) => a.type === "ColorBar");
+  if (bar && bar.title && !bar.title.startsWith(stage_label)) {
+    problems.push(`matrix colour bar titled ${bar.title}`);
+  }
+  const maps = attn.plot("head maps").model.toolbar.tools.filter((t) => t.type === "HoverTool")
+    .flatMap((t) => t.tooltips.map((pair) => pair[0]));
+  if (!maps.includes("weight")) problems.push(`head maps hover names ${JSON.stringify(maps)}`);
+  // 5. the bars titled "weights of query" are one query's weights
+  const bars = attn.plot("weights of query").model.renderers.find((r) => r.glyph.type === "Quad");
+  const sum = finite(Array.from(bars.data_source.data.top)).reduce((s, v) => s + v, 0);
+  if (Math.abs(sum - 1) > 1e-3) problems.push(`"weights of query" bars sum to ${sum}`);
+  return problems;
+}
+"""
+
+# The views a state shows, as the page writes them (so a wait can tell the state has landed).
+SETTLED_JS = r"""
+([sample, head, words]) => {
+  try {
+    const titles = attn.plots().map((v) => v.model.title.text);
+    const matrix = titles.find((t) => /^sample \d+, /.test(t));
+    return Bokeh.documents[0].is_idle && matrix.startsWith(`sample ${sample}, head ${head},`)
+      && matrix.includes(words)
+      && titles.some((t) => t.startsWith(`sample ${sample}: `))
+      && titles.some((t) => t.startsWith(`weights of query `) && t.includes(`(head ${head})`))
+      && titles.some((t) => t.startsWith(`the model's prediction, sample ${sample}:`));
+  } catch (e) { return false; }
+}
+"""
+# What every plot shows now (titles, ranges, the size of each column and a checksum of each
+# image), to tell when nothing moves any more.
+SNAPSHOT_JS = r"""() => {
+  const sum = (a) => {
+    let s = 0;
+    for (let i = 0; i < a.length; i += 7) if (Number.isFinite(a[i])) s += a[i];
+    return s;
+  };
+  const column = (c) => (c && c.length && c[0] && c[0].length > 1000 ? sum(c[0])
+                                                                     : (c && c.length) || 0);
+  return JSON.stringify(attn.plots().map((v) => [v.model.title.text,
+    v.model.x_range.start, v.model.x_range.end, v.model.y_range.start, v.model.y_range.end,
+    ...v.model.renderers.map((r) => r.data_source
+                             && Object.values(r.data_source.data).map(column))]));
+}"""
+# The values of the head maps (one checksum per head), not their pixels.
+HEAD_MAPS_JS = r"""() => attn.plot("head maps").model.renderers
+  .filter((r) => r.glyph.type === "Image")
+  .map((r) => { const a = r.data_source.data.image[0]; let s = 0;
+                for (let i = 0; i < a.length; i++) if (Number.isFinite(a[i])) s += a[i];
+                return s.toPrecision(7); }).join(",")"""
+
+
+def settle(page, sample: int, head: int, words: str) -> None:
+    """Wait until the page shows the state and nothing on it moves for 300 ms."""
+    page.wait_for_function(SETTLED_JS, arg=[sample, head, words], timeout=60_000)
+    before = page.evaluate(SNAPSHOT_JS)
+    for _ in range(40):
+        page.wait_for_timeout(300)
+        now = page.evaluate(SNAPSHOT_JS)
+        if now == before and page.evaluate("Bokeh.documents[0].is_idle"):
+            return
+        before = now
+    raise AssertionError(f"the page kept changing at sample {sample}, head {head}, {words}")
+
+
+def set_value(page, title: str, value) -> None:
+    page.evaluate("([t, v]) => { attn.widget(t).value = v; }", [title, value])
+
+
+@pytest.mark.parametrize("width", [1280, 1600])
+def test_every_view_follows_every_state(browser, artifacts, demo_url, width):
+    page = browser.new_page(viewport={"width": width, "height": 1300})
+    console: list = []
+    page.on("console", lambda msg: console.append((msg.type, msg.text)))
+    page.on("pageerror", lambda err: console.append(("pageerror", str(err))))
+    problems: list[str] = []
+    shots = {(1, 0, "none", "raw"), (2, 5, "causal", "softmax"), (2, 0, "diagonal", "masked")}
+    try:
+        page.goto(f"{demo_url}?sample={SAMPLES[0]}&{SECTIONS}", timeout=180_000)
+        page.wait_for_function("() => window.Bokeh && Object.keys(Bokeh.index).length > 0")
+        page.evaluate(HELPERS_JS)
+        page.wait_for_function(RENDERED_JS, timeout=180_000)
+        for sample in SAMPLES:
+            if sample != SAMPLES[0]:
+                page.locator(".noUi-handle").first.focus()  # the Sample slider
+                page.keyboard.press("ArrowRight")
+            for head in HEADS:
+                set_value(page, "Head", str(head))
+                for mask in MASK_MODES:
+                    set_value(page, "Mask", mask)
+                    maps = set()
+                    for stage in STAGES:
+                        set_value(page, "Stage", stage)
+                        label = STAGE_LABELS[stage]
+                        settle(page, sample, head, f"{label} (mask {mask}")
+                        state = f"{width} px, sample {sample}, head {head}, {mask}, {stage}"
+                        found = page.evaluate(CHECK_JS, [label])
+                        problems += [f"{state}: {p}" for p in found]
+                        maps.add(page.evaluate(HEAD_MAPS_JS))
+                        if (sample, head, mask, stage) in shots:
+                            shot(page, artifacts, f"state_{width}_{sample}_{head}_{mask}_{stage}")
+                    if len(maps) != 1:
+                        problems.append(
+                            f"sample {sample}, head {head}, {mask}: the head maps "
+                            "(labelled 'weight') changed with the stage"
+                        )
+    finally:
+        page.close()
+    assert problems == [], "\n".join(problems)
+    assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+EVERY_SECTION = "projection=true&merge=true&survey=true&patching=true&embedding=true"
+
+
+def test_every_section_open_keeps_its_words_and_ranges(browser, artifacts, demo_url):
+    """The sections closed by default (survey, patching, embedding), opened by the link,
+    checked as above at both widths, before and after a sample change by the keyboard."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1300})
+    console: list = []
+    page.on("pageerror", lambda err: console.append(("pageerror", str(err))))
+    problems: list[str] = []
+    label = STAGE_LABELS["softmax"]
+    try:
+        page.goto(f"{demo_url}?sample=1&{EVERY_SECTION}", timeout=180_000)
+        page.wait_for_function("() => window.Bokeh && Object.keys(Bokeh.index).length > 0")
+        page.evaluate(HELPERS_JS)
+        page.wait_for_function(RENDERED_JS, timeout=180_000)
+        page.wait_for_function(  # the survey's plots are drawn
+            "() => attn.plots().some((v) => v.model.title.text.includes(': entropy'))",
+            timeout=120_000,
+        )
+        for sample in (1, 2):
+            if sample == 2:
+                page.locator(".noUi-handle").first.focus()
+                page.keyboard.press("ArrowRight")
+            settle(page, sample, 0, f"{label} (mask diagonal")
+            for width in (1280, 1600):
+                page.set_viewport_size({"width": width, "height": 1300})
+                page.wait_for_timeout(800)  # the layout settles
+                found = page.evaluate(CHECK_JS, [label])
+                problems += [f"{width} px, sample {sample}: {p}" for p in found]
+                shot(page, artifacts, f"state_every_section_{width}_{sample}")
+    finally:
+        page.close()
+    assert problems == [], "\n".join(problems)
+    assert console == []
