@@ -58,9 +58,39 @@ def test_a_curves_clock_axis_is_its_own_hours():
     assert figure.x_range.reset_end == figure.x_range.end
 
 
+def test_views_sharing_a_figure_fit_it_together():
+    """The weights' band and the curves are two views of one figure, written one after the
+    other: the clock axis holds both (the band's cells reach half a step beyond the curve),
+    whichever was written last; a hidden curve no longer counts."""
+    start = np.datetime64("2025-06-03T14:00")
+    times = start + np.arange(4) * np.timedelta64(1, "m")
+    half = np.timedelta64(30, "s")
+    band = hv.Rectangles(
+        (times - half, np.zeros(4), times + half, np.ones(4)), group="QueryWeights"
+    )
+    curve = hv.Curve((times, [0.0, 5.0, 1.0, 2.0]), "time", "signal", group="Sequence")
+    high = hv.Curve((times, [0.0, 50.0, 1.0, 2.0]), "time", "signal", group="Extra")
+    figure, found = drawn_of(hv.Overlay([band, curve, high]))
+    assert figure.x_range.start == axis_number(times[0] - half)
+    later = np.timedelta64(2, "h")
+    write(
+        found,
+        band.clone(data=(times - half + later, np.zeros(4), times + half + later, np.ones(4))),
+    )
+    write(found, curve.clone(data=(times + later, [0.0, 5.0, 1.0, 2.0])))
+    write(found, high.clone(data=(times + later, [0.0, 50.0, 1.0, 2.0])))
+    assert figure.x_range.start == axis_number(times[0] - half + later)
+    assert figure.x_range.end == axis_number(times[-1] + half + later)
+    assert figure.y_range.end == pytest.approx(53.0)
+    found[PlotKey.of(high)][0]["glyph_renderer"].visible = False
+    write(found, curve.clone(data=(times + later, [0.0, 5.0, 1.0, 2.0])))
+    assert figure.y_range.end == pytest.approx(5.3)
+
+
 def test_lanes_markers_and_maps_never_rescale_an_axis():
     assert chart_extent(lanes(8, 12)) is None
     assert chart_extent(hv.VLine(3.0)) is None
+    assert chart_extent(hv.Labels(([0.5, 1.5], [0.5, 0.5], ["prev", "sink"]))) is None
     assert chart_extent(hv.Image(np.ones((3, 3)))) is None
     figure, found = drawn_of(
         hv.Overlay([vector_bars(np.ones(96), ["k"] * 96, "f", "q"), lanes(8, 12)])

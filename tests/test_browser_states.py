@@ -21,7 +21,7 @@ Every problem found is collected with its state and reported together.
 from __future__ import annotations
 
 import pytest
-from served_app import HELPERS_JS, RENDERED_JS, shot
+from served_app import HELPERS_JS, RENDERED_JS, opened, shot
 
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.readouts.core import STAGE_LABELS
@@ -284,3 +284,30 @@ def test_every_section_open_keeps_its_words_and_ranges(browser, artifacts, demo_
         page.close()
     assert problems == [], "\n".join(problems)
     assert console == []
+
+
+ACTIVE_JS = """(label) => attn.views().find((v) => v.model && v.model.label === label
+    && v.model.type === 'Checkbox').model.active"""
+
+
+def test_a_checkboxs_text_toggles_it(browser, artifacts, demo_url):
+    """Bokeh draws a checkbox's text as a div beside its input: a click on the text did
+    nothing. A click on the text toggles it (with the mouse, where a person clicks), and
+    the keyboard still does."""
+    with opened(browser, demo_url) as (page, console):
+        for label in ("Q/K/V projection", "masked and unmasked side by side"):
+            box = page.get_by_text(label, exact=True).first.bounding_box()
+            page.mouse.click(box["x"] + 0.7 * box["width"], box["y"] + box["height"] / 2)
+            page.wait_for_function(f"() => ({ACTIVE_JS})({label!r}) === true")
+        page.wait_for_function("() => /projection=true/i.test(window.location.search)")
+        page.evaluate(
+            "attn.views().find((v) => v.model && v.model.label === 'head merge and Wo')"
+            ".checkbox_el.focus()"
+        )
+        page.keyboard.press("Space")
+        page.wait_for_function(f"() => ({ACTIVE_JS})('head merge and Wo') === true")
+        box = page.get_by_text("Q/K/V projection", exact=True).first.bounding_box()
+        page.mouse.click(box["x"] + 0.5 * box["width"], box["y"] + box["height"] / 2)
+        page.wait_for_function(f"() => ({ACTIVE_JS})('Q/K/V projection') === false")
+        shot(page, artifacts, "checkbox_text")
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []

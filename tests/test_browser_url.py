@@ -197,3 +197,31 @@ def test_the_first_page_after_the_server_starts_says_what_it_builds(browser, art
         with opened(browser, url) as (second, console):
             assert second.get_by_text("Building the demo").count() == 0
             assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+def test_a_link_with_a_refused_value_opens_with_the_rest_and_says_so(browser, demo_url):
+    """``?sample=2&corrupted=nonsense``: Panel dropped every value of the link (the page
+    opened on sample 0) and said nothing. Now the rest holds and the refused one is named
+    with its choices; a valid corrupted input (another sample, sample 5) is taken."""
+    link = "?sample=2&corrupted=nonsense&patching=true"
+    with opened(browser, demo_url + link) as (page, console):
+        page.wait_for_function(
+            "() => document.body.innerText.includes('reading the link failed: "
+            "corrupted=nonsense: not one of without the fridge')",
+            timeout=30_000,
+        )
+        title = page.evaluate(
+            "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text)).model.title.text"
+        )
+        assert title.startswith("sample 2, head 0"), title
+        assert parse_qs(urlparse(page.url).query)["sample"] == ["2"]
+        assert [m for m in console if m[0] == "pageerror"] == []
+    link = "?sample=3&corrupted=another+sample&other=5&patching=true"
+    with opened(browser, demo_url + link) as (page, _console):
+        page.wait_for_function(
+            "() => attn.plots().some((v) => v.model.title.text.startsWith("
+            "'output patched into sample 5'))",
+            timeout=120_000,
+        )
+        assert page.evaluate("attn.widget('corrupted input').value") == "another sample"
+        assert "reading the link failed" not in page.evaluate("document.body.innerText")

@@ -526,3 +526,27 @@ def test_the_maps_hover_names_the_stage_shown_and_a_blocked_cell_in_words(explor
     opened.__panel__().get_root(Document())
     first = handles(opened, "matrix", "Image", "Attention")
     assert first["hover"].tooltips[-1][0] == core.STAGE_LABELS["raw"]
+
+
+def test_a_links_refused_value_is_named_and_the_others_hold():
+    """Panel's ``Location.sync`` applies a link's values together and drops them all,
+    silently, when one is refused: ``?sample=1&stage=bogus`` opened on sample 0. Each value
+    is now applied alone; the refused ones are named (the state's ``last_error``)."""
+    from attnpanel.app.url import apply_each
+
+    explorer = AttentionExplorer(make_trace(n_batch=3))
+    told = []
+    mapped = {"sample": 1, "stage": "bogus", "query": "abc", "head": 9, "mask": "causal"}
+    apply_each(explorer, mapped, AttentionExplorer.URL_PARAMS, later=lambda *a: told.append(a))
+    assert (explorer.sample, explorer.mask, explorer.stage) == (1, "causal", "softmax")
+    assert explorer.query == 0 and explorer.head == 0
+    (callback, state, error, where) = told[0]
+    callback(state, error, where)  # report: the state's last_error, a log line
+    assert explorer.last_error == (
+        "reading the link failed: stage=bogus: not one of raw, scaled, masked, softmax, "
+        "value_weighted; query=abc: not a whole number; head=9: not one of 0, 1, 2, 3, 4, 5, "
+        "6, 7, mean"
+    )
+    told.clear()
+    apply_each(explorer, {"sample": 2}, AttentionExplorer.URL_PARAMS, later=told.append)
+    assert explorer.sample == 2 and told == []  # nothing refused: nothing said

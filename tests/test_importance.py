@@ -193,3 +193,39 @@ def test_a_two_worker_cluster_gives_the_same_ranking(nilmformer):
     ):
         there = attnpanel.head_importance(model, *args, score=squared, client=client)
     np.testing.assert_allclose(there.values, here.values, rtol=1e-12)
+
+
+def test_overlapping_users_of_a_shared_model_keep_it_in_eval_and_frozen():
+    """A served model is shared by the sessions' threads. Session A enters, B enters, A
+    leaves while B runs: A used to switch the model back to training (dropout on in the
+    middle of B's forward) and its parameters back to requiring gradients. The last one
+    out restores both."""
+    import threading
+
+    from attnpanel.interventions.importance import evaluating, probing
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    model.train()
+    inside, a_left, b_done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def session_b():
+        with evaluating(model), probing(model):
+            inside.set()
+            a_left.wait(10)
+            seen["training"] = [m.training for m in model.modules()]
+            seen["grad"] = [p.requires_grad for p in model.parameters()]
+            x = torch.ones(1, 4)
+            seen["same"] = torch.equal(model(x), model(x))  # no dropout: the same output
+        b_done.set()
+
+    with evaluating(model), probing(model):
+        thread = threading.Thread(target=session_b)
+        thread.start()
+        assert inside.wait(10)
+    a_left.set()  # A is out; B still runs
+    assert b_done.wait(10)
+    thread.join()
+    assert seen == {"training": [False, False, False], "grad": [False, False], "same": True}
+    assert [m.training for m in model.modules()] == [True, True, True]  # restored by B
+    assert all(p.requires_grad for p in model.parameters())

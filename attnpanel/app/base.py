@@ -14,6 +14,7 @@ sections, the URL mirror and the page's frame. A kind declares what it adds:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 import panel as pn
@@ -22,6 +23,7 @@ import xarray as xr
 from attnpanel.app.engine import LiveEngine
 from attnpanel.app.linked import LinkedMaps
 from attnpanel.app.state import ExplorerState
+from attnpanel.app.url import apply_each, once_loaded
 from attnpanel.util import untrusted
 
 
@@ -171,4 +173,6 @@ class LayerExplorer(ExplorerState, Explorer):
         view); outside a server this does nothing."""
         location = pn.state.location
         if location is not None:
-            location.sync(self, self.URL_PARAMS)
+            # Panel drops every value of a link when one is refused: apply them one by one
+            refused = partial(apply_each, self, arguments=self.URL_PARAMS, later=once_loaded)
+            location.sync(self, self.URL_PARAMS, on_error=refused)

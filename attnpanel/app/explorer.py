@@ -22,7 +22,6 @@ import traceback
 import panel as pn
 
 from attnpanel.app.base import LayerExplorer
-from attnpanel.app.heads_url import HeadsOffInUrl
 from attnpanel.app.sections import (
     AttentionMatrix,
     Controls,
@@ -43,6 +42,7 @@ from attnpanel.app.sections import (
     TopAttended,
     ValueAggregation,
 )
+from attnpanel.app.url import HeadsOffInUrl, once_loaded
 from attnpanel.render.styling import WRAP
 from attnpanel.util import untrusted
 
@@ -77,7 +77,7 @@ class AttentionExplorer(LayerExplorer):
 
     def sync_url(self) -> None:
         """The URL keeps the selection (:attr:`URL_PARAMS`) and the heads switched off
-        (``off=2,5``: :mod:`attnpanel.app.heads_url`)."""
+        (``off=2,5``: :mod:`attnpanel.app.url`)."""
         super().sync_url()
         if pn.state.location is not None:
             HeadsOffInUrl(self, pn.state.location, later=once_loaded).start()
@@ -180,12 +180,6 @@ class AttentionExplorer(LayerExplorer):
             overwrite=overwrite,
             query=self.query,
         )
-
-
-def once_loaded(callback, *args) -> None:
-    """Run ``callback`` once the browser has loaded the page (a notification sent while it
-    is being built never shows)."""
-    pn.state.onload(lambda: callback(*args))
 
 
 def notify_errors(err: BaseException) -> None:

@@ -153,6 +153,7 @@ class ExplorerState(param.Parameterized):
         default=None,
         objects=[],
         allow_None=True,
+        check_on_set=True,  # a link's value outside the model's choices is refused
         doc="The corrupted input heads are patched into: the model's own (the demo: this "
         "window without one of its devices), another sample, or a span of the input replaced.",
     )

@@ -2,8 +2,8 @@
 
 Both :func:`attnpanel.render.figures.draw` and :func:`attnpanel.render.push.write` fit a
 chart's axes here, by one rule: the value axis to the layers that rescale it (bars, curves,
-points) with 6 % of their span beyond each end, a clock axis to its curves' hours. The
-ranges are ``Range1d`` models the server writes (see :func:`fit_axis`).
+points) with 6 % of their span beyond each end, a clock axis to what it draws of its
+sample's hours. The ranges are ``Range1d`` models the server writes (:func:`fit_axis`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from bokeh.models import Range1d
 from attnpanel.render.elements import Raster
 
 CHART_PAD = 0.06  # a chart's value axis: its data, and 6 % of their span beyond each end
-# layers that never rescale a chart: markers, spans and lanes are drawn within its data
-FIXED_AXIS = (hv.Table, hv.HSpan, hv.VSpan, hv.HSpans, hv.VSpans, hv.VLine, hv.HLine)
+# layers that never rescale an axis: markers, spans, lanes and labels are drawn within the
+# data of the others, and a map's axes are its cells
+FIXED_AXIS = (hv.Table, hv.HSpan, hv.VSpan, hv.HSpans, hv.VSpans, hv.VLine, hv.HLine, hv.Labels)
 FIXED_AXIS += (hv.Image, hv.HeatMap, Raster)
 
 
@@ -37,11 +38,12 @@ def chart_extent(layer) -> tuple[float, float] | None:
 
 
 def time_extent(layer) -> tuple[float, float] | None:
-    """A curve's clock (milliseconds since the epoch, first to last), or None for a layer
-    whose x is not time."""
-    if isinstance(layer, (*FIXED_AXIS, hv.Rectangles)):
-        return None  # markers at one time, the weights' band: drawn within the curves' hours
-    xs = np.asarray(layer.dimension_values(0))
+    """What a layer draws on a clock (milliseconds since the epoch, first to last: a curve's
+    times, the edges of the weights' band), or None for a layer whose x is not time."""
+    if isinstance(layer, FIXED_AXIS):
+        return None  # markers at one time: drawn within the others
+    names = ("x0", "x1") if isinstance(layer, hv.Rectangles) else (0,)
+    xs = np.concatenate([np.asarray(layer.dimension_values(n)) for n in names])
     if not len(xs) or not np.issubdtype(xs.dtype, np.datetime64):
         return None
     xs = xs[~np.isnat(xs)]
@@ -67,14 +69,32 @@ def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD
     rng.update(start=start, end=end, reset_start=start, reset_end=end)
 
 
-def fit_chart(fig, layers) -> None:
-    """Fit a chart's axes to what its layers draw: the value axis to every layer that
-    rescales it (:func:`chart_extent`), a clock axis to its curves' hours; an axis no layer
-    rescales stays as it is (fixed, or Bokeh's own range of data that never change)."""
-    values = [e for e in map(chart_extent, layers) if e is not None]
+EXTENT = "extent"  # a layer's handles: what it draws, (values, clock), kept for its figure
+
+
+def extents_of(layer) -> tuple:
+    """What a layer draws on a chart's value axis and on its clock (each None where it
+    does not rescale that axis), kept in its handles under :data:`EXTENT`."""
+    return chart_extent(layer), time_extent(layer)
+
+
+def fit_chart(fig, handles) -> None:
+    """Fit a chart's axes to what every layer shown in it draws now (the handles of each:
+    several views may share one figure, such as the curves and the weights' band): the
+    value axis to the layers that rescale it (:func:`chart_extent`), a clock axis to what
+    it draws of the sample's hours; an axis no layer rescales stays as it is (fixed, or
+    Bokeh's own range of data that never change)."""
+    shown = [
+        h[EXTENT]
+        for h in handles
+        if h.get("plot") is fig
+        and EXTENT in h
+        and getattr(h.get("glyph_renderer"), "visible", True)
+    ]
+    values = [e[0] for e in shown if e[0] is not None]
     if values:
         fit_axis(fig, "y", (min(e[0] for e in values), max(e[1] for e in values)))
-    times = [e for e in map(time_extent, layers) if e is not None]
+    times = [e[1] for e in shown if e[1] is not None]
     if times:  # a new sample covers other hours: the time axis follows it, unpadded
         fit_axis(fig, "x", (min(e[0] for e in times), max(e[1] for e in times)), pad=0.0)
 

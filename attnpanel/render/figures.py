@@ -45,7 +45,7 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import axis_number, fit_chart
+from attnpanel.render.axes import EXTENT, axis_number, extents_of, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
@@ -226,6 +226,7 @@ def draw(
         style.update((layer_style or {}).get(layer.label, {}))
         handles = _layer(fig, layer, style, cmap, clim, shared)
         handles["plot"] = fig
+        handles[EXTENT] = extents_of(layer)
         found.append((_key(layer), handles))
         if legend and layer.label and "glyph_renderer" in handles:
             renderers = [handles["glyph_renderer"]]
@@ -255,7 +256,7 @@ def draw(
             if "color_mapper" in handles and "image" in handles["source"].data:
                 handles["hover"] = hover  # its value's name follows the stage (push)
     if image is None and not isinstance(first, hv.HeatMap) and x_range is y_range is None:
-        fit_chart(fig, layers)  # the same rule as every later state's (push.write)
+        fit_chart(fig, [h for _, h in found])  # the rule of every later state (push.write)
     if xlim is not None and x_range is None:
         fig.x_range = Range1d(*xlim)
     if ylim is not None and y_range is None:

@@ -14,7 +14,7 @@ import numpy as np
 from bokeh.models import Div
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import axis_number, fit_chart
+from attnpanel.render.axes import EXTENT, axis_number, extents_of, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
 from attnpanel.render.figures import table_html
 
@@ -39,7 +39,7 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         Whether the element's label becomes the plot's title.
     """
     present = set()
-    figures = {}  # id -> (figure, the layers written into it by the generic push)
+    figures = {}
     for layer in layers_of(element):
         key = PlotKey.of(layer)
         present.add(key)
@@ -48,12 +48,12 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         for handles in drawn.get(key, []):
             own = handles.get("push")  # a section that drew its own models writes them
             (own or push)(handles, layer)
+            if own is None:
+                handles[EXTENT] = extents_of(layer)
             figure = handles["plot"]
             if "glyph_renderer" in handles:
                 handles["glyph_renderer"].visible = True
-            written = figures.setdefault(id(figure), (figure, []))[1]
-            if own is None:
-                written.append(layer)
+            figures[id(figure)] = figure
     # Reference curves switched off are hidden, but only by a redraw of the curves
     # themselves: the query marker shares their pane and must not hide them.
     redrawn_sequence = any(key.group == "Sequence" for key in present)
@@ -61,11 +61,12 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         if redrawn_sequence and key.group == "Sequence" and key not in present:
             for handles in found:
                 handles["glyph_renderer"].visible = False
-    for figure, written in figures.values():
+    every = [handles for found in drawn.values() for handles in found]
+    for figure in figures.values():
         if title:
             figure.title.text = element.label
         if not isinstance(figure, Div):
-            fit_chart(figure, written)  # the axes follow the data, as on the first draw
+            fit_chart(figure, every)  # what every view of the figure draws now
 
 
 def push(handles: dict, element) -> None:

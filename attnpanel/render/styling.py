@@ -176,6 +176,33 @@ def options(width: int = 400, height: int = 160) -> list:
 # the row is as wide as its items side by side and widens the whole page instead.
 WRAP = ":host { flex-wrap: wrap; min-width: 0 !important; }"
 
+# A checkbox whose text toggles it, as a person expects. Bokeh draws the text as a div
+# beside the input, not a <label> of it: a click on the text did nothing. Here the input
+# (transparent) covers the whole widget and the box is drawn before the text, checked,
+# focused and disabled as the input is; nothing is fetched (the tick is an inline SVG).
+TICK = (
+    "data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 12 12'%3E"
+    "%3Cpath d='M2.5 6.2 5 8.6 9.6 3.4' fill='none' stroke='white' stroke-width='1.8'/%3E"
+    "%3C/svg%3E"
+)
+CHECKBOX_TEXT = f"""
+:host {{ position: relative; cursor: pointer; }}
+input[type="checkbox"] {{
+  position: absolute; inset: 0; width: 100%; height: 100%; margin: 0;
+  opacity: 0; cursor: pointer; z-index: 1;
+}}
+input[type="checkbox"] + .bk-label {{ top: 0; margin-left: 0; }}
+.bk-label::before {{
+  content: ""; display: inline-block; box-sizing: border-box; width: 13px; height: 13px;
+  margin: 0 5px -2px 0; border: 1px solid #767676; border-radius: 2px; background: #fff;
+}}
+input:checked + .bk-label::before {{
+  background: #0075ff url("{TICK}") center / 11px no-repeat; border-color: #0075ff;
+}}
+input:focus-visible + .bk-label::before {{ outline: 2px solid #0075ff; outline-offset: 1px; }}
+input:disabled + .bk-label {{ opacity: 0.5; }}
+"""
+
 # Q, K and V each in a hue family of their own: a dark and a light shade, alternating by
 # head (the shaded lanes mark the heads too), so the three vectors never read alike.
 PROJECTION_FAMILIES = {

@@ -1,14 +1,18 @@
-"""One lock per key: a value that is costly to compute is computed once, however many
-threads (the served explorer's sessions and its map workers) ask for it at the same time.
+"""What threads (the served explorer's sessions and its map workers) share.
 
-The second thread to ask waits for the first and then reads what it stored, instead of
-computing it again (an overview of one head at L = 65,536 is ~10 s of both cores).
+- :class:`KeyLocks`: one lock per key: a value that is costly to compute is computed once,
+  however many threads ask for it at the same time. The second thread to ask waits for the
+  first and then reads what it stored, instead of computing it again (an overview of one
+  head at L = 65,536 is ~10 s of both cores).
+- :class:`SharedSetting`: a setting of one object that overlapping users share (a model in
+  eval mode): the first in makes it, the last out restores what was.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Iterator
+import weakref
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 
@@ -38,3 +42,42 @@ class KeyLocks:
         """Keys held or awaited now."""
         with self._guard:
             return len(self._locks)
+
+
+class SharedSetting:
+    """A setting of an object that overlapping users share, counted per object.
+
+    ``make(obj)`` sets it and returns what it changed; ``restore(changed)`` undoes that. The
+    first user of an object makes it, the last one out restores it: a user that left first
+    no longer undoes the setting under another still inside (a session's model switched
+    back to training, dropout on, in the middle of another session's forward).
+    """
+
+    def __init__(self, make: Callable[[object], object], restore: Callable[[object], None]):
+        self.make, self.restore = make, restore
+        self._guard = threading.Lock()
+        self._users: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @contextmanager
+    def __call__(self, obj) -> Iterator[None]:
+        """The setting on ``obj`` while the block runs (and while any other user's does)."""
+        with self._guard:
+            count, changed = self._users.get(obj, (0, None))
+            if count == 0:
+                changed = self.make(obj)
+            self._users[obj] = (count + 1, changed)
+        try:
+            yield
+        finally:
+            with self._guard:
+                count, changed = self._users[obj]
+                if count == 1:
+                    del self._users[obj]
+                    self.restore(changed)
+                else:
+                    self._users[obj] = (count - 1, changed)
+
+    def users(self, obj) -> int:
+        """How many users of ``obj`` are inside now."""
+        with self._guard:
+            return self._users.get(obj, (0, None))[0]

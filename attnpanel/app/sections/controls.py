@@ -6,7 +6,7 @@ import panel as pn
 
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts.core import layer_names, reference_name
-from attnpanel.render.styling import WRAP
+from attnpanel.render.styling import CHECKBOX_TEXT, WRAP
 from attnpanel.traces.schema import STAGES
 
 TOGGLES = (  # the sections' checkboxes, in the order the page shows them
@@ -155,6 +155,7 @@ class Controls(Section):
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):
                 widget.margin = (4, 5, 4, 5)  # their row is level with the player's slider
+                widget.stylesheets = [CHECKBOX_TEXT]  # a click on the text toggles it
         self._widgets = widgets
 
     @property

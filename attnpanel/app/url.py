@@ -1,0 +1,112 @@
+"""The whole state in the page URL, and a link's values the state refuses named.
+
+- :func:`apply_each`: Panel's ``Location.sync`` applies a link's values together and, when
+  one is refused, drops them all without a word (``?sample=2&corrupted=nonsense`` opened on
+  sample 0). Here they are applied one at a time: the others hold, and each refused one is
+  named in a notification (and the state's ``last_error``).
+- :class:`HeadsOffInUrl`: the heads switched off, ``?off=2,5`` (absent while every head is
+  on). The state's ``enabled_heads`` stays the one truth; this mirrors its complement in
+  the URL both ways, so a copied link reopens with the same heads off. A link naming a head
+  the layer does not have (or no head number at all) is refused by name and the heads stay
+  as they were.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import panel as pn
+import param
+
+from attnpanel.app.scheduler import report
+from attnpanel.app.state import ExplorerState
+
+KEY = "off"
+WHERE = "reading the link"
+
+
+def once_loaded(callback, *args) -> None:
+    """Run ``callback`` once the browser has loaded the page (a notification sent while it
+    is being built never shows)."""
+    pn.state.onload(lambda: callback(*args))
+
+
+def refusal(parameter: param.Parameter, value) -> str:
+    """Why ``parameter`` refuses ``value``, in a link's words."""
+    if isinstance(parameter, param.Selector):
+        choices = ", ".join(str(o) for o in parameter.objects)
+        return f"not one of {choices}" if choices else "nothing to choose here"
+    if isinstance(parameter, param.Boolean):
+        return "not true or false"
+    if isinstance(parameter, param.Integer) and not isinstance(value, int):
+        return "not a whole number"
+    bounds = getattr(parameter, "bounds", None)
+    if bounds is not None:
+        low, high = bounds
+        if low is not None and high is not None:
+            return f"outside {low} to {high}"
+        return f"below {low}" if low is not None else f"above {high}"
+    return "not a value of this parameter"
+
+
+def apply_each(state: ExplorerState, mapped: dict, arguments: dict[str, str], later=None) -> None:
+    """Apply a link's values (by parameter) one at a time; name each one refused.
+
+    ``arguments`` maps a parameter to its name in the URL; ``later(callback, *args)`` runs
+    the notification once the page is loaded (:func:`once_loaded`).
+    """
+    later = later or (lambda callback, *args: callback(*args))
+    refused = []
+    for name, value in mapped.items():
+        try:
+            state.param.update({name: value})
+        except (ValueError, TypeError):
+            why = refusal(state.param[name], value)
+            refused.append(f"{arguments.get(name, name)}={value}: {why}")
+    if refused:
+        later(report, state, ValueError("; ".join(refused)), WHERE)
+
+
+class HeadsOffInUrl:
+    """Mirror ``state.enabled_heads`` as the URL's ``off`` argument (Panel's ``Location``)."""
+
+    def __init__(self, state: ExplorerState, location, later=None):
+        # ``later(callback, *args)``: once the page is loaded; a notification sent while it
+        # is being built never shows
+        self.state, self.location = state, location
+        self.later = later or (lambda callback, *args: callback(*args))
+
+    def start(self) -> None:
+        """Read the link's ``off`` into the state, then follow the state."""
+        given = self.location.query_params.get(KEY)
+        if given not in (None, ""):
+            self.apply(str(given))
+        self.state.param.watch(self.write, "enabled_heads")
+        self.write()
+
+    def apply(self, text: str) -> None:
+        """Switch off the heads ``text`` names (``"2,5"``)."""
+        heads = list(self.state.param.enabled_heads.objects)
+        try:
+            off = {int(part) for part in text.split(",") if part.strip()}
+        except ValueError:
+            off = None
+        wrong = None if off is None else sorted(off - set(heads))
+        if off is None or wrong:
+            named = text if off is None else ", ".join(map(str, wrong))
+            last = len(heads) - 1
+            message = f"off={text}: {named} is not a head of this layer (heads 0 to {last})"
+            self.later(report, self.state, ValueError(message), WHERE)
+            return
+        self.state.enabled_heads = [h for h in heads if h not in off]
+
+    def write(self, *_events) -> None:
+        """The URL's ``off``: the heads not enabled, or no ``off`` at all."""
+        heads = self.state.param.enabled_heads.objects
+        off = [h for h in heads if h not in set(self.state.enabled_heads)]
+        query = {k: v for k, v in self.location.query_params.items() if k != KEY}
+        if off:
+            query[KEY] = ",".join(map(str, off))
+        search = "?" + urlencode(query) if query else ""
+        if search != self.location.search:
+            self.location.search = search
