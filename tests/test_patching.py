@@ -414,7 +414,7 @@ def test_multihead_attention_patch_equals_the_long_way(what):
     assert float((patched - expected).abs().max()) <= 1e-5
 
 
-@pytest.mark.parametrize(("name", "layer", "projection"), PROJECTED[1:3])
+@pytest.mark.parametrize(("name", "layer", "projection"), PROJECTED)
 def test_attribution_is_the_first_order_term(name, layer, projection):
     """``(a_source - a_target) . d score / d a`` at the target run, ``a`` the heads' lanes
     caught at the output projection's input by a hook of the model's own module."""

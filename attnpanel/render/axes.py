@@ -69,12 +69,12 @@ def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD
     rng.update(start=start, end=end, reset_start=start, reset_end=end)
 
 
-EXTENT = "extent"  # a layer's handles: what it draws, (values, clock), kept for its figure
+DRAWN_EXTENT = "extent"  # a layer's handles: what it draws, (values, clock), kept for its figure
 
 
 def extents_of(layer) -> tuple:
     """What a layer draws on a chart's value axis and on its clock (each None where it
-    does not rescale that axis), kept in its handles under :data:`EXTENT`."""
+    does not rescale that axis), kept in its handles under :data:`DRAWN_EXTENT`."""
     return chart_extent(layer), time_extent(layer)
 
 
@@ -85,10 +85,10 @@ def fit_chart(fig, handles) -> None:
     it draws of the sample's hours; an axis no layer rescales stays as it is (fixed, or
     Bokeh's own range of data that never change)."""
     shown = [
-        h[EXTENT]
+        h[DRAWN_EXTENT]
         for h in handles
         if h.get("plot") is fig
-        and EXTENT in h
+        and DRAWN_EXTENT in h
         and getattr(h.get("glyph_renderer"), "visible", True)
     ]
     values = [e[0] for e in shown if e[0] is not None]

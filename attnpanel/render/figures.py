@@ -45,7 +45,7 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import EXTENT, axis_number, extents_of, fit_chart
+from attnpanel.render.axes import DRAWN_EXTENT, axis_number, extents_of, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
@@ -226,7 +226,7 @@ def draw(
         style.update((layer_style or {}).get(layer.label, {}))
         handles = _layer(fig, layer, style, cmap, clim, shared)
         handles["plot"] = fig
-        handles[EXTENT] = extents_of(layer)
+        handles[DRAWN_EXTENT] = extents_of(layer)
         found.append((_key(layer), handles))
         if legend and layer.label and "glyph_renderer" in handles:
             renderers = [handles["glyph_renderer"]]

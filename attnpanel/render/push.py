@@ -14,7 +14,7 @@ import numpy as np
 from bokeh.models import Div
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import EXTENT, axis_number, extents_of, fit_chart
+from attnpanel.render.axes import DRAWN_EXTENT, axis_number, extents_of, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
 from attnpanel.render.figures import table_html
 
@@ -49,7 +49,7 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
             own = handles.get("push")  # a section that drew its own models writes them
             (own or push)(handles, layer)
             if own is None:
-                handles[EXTENT] = extents_of(layer)
+                handles[DRAWN_EXTENT] = extents_of(layer)
             figure = handles["plot"]
             if "glyph_renderer" in handles:
                 handles["glyph_renderer"].visible = True
