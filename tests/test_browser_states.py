@@ -249,7 +249,10 @@ def test_every_view_follows_every_state(browser, artifacts, demo_url, width):
     assert [m for m in console if m[0] in ("error", "pageerror")] == []
 
 
-EVERY_SECTION = "projection=true&merge=true&survey=true&patching=true&embedding=true"
+EVERY_SECTION = (
+    "projection=true&merge=true&survey=true&patching=true&embedding=true"
+    "&corrupted=another+sample&other=5"  # the longest title of the patched prediction
+)
 
 
 def test_every_section_open_keeps_its_words_and_ranges(browser, artifacts, demo_url):
@@ -265,10 +268,11 @@ def test_every_section_open_keeps_its_words_and_ranges(browser, artifacts, demo_
         page.wait_for_function("() => window.Bokeh && Object.keys(Bokeh.index).length > 0")
         page.evaluate(HELPERS_JS)
         page.wait_for_function(RENDERED_JS, timeout=180_000)
-        page.wait_for_function(  # the survey's plots are drawn
-            "() => attn.plots().some((v) => v.model.title.text.includes(': entropy'))",
-            timeout=120_000,
-        )
+        for drawn in (": entropy", "drawn by position on sample"):  # survey, patching
+            page.wait_for_function(
+                f"() => attn.plots().some((v) => v.model.title.text.includes({drawn!r}))",
+                timeout=120_000,
+            )
         for sample in (1, 2):
             if sample == 2:
                 page.locator(".noUi-handle").first.focus()

@@ -129,6 +129,11 @@ def test_other_corruptions_and_what_is_patched(page):
     page.param.update(show_patching=True, corruption="another sample", corrupt_sample=3, sample=0)
     assert np.isfinite(page.drawn("patching", "Patching")).all()
     assert "patched into sample 3" in page.engine.title("patching")
+    # sample 3's curves on sample 0's time axis: the title says so (its hours differ)
+    curves = page.engine.title("patched prediction")
+    assert curves.startswith("prediction on sample 3, ") and curves.endswith(
+        "patched in; sample 3 drawn by position on sample 0's clock"
+    ), curves
     page.param.update(corruption="span replaced by zeros", corrupt_span=(100, 200), patch_what="v")
     assert np.isfinite(page.drawn("patching", "Patching")).all()
     title = page.engine.title("patching")

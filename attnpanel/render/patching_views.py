@@ -48,12 +48,15 @@ def patched_curves(
     predictions: dict[str, np.ndarray],
     series: list[str],
     head: str,
+    other: int | None = None,
 ) -> hv.Overlay:
     """Each predicted series on the clean input (solid), on the corrupted one (dashed) and,
     where a head is picked, on the corrupted one with that head patched (dotted).
 
     ``predictions``: ``clean``, ``corrupted`` and (optional) ``patched``, each ``(series,
-    position)``; ``head`` names the patched head ("" for none).
+    position)``; ``head`` names the patched head ("" for none); ``other``: the corrupted
+    input is that other sample, whose own hours differ: the title says its curves are drawn
+    position by position on the shown sample's axis.
     """
     found = core.sequence_series(ds, sel, show_reference=False)
     clean = predictions["clean"]
@@ -78,4 +81,7 @@ def patched_curves(
                 )  # fmt: skip
             )
     what = head if head.startswith("nothing") else f"prediction on {head} patched in"
+    if other is not None and other != sel.sample:
+        axis = "clock" if xdim.name == "time" else "positions"
+        what += f"; sample {other} drawn by position on sample {sel.sample}'s {axis}"
     return hv.Overlay(curves, label=what)

@@ -148,7 +148,9 @@ class PatchingView(ModelHeadsSection):
         def build(sel):
             predictions, head = self.predictions(sel)
             names = self.run.series_names(len(predictions["clean"]))
-            return patching_views.patched_curves(self.trace, sel, predictions, names, head)
+            how = self.state.patching
+            other = how.other if how.how == ANOTHER_SAMPLE else None
+            return patching_views.patched_curves(self.trace, sel, predictions, names, head, other)
 
         element = self.engine.add(
             "prediction with a head patched",
