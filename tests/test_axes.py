@@ -21,7 +21,11 @@ def bars(values) -> hv.Overlay:
 
 
 def drawn_of(element):
-    figure, layers = draw(element)
+    return drawn_of_with(element)
+
+
+def drawn_of_with(element, **options):
+    figure, layers = draw(element, **options)
     found: dict = {}
     for key, handles in layers:
         found.setdefault(key, []).append(handles)
@@ -85,6 +89,29 @@ def test_views_sharing_a_figure_fit_it_together():
     found[PlotKey.of(high)][0]["glyph_renderer"].visible = False
     write(found, curve.clone(data=(times + later, [0.0, 5.0, 1.0, 2.0])))
     assert figure.y_range.end == pytest.approx(5.3)
+
+
+def test_given_limits_shared_ranges_and_maps_stay_as_drawn():
+    """``ylim`` (the token strip's), a range shared with other plots and a map's axes (a
+    dense survey: the density image under its points) are fixed on the first draw and on
+    every later state alike."""
+
+    def curve(top):
+        return hv.Curve(([0.0, 1.0, 2.0], [0.0, top, 1.0]), "x", "y", group="Extra")
+
+    figure, found = drawn_of_with(curve(1.0), ylim=(0.0, 1.0))
+    write(found, curve(10.0))
+    assert (figure.y_range.start, figure.y_range.end) == (0.0, 1.0)
+    shared = Range1d(-5, 5)
+    figure, found = drawn_of_with(curve(1.0), y_range=shared)
+    write(found, curve(10.0))
+    assert figure.y_range is shared and (shared.start, shared.end) == (-5, 5)
+    density = hv.Image(np.ones((4, 4)), bounds=(0, 0, 8, 4), group="Density")
+    points = hv.Scatter(([1.0, 7.0], [0.5, 3.5]), "head", "value", group="Survey")
+    figure, found = drawn_of_with(hv.Overlay([density, points]))
+    before = (figure.y_range.start, figure.y_range.end)
+    write(found, hv.Overlay([points.clone(data=([1.0, 7.0], [0.5, 30.0]))]))
+    assert (figure.y_range.start, figure.y_range.end) == before
 
 
 def test_lanes_markers_and_maps_never_rescale_an_axis():

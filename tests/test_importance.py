@@ -202,7 +202,8 @@ def test_overlapping_users_of_a_shared_model_keep_it_in_eval_and_frozen():
     out restores both."""
     import threading
 
-    from attnpanel.interventions.importance import evaluating, probing
+    from attnpanel.capturing.modes import evaluating
+    from attnpanel.interventions.importance import probing
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
     model.train()
@@ -229,3 +230,38 @@ def test_overlapping_users_of_a_shared_model_keep_it_in_eval_and_frozen():
     assert seen == {"training": [False, False, False], "grad": [False, False], "same": True}
     assert [m.training for m in model.modules()] == [True, True, True]  # restored by B
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_a_capture_ending_in_one_session_leaves_the_model_in_eval_for_another():
+    """Session A captures a model that is in training mode; session B enters its own eval
+    block meanwhile. A's capture used to switch the modules back to training on its way
+    out, under B. The model goes back to training only when B is done too."""
+    import threading
+
+    from attnpanel.capturing.modes import evaluating
+
+    class Waiting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
+            self.entered, self.gate = threading.Event(), threading.Event()
+
+        def forward(self, x):
+            out = self.mha(x, x, x)[0]
+            if threading.current_thread() is not threading.main_thread():
+                self.entered.set()  # session A is in the middle of its capture
+                self.gate.wait(10)
+            return out
+
+    model = Waiting().train()
+    captured = []
+    a = threading.Thread(
+        target=lambda: captured.append(attnpanel.capture(model, torch.ones(1, 3, 8)))
+    )
+    a.start()
+    assert model.entered.wait(10)
+    with evaluating(model):  # session B
+        model.gate.set()
+        a.join(10)
+        assert captured and not any(m.training for m in model.modules())  # A is out
+    assert all(m.training for m in model.modules())  # B was the last: restored

@@ -50,18 +50,22 @@ def refusal(parameter: param.Parameter, value) -> str:
 
 
 def apply_each(state: ExplorerState, mapped: dict, arguments: dict[str, str], later=None) -> None:
-    """Apply a link's values (by parameter) one at a time; name each one refused.
+    """Apply a link's values (by parameter) one at a time, the layer first (a head is the
+    layer's); name each one refused.
 
     ``arguments`` maps a parameter to its name in the URL; ``later(callback, *args)`` runs
-    the notification once the page is loaded (:func:`once_loaded`).
+    the notification once the page is loaded (:func:`once_loaded`). A value the state took
+    whose consequence failed is named with that failure's own words.
     """
     later = later or (lambda callback, *args: callback(*args))
     refused = []
-    for name, value in mapped.items():
+    for name in sorted(mapped, key=lambda name: name != "layer"):
+        value = mapped[name]
         try:
             state.param.update({name: value})
-        except (ValueError, TypeError):
-            why = refusal(state.param[name], value)
+        except Exception as err:  # noqa: BLE001 - every failure is named, the rest go on
+            taken = getattr(state, name, None) == value
+            why = str(err) if taken else refusal(state.param[name], value)
             refused.append(f"{arguments.get(name, name)}={value}: {why}")
     if refused:
         later(report, state, ValueError("; ".join(refused)), WHERE)

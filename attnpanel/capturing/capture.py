@@ -31,6 +31,7 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing import readers  # noqa: F401 - registers the attention readers
+from attnpanel.capturing.modes import evaluating
 from attnpanel.capturing.projections import call_tensors, read_projections
 from attnpanel.capturing.recorder import AttentionCall, AttentionRecorder, CaptureError
 from attnpanel.capturing.stacking import assemble, layer_sizes
@@ -160,16 +161,10 @@ def record_calls(
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
     recorder = AttentionRecorder(dense) if recorder is None else recorder
-    training = [m for m in model.modules() if m.training]  # each restored as it was
-    try:
-        if training:
-            model.eval()
-        # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
-        with recorder.watching(model), torch.no_grad():
-            model(*inputs, **kwargs)
-    finally:
-        for module in training:  # exactly the modules that were training, as they were
-            module.training = True
+    # eval mode, each module's restored after the last overlapping user (capturing.modes);
+    # nn.TransformerEncoderLayer's fused kernel skips multi_head_attention_forward
+    with evaluating(model), recorder.watching(model), torch.no_grad():
+        model(*inputs, **kwargs)
     calls = recorder.calls
     if not calls:
         raise CaptureError(_nothing_found(model))

@@ -31,9 +31,9 @@ import torch
 import xarray as xr
 from torch import nn
 
+from attnpanel.capturing.modes import evaluating
 from attnpanel.interventions.importance import (
     differentiable_score,
-    evaluating,
     output_tensor,
     probing,
 )

@@ -27,10 +27,10 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.capture import capture as capture_model
+from attnpanel.capturing.modes import evaluating
 from attnpanel.interventions.gate import AblationError, HeadWriter
 from attnpanel.interventions.importance import (
     differentiable_score,
-    evaluating,
     output_tensor,
     probing,
 )

@@ -22,6 +22,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from attnpanel.capturing.modes import evaluating
 from attnpanel.interventions.gate import (
     AblationError,
     HeadGate,
@@ -68,17 +69,6 @@ def relative_change(y: torch.Tensor, ablated: torch.Tensor) -> float:
     return change / norm if norm > 0 else float("nan")
 
 
-def _to_eval(model: nn.Module) -> list[nn.Module]:
-    training = [m for m in model.modules() if m.training]
-    model.eval()
-    return training
-
-
-def _back_to_training(training: list[nn.Module]) -> None:
-    for module in training:
-        module.training = True
-
-
 def _freeze(model: nn.Module) -> list[nn.Parameter]:
     frozen = [p for p in model.parameters() if p.requires_grad]
     for parameter in frozen:
@@ -92,16 +82,7 @@ def _unfreeze(frozen: list[nn.Parameter]) -> None:
 
 
 # A served model is shared by every session's threads: the last one out restores it.
-_EVAL = SharedSetting(_to_eval, _back_to_training)
 _FROZEN = SharedSetting(_freeze, _unfreeze)
-
-
-@contextlib.contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode (no dropout), each module's mode restored after the last
-    overlapping user (another session's thread) is done."""
-    with _EVAL(model):
-        yield
 
 
 @contextlib.contextmanager

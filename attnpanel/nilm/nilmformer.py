@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnpanel.capturing.modes import evaluating
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.nilm.power import (
     APPLIANCES,
@@ -235,12 +236,8 @@ class NILMFormer(nn.Module):
     @torch.no_grad()
     def predict(self, aggregate: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Per-appliance power in W, ``(B, A, L)``, non-negative, in eval mode."""
-        was_training = self.training
-        self.eval()
-        try:
+        with evaluating(self):  # shared by a server's sessions: restored by the last out
             return (self(aggregate, features) * self.target_scale).clamp_min(0)
-        finally:
-            self.train(was_training)
 
 
 def default_path(name: str = WEIGHTS_FILE) -> Path:

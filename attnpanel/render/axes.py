@@ -69,6 +69,7 @@ def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD
     rng.update(start=start, end=end, reset_start=start, reset_end=end)
 
 
+FIXED_AXES = "fixed axes"  # a layer's handles: the axes its figure was drawn with fixed
 DRAWN_EXTENT = "extent"  # a layer's handles: what it draws, (values, clock), kept for its figure
 
 
@@ -82,20 +83,21 @@ def fit_chart(fig, handles) -> None:
     """Fit a chart's axes to what every layer shown in it draws now (the handles of each:
     several views may share one figure, such as the curves and the weights' band): the
     value axis to the layers that rescale it (:func:`chart_extent`), a clock axis to what
-    it draws of the sample's hours; an axis no layer rescales stays as it is (fixed, or
-    Bokeh's own range of data that never change)."""
-    shown = [
-        h[DRAWN_EXTENT]
-        for h in handles
-        if h.get("plot") is fig
-        and DRAWN_EXTENT in h
-        and getattr(h.get("glyph_renderer"), "visible", True)
-    ]
+    it draws of the sample's hours. An axis stays as it is where no layer rescales it
+    (Bokeh's own range of data that never change) or where the figure was drawn with it
+    fixed (:data:`FIXED_AXES`: a map's, given limits, a range shared with other plots)."""
+
+    def visible(h) -> bool:
+        return getattr(h.get("glyph_renderer"), "visible", True)
+
+    mine = [h for h in handles if h.get("plot") is fig]
+    fixed = set().union(*(h.get(FIXED_AXES, ()) for h in mine))
+    shown = [h[DRAWN_EXTENT] for h in mine if DRAWN_EXTENT in h and visible(h)]
     values = [e[0] for e in shown if e[0] is not None]
-    if values:
+    if values and "y" not in fixed:
         fit_axis(fig, "y", (min(e[0] for e in values), max(e[1] for e in values)))
     times = [e[1] for e in shown if e[1] is not None]
-    if times:  # a new sample covers other hours: the time axis follows it, unpadded
+    if times and "x" not in fixed:  # a new sample covers other hours: unpadded
         fit_axis(fig, "x", (min(e[0] for e in times), max(e[1] for e in times)), pad=0.0)
 
 

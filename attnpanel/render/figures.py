@@ -45,7 +45,7 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import DRAWN_EXTENT, axis_number, extents_of, fit_chart
+from attnpanel.render.axes import DRAWN_EXTENT, FIXED_AXES, axis_number, extents_of, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
@@ -255,14 +255,18 @@ def draw(
         for _, handles in found:
             if "color_mapper" in handles and "image" in handles["source"].data:
                 handles["hover"] = hover  # its value's name follows the stage (push)
-    if image is None and not isinstance(first, hv.HeatMap) and x_range is y_range is None:
-        fit_chart(fig, [h for _, h in found])  # the rule of every later state (push.write)
     if xlim is not None and x_range is None:
         fig.x_range = Range1d(*xlim)
     if ylim is not None and y_range is None:
         fig.y_range = Range1d(*ylim)
+    # a map's axes are its cells; given limits and shared ranges stay as given
+    is_map = image is not None or isinstance(first, hv.HeatMap)
+    fixed = {"x"} if is_map or xlim is not None or x_range is not None else set()
+    fixed |= {"y"} if is_map or ylim is not None or y_range is not None else set()
     for _, handles in found:
         handles.update(x_range=fig.x_range, y_range=fig.y_range, xaxis=x_axis, yaxis=y_axis)
+        handles[FIXED_AXES] = frozenset(fixed)
+    fit_chart(fig, [h for _, h in found])  # the rule of every later state (push.write)
     if legend_items:
         fig.add_layout(
             Legend(

@@ -55,8 +55,8 @@ def patched_curves(
 
     ``predictions``: ``clean``, ``corrupted`` and (optional) ``patched``, each ``(series,
     position)``; ``head`` names the patched head ("" for none); ``other``: the corrupted
-    input is that other sample, whose own hours differ: the title says its curves are drawn
-    position by position on the shown sample's axis.
+    input is that other sample, whose own hours differ: where its curves are drawn on the
+    shown sample's clock, the title says they are drawn there position by position.
     """
     found = core.sequence_series(ds, sel, show_reference=False)
     clean = predictions["clean"]
@@ -81,7 +81,8 @@ def patched_curves(
                 )  # fmt: skip
             )
     what = head if head.startswith("nothing") else f"prediction on {head} patched in"
-    if other is not None and other != sel.sample:
-        axis = "clock" if xdim.name == "time" else "positions"
-        what += f"; sample {other} drawn by position on sample {sel.sample}'s {axis}"
+    corrupted = np.asarray(predictions.get("corrupted", []), dtype=float)
+    drawn = corrupted.size and np.isfinite(corrupted).any()
+    if other is not None and other != sel.sample and xdim.name == "time" and drawn:
+        what += f"; sample {other} drawn by position on sample {sel.sample}'s clock"
     return hv.Overlay(curves, label=what)

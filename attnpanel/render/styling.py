@@ -200,6 +200,7 @@ input:checked + .bk-label::before {{
   background: #0075ff url("{TICK}") center / 11px no-repeat; border-color: #0075ff;
 }}
 input:focus-visible + .bk-label::before {{ outline: 2px solid #0075ff; outline-offset: 1px; }}
+input:disabled {{ cursor: default; }}
 input:disabled + .bk-label {{ opacity: 0.5; }}
 """
 

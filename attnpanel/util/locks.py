@@ -50,7 +50,8 @@ class SharedSetting:
     ``make(obj)`` sets it and returns what it changed; ``restore(changed)`` undoes that. The
     first user of an object makes it, the last one out restores it: a user that left first
     no longer undoes the setting under another still inside (a session's model switched
-    back to training, dropout on, in the middle of another session's forward).
+    back to training, dropout on, in the middle of another session's forward). ``make``
+    and ``restore`` run under one lock for every object: keep them short.
     """
 
     def __init__(self, make: Callable[[object], object], restore: Callable[[object], None]):
@@ -65,7 +66,12 @@ class SharedSetting:
             count, changed = self._users.get(obj, (0, None))
             if count == 0:
                 changed = self.make(obj)
-            self._users[obj] = (count + 1, changed)
+            try:
+                self._users[obj] = (count + 1, changed)
+            except TypeError:  # an object that cannot be referenced weakly: undone at once
+                if count == 0:
+                    self.restore(changed)
+                raise
         try:
             yield
         finally:
