@@ -6,6 +6,7 @@ from __future__ import annotations
 import holoviews as hv
 import numpy as np
 import pytest
+import xarray as xr
 from bokeh.models import DataRange1d, Range1d
 
 from attnpanel.render.axes import axis_number, chart_extent
@@ -112,6 +113,24 @@ def test_given_limits_shared_ranges_and_maps_stay_as_drawn():
     before = (figure.y_range.start, figure.y_range.end)
     write(found, hv.Overlay([points.clone(data=([1.0, 7.0], [0.5, 30.0]))]))
     assert (figure.y_range.start, figure.y_range.end) == before
+
+
+def test_a_density_under_a_charts_points_is_no_map():
+    """A survey past 4,000 points draws their density under its boxes and points (the
+    image not first): its value axis runs upwards and follows the points, and a new
+    sample's density is written in place (a push raised KeyError: no 'image' dimension)."""
+    from attnpanel.render.survey_views import distribution
+
+    rng = np.random.default_rng(0)
+    values = xr.DataArray(rng.random((600, 8)), dims=("sample", "head"), name="entropy")
+    figure, found = drawn_of(distribution(values, sample=3))
+    y = figure.y_range
+    assert y.start < y.end  # upwards, not a map's query-0-on-top
+    assert y.start < 0.0 and y.end > 1.0  # the points' extremes, padded
+    write(found, distribution(values * 5, sample=4))
+    assert figure.y_range.end > 5.0
+    (density,) = [h for key, hs in found.items() if key.group == "Density" for h in hs]
+    assert np.nanmax(density["source"].data["image"][0]) > 0
 
 
 def test_lanes_markers_and_maps_never_rescale_an_axis():

@@ -260,7 +260,7 @@ def draw(
     if ylim is not None and y_range is None:
         fig.y_range = Range1d(*ylim)
     # a map's axes are its cells; given limits and shared ranges stay as given
-    is_map = image is not None or isinstance(first, hv.HeatMap)
+    is_map = isinstance(first, (hv.Image, hv.HeatMap))
     fixed = {"x"} if is_map or xlim is not None or x_range is not None else set()
     fixed |= {"y"} if is_map or ylim is not None or y_range is not None else set()
     for _, handles in found:
@@ -285,8 +285,8 @@ def draw(
 def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
     kind = type(layer).__name__
     visible = style.pop("visible", True)
-    if isinstance(layer, hv.Image):
-        return _image(fig, layer, style, cmap, clim)
+    if isinstance(layer, hv.Image):  # the first layer: a map; later, a density in a chart
+        return _image(fig, layer, style, cmap, clim, frame=not fig.renderers)
     if isinstance(layer, hv.HeatMap):
         return _heatmap(fig, layer, style, cmap)
     if isinstance(layer, hv.VLine):
@@ -349,7 +349,7 @@ def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
     return {"source": source, "glyph": renderer.glyph, "glyph_renderer": renderer}
 
 
-def _image(fig, layer: hv.Image, style: dict, cmap, clim) -> dict:
+def _image(fig, layer: hv.Image, style: dict, cmap, clim, frame: bool = True) -> dict:
     values = layer.dimension_values(2, flat=False)  # rows by ascending y
     left, bottom, right, top = layer.bounds.lbrt()
     source = ColumnDataSource(
@@ -369,9 +369,10 @@ def _image(fig, layer: hv.Image, style: dict, cmap, clim) -> dict:
     glyph = ImageGlyph(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper)
     renderer = GlyphRenderer(data_source=source, glyph=glyph)
     fig.renderers.append(renderer)
-    fig.x_range = fig.x_range if isinstance(fig.x_range, Range1d) else Range1d(left, right)
-    if not isinstance(fig.y_range, Range1d):
-        fig.y_range = Range1d(top, bottom)  # query 0 on top, as every map here
+    if frame:  # a map frames its figure; a density under a chart's points does not
+        fig.x_range = fig.x_range if isinstance(fig.x_range, Range1d) else Range1d(left, right)
+        if not isinstance(fig.y_range, Range1d):
+            fig.y_range = Range1d(top, bottom)  # query 0 on top, as every map here
     return {
         "source": source,
         "glyph": renderer.glyph,

@@ -82,24 +82,29 @@ def push(handles: dict, element) -> None:
         glyph.location = axis_number(element.data)
         return
     source = handles["source"]
-    if isinstance(element, Raster):
-        left, bottom, right, top = element.bounds
-        image = element.values
+    if isinstance(element, (Raster, hv.Image)):  # a Raster on the live path, else an Image
+        if isinstance(element, Raster):
+            left, bottom, right, top = element.bounds
+            image = element.values
+        else:  # a survey's density: rows by ascending value, as it was drawn
+            left, bottom, right, top = element.bounds.lbrt()
+            image = element.dimension_values(2, flat=False)
         source.data = dict(
             image=[image], x=[left], y=[bottom], dw=[right - left], dh=[top - bottom]
         )
         mapper = handles.get("color_mapper")
         if mapper is not None:
             mapper.low, mapper.high = image_limits(image, element.group in CENTRED_GROUPS)
+        value_label = getattr(element, "value_label", None)  # a Raster's, for the stage
         colorbar = handles.get("colorbar")
         if colorbar is not None and colorbar.title:  # a titled bar states the rule
-            label = element.value_label or handles.get("colorbar_label", "")
+            label = value_label or handles.get("colorbar_label", "")
             colorbar.title = scale_title(label, mapper.low)
         hover = handles.get("hover")
-        if element.value_label and hover is not None and hover.tooltips:
+        if value_label and hover is not None and hover.tooltips:
             *place, (_, field) = hover.tooltips  # the value's name: what the map now shows
-            if hover.tooltips[-1][0] != element.value_label:
-                hover.tooltips = [*place, (element.value_label, field)]
+            if hover.tooltips[-1][0] != value_label:
+                hover.tooltips = [*place, (value_label, field)]
         return
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")
