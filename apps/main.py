@@ -1,4 +1,4 @@
-"""Serve the attention explorer on the demo trace: ``panel serve apps/main.py``.
+"""Serve the attention explorer on the demo trace: ``panel serve apps/main.py --warm``.
 
 Demonstrates every stage of NILMFormer's multi-head self-attention on 32 held-out 8-hour
 windows of household power, one layer of the trained demo model.
@@ -9,9 +9,13 @@ its prediction again.
 Panel runs this file once per session; the demo trace is computed once per server
 process and shared read-only, and the next session's explorer is built while the server is
 idle (``attnpanel.app.serving``). The survey of every head over the 32 windows is computed
-once per process in a thread after the first page has loaded.
+once per process in a thread after the first page has loaded. With ``--warm``, Panel runs
+this file once as the server starts: the demo and the first explorer are built then, and
+the first visitor's page opens as a later one does; without it, the first page shows the
+demo being built (``serving.LoadingPage``), then the explorer.
 """
 
+import sys
 import threading
 from functools import partial
 
@@ -34,8 +38,13 @@ def page(trace, model):
     return serving.built_ahead("demo", partial(AttentionExplorer.built, trace, model=model))
 
 
-if all(key in pn.state.cache for key in READY):
-    trace, model = (pn.state.cache[key] for key in READY)
+# ``panel serve apps/main.py --warm`` runs this file once as the server starts: the demo is
+# built then, with the first explorer (and the next one, built ahead for the first visitor)
+WARMING = "--warm" in sys.orig_argv  # (Panel gives the app its own sys.argv)
+
+if WARMING or all(key in pn.state.cache for key in READY):
+    trace = serving.shared_trace("demo", attnpanel.demo)
+    model = pn.state.as_cached(READY[1], demo_model_run)
     page(trace, model).servable(title=TITLE)
 else:  # the first page after the server starts: a loading page at once, then the explorer
     steps = [

@@ -8,8 +8,11 @@ Serves ``apps/main.py`` and, as the baseline in the same run, ``benchmarks/naive
 prints the median and p95 time from the request to Bokeh's document being idle (every view
 rendered and painted), and the median time to the server's answer (the page's HTML). The
 first page of each server is left out of the figures (it builds the shared demo trace) and
-printed apart. A third row, ``benchmarks/one_map_app.py`` (a Panel page with one 480 x 480
-map), is this machine's floor in the same run.
+printed apart; the row of a server started with ``--warm`` (the README's command: the demo
+and the first explorer are built as the server starts) shows the cold start the first
+visitor meets, requested as soon as the server listens. A last row,
+``benchmarks/one_map_app.py`` (a Panel page with one 480 x 480 map), is this machine's
+floor in the same run.
 
 With ``--gap 0`` a page is requested as soon as the previous one is idle: the explorer
 built ahead for it (``attnpanel.app.serving.built_ahead``) is then still being built, and the
@@ -50,11 +53,14 @@ def check_rendered(page, app: Path) -> None:
         )
 
 
-def first_paints(browser, app: Path, pages: int, gap: float) -> tuple[list[float], list[float]]:
+def first_paints(
+    browser, app: Path, pages: int, gap: float, extra=()
+) -> tuple[list[float], list[float]]:
     """Seconds from the request to an idle document, and to the server's answer, for
-    ``pages`` pages in a row, ``gap`` seconds apart."""
+    ``pages`` pages in a row, ``gap`` seconds apart (``extra``: ``panel serve``'s options;
+    the first page is requested as soon as the server listens)."""
     times, answers = [], []
-    with serve(app) as (url, _proc):
+    with serve(app, extra_args=extra) as (url, _proc):
         for _ in range(pages):
             page = browser.new_page(viewport={"width": 1600, "height": 1300})
             start = time.perf_counter()
@@ -90,6 +96,9 @@ def main() -> None:
         browser = launch_chromium(p)
         rows = {
             "explorer (apps/main.py)": first_paints(browser, APP, args.pages, args.gap),
+            "explorer, server started with --warm (the README's)": first_paints(
+                browser, APP, args.pages, args.gap, extra=("--warm",)
+            ),
             "naive DynamicMaps (baseline)": first_paints(
                 browser, ROOT / "benchmarks" / "naive_app.py", args.pages, args.gap
             ),

@@ -225,3 +225,28 @@ def test_a_link_with_a_refused_value_opens_with_the_rest_and_says_so(browser, de
         )
         assert page.evaluate("attn.widget('corrupted input').value") == "another sample"
         assert "reading the link failed" not in page.evaluate("document.body.innerText")
+
+
+def test_a_server_started_warm_opens_its_first_page_as_any_other(browser, artifacts):
+    """``panel serve apps/main.py --warm`` (the README's command) builds the demo and the
+    first explorer as the server starts: the first visitor's document arrives with the
+    explorer in it (a cold server's arrives with its loading page), showing the model's own
+    weights."""
+    with serve(extra_args=("--warm",)) as (url, _proc):
+        page = browser.new_page(viewport={"width": 1600, "height": 1300})
+        try:
+            page.goto(url + "?sample=1&head=2", timeout=180_000)
+            page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0")
+            first = page.evaluate(
+                "[...Bokeh.documents[0].all_models].filter((m) => m.type === 'Figure').length"
+            )
+            page.evaluate(HELPERS_JS)
+            page.wait_for_function(RENDERED_JS, timeout=180_000)
+            image = page.evaluate(image_js("sample 1, head 2"))
+            shot(page, artifacts, "warm_first_page")
+        finally:
+            page.close()
+    assert first > 5  # the explorer's plots, in the first document
+    weights = attnpanel.demo().weights.isel(batch=1, head=2).values
+    shown = np.array(image["values"], dtype=float).reshape(image["shape"])
+    numerics.assert_same_numbers(shown, np.where(np.eye(480, dtype=bool), np.nan, weights))
