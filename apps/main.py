@@ -42,14 +42,21 @@ def page(trace, model):
 # built then, with the first explorer (and the next one, built ahead for the first visitor)
 WARMING = "--warm" in sys.orig_argv  # (Panel gives the app its own sys.argv)
 
+
+def shared_trace():
+    return serving.shared_trace("demo", attnpanel.demo)  # READY[0]
+
+
+def shared_model():
+    return pn.state.as_cached(READY[1], demo_model_run)
+
+
 if WARMING or all(key in pn.state.cache for key in READY):
-    trace = serving.shared_trace("demo", attnpanel.demo)
-    model = pn.state.as_cached(READY[1], demo_model_run)
-    page(trace, model).servable(title=TITLE)
+    page(shared_trace(), shared_model()).servable(title=TITLE)
 else:  # the first page after the server starts: a loading page at once, then the explorer
     steps = [
-        ("the trace of 32 held-out windows", lambda: serving.shared_trace("demo", attnpanel.demo)),
-        ("the model at hand", lambda: pn.state.as_cached(READY[1], demo_model_run)),
+        ("the trace of 32 held-out windows", shared_trace),
+        ("the model at hand", shared_model),
     ]
     serving.LoadingPage("the demo", steps, lambda found: page(*found)).servable(title=TITLE)
 

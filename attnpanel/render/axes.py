@@ -16,15 +16,17 @@ from attnpanel.render.elements import Raster
 
 CHART_PAD = 0.06  # a chart's value axis: its data, and 6 % of their span beyond each end
 # layers that never rescale an axis: markers, spans, lanes and labels are drawn within the
-# data of the others, and a map's axes are its cells
-FIXED_AXIS = (hv.Table, hv.HSpan, hv.VSpan, hv.HSpans, hv.VSpans, hv.VLine, hv.HLine, hv.Labels)
-FIXED_AXIS += (hv.Image, hv.HeatMap, Raster)
+# data of the others, a map's axes are its cells, a table has none
+NEVER_RESCALE = (
+    *(hv.HSpan, hv.VSpan, hv.HSpans, hv.VSpans, hv.VLine, hv.HLine, hv.Labels),
+    *(hv.Image, hv.HeatMap, Raster, hv.Table),
+)
 
 
 def chart_extent(layer) -> tuple[float, float] | None:
     """The value (y) extent of a chart's layer, to which its axis fits; None where the layer
     sits on a fixed axis (outlines, token boxes, markers, maps, tables) or draws nothing."""
-    if isinstance(layer, FIXED_AXIS):
+    if isinstance(layer, NEVER_RESCALE):
         return None
     if isinstance(layer, hv.Rectangles):
         if layer.group != "Vector":
@@ -40,7 +42,7 @@ def chart_extent(layer) -> tuple[float, float] | None:
 def time_extent(layer) -> tuple[float, float] | None:
     """What a layer draws on a clock (milliseconds since the epoch, first to last: a curve's
     times, the edges of the weights' band), or None for a layer whose x is not time."""
-    if isinstance(layer, FIXED_AXIS):
+    if isinstance(layer, NEVER_RESCALE):
         return None  # markers at one time: drawn within the others
     names = ("x0", "x1") if isinstance(layer, hv.Rectangles) else (0,)
     xs = np.concatenate([np.asarray(layer.dimension_values(n)) for n in names])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import holoviews as hv
 import numpy as np
-from bokeh.models import Div
 
 from attnpanel.readouts.raster import image_limits, scale_title
 from attnpanel.render.axes import DRAWN_EXTENT, axis_number, extents_of, fit_chart
@@ -65,8 +64,7 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
     for figure in figures.values():
         if title:
             figure.title.text = element.label
-        if not isinstance(figure, Div):
-            fit_chart(figure, every)  # what every view of the figure draws now
+        fit_chart(figure, every)  # what every view of the figure draws now (a table: nothing)
 
 
 def push(handles: dict, element) -> None:

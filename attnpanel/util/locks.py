@@ -82,8 +82,3 @@ class SharedSetting:
                     self.restore(changed)
                 else:
                     self._users[obj] = (count - 1, changed)
-
-    def users(self, obj) -> int:
-        """How many users of ``obj`` are inside now."""
-        with self._guard:
-            return self._users.get(obj, (0, None))[0]
