@@ -8,18 +8,22 @@ value in the page (what a user's change does to the Bokeh model), then polls a h
 attention matrix canvas every animation frame until its pixels differ. It prints, per change
 type, the median and 95th percentile of:
 
-* ``total``: widget change to repainted matrix canvas (the acceptance number);
+* ``median``/``p95``: widget change to repainted matrix canvas (the acceptance number),
+  on the page as served: a head, stage or mask change whose map the server has sent
+  ahead is drawn by the browser (``by browser`` counts them; see
+  :mod:`attnpanel.app.prefetch`);
 * ``to patch``: widget change to the first document patch arriving from the server
-  (round trip plus server callback), so ``total - to patch`` is the browser's own work
-  (deserializing, colour mapping, WebGL paint);
+  (round trip plus server callback);
+* ``round trip``: the same changes on the same page opened with ``?ahead=false``, every
+  change drawn by the server as before (the baseline of the same run), and ``ratio``, its
+  median over the served page's;
 * ``server``: the explorer's callback for the same change measured in this process, for
-  the views drawn first and for all views.
+  the views drawn first and for all views; ``naive base``: nine ``rasterize``d HoloViews
+  ``DynamicMap``s (the matrix and the eight head maps) refreshed through a ``Params``
+  stream.
 
-For the query it also times the value-aggregation bars (drawn in the next tick). The
-baseline, measured in the same run, is the naive way: nine ``rasterize``d HoloViews
-``DynamicMap``s (the matrix and the eight head maps) refreshed through a ``Params`` stream;
-the ratio column is baseline server time over the explorer's. Finally it reports the
-server process's peak resident memory with one session.
+For the query it also times the value-aggregation bars (drawn in the next tick). Finally
+it reports the server process's resident memory with one session.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ CHANGES = {
     "mask": ("Mask", ["none", "causal", "diagonal"], "mask"),
     "stage": ("Stage", ["raw scores", "scaled", "masked", "softmax"], "stage"),
 }
+CACHED = "Number(document.body.dataset.attnpanelCached || 0)"  # maps the page holds
+# 1 when the matrix shows the browser's own copy (the server sent no image for the change)
+DRAWN_BY_BROWSER = (
+    f"(() => {{ const pv = ({MATRIX})();"
+    " const level = pv.model.renderers.find((r) => r.name === 'cached levels');"
+    " return level && level.visible ? 1 : 0; })()"
+)
 PARAM_VALUES = {
     "head": [1, 2, 3, 4, 5, 6, 7, 0],
     "query": [37, 121, 250, 333, 402, 460, 15, 199],
@@ -61,41 +72,55 @@ def percentile(values, q):
 
 
 def browser_latencies(repeats: int):
-    """Per change type: lists of total and to-patch milliseconds, plus memory figures."""
+    """Per change type: lists of total and to-patch milliseconds and how many changes the
+    browser drew itself, for the page as served and for the same page without maps sent
+    ahead (``?ahead=false``: every change a round trip), plus memory figures."""
     from playwright.sync_api import sync_playwright
 
-    results = {}
     with serve() as (url, proc), sync_playwright() as p:
         browser = launch_chromium(p)
         console: list = []
         page = open_app(browser, url, console)
         rss_loaded = rss_mb(proc.pid)
-        for name, (title, values, _) in CHANGES.items():
-            totals, patches, aggregation = [], [], []
-            for value in itertools.islice(itertools.cycle(values), repeats):
-                bars_before = page.evaluate("attn.hash(attn.plot('weights of query'))")
-                timing = page.evaluate(
-                    "([t, v, m]) => attn.timed_change(t, v, eval(m))", [title, value, MATRIX]
-                )
-                totals.append(timing["total"])
-                if timing["to_patch"] is not None:
-                    patches.append(timing["to_patch"])
-                if name == "query":
-                    # the bars repaint in the tick after the matrix: time from the change
-                    aggregation.append(
-                        timing["total"]
-                        + page.evaluate(
-                            "(b) => attn.until_changed(attn.plot('weights of query'), b)",
-                            bars_before,
-                        )
-                    )
-                page.wait_for_timeout(150)  # let the deferred views land before the next change
-            results[name] = dict(total=totals, patch=patches, aggregation=aggregation)
+        page.wait_for_function(f"() => {CACHED} >= 20", timeout=60_000)  # the first maps
+        results = _changes(page, repeats)
+        page.close()
+        page = open_app(browser, url + "?ahead=false", console)
+        round_trips = _changes(page, repeats)
         page.wait_for_timeout(1000)
         memory = dict(loaded=rss_loaded, now=rss_mb(proc.pid), peak=peak_rss_mb(proc.pid))
         errors = [m for m in console if m[0] in ("error", "pageerror")]
         browser.close()
-    return results, memory, errors
+    return results, round_trips, memory, errors
+
+
+def _changes(page, repeats: int) -> dict:
+    results = {}
+    for name, (title, values, _) in CHANGES.items():
+        totals, patches, aggregation, in_browser = [], [], [], 0
+        for value in itertools.islice(itertools.cycle(values), repeats):
+            bars_before = page.evaluate("attn.hash(attn.plot('weights of query'))")
+            timing = page.evaluate(
+                "([t, v, m]) => attn.timed_change(t, v, eval(m))", [title, value, MATRIX]
+            )
+            totals.append(timing["total"])
+            in_browser += page.evaluate(DRAWN_BY_BROWSER)
+            if timing["to_patch"] is not None:
+                patches.append(timing["to_patch"])
+            if name == "query":
+                # the bars repaint in the tick after the matrix: time from the change
+                aggregation.append(
+                    timing["total"]
+                    + page.evaluate(
+                        "(b) => attn.until_changed(attn.plot('weights of query'), b)",
+                        bars_before,
+                    )
+                )
+            page.wait_for_timeout(150)  # let the deferred views land before the next change
+        results[name] = dict(
+            total=totals, patch=patches, aggregation=aggregation, in_browser=in_browser
+        )
+    return results
 
 
 def _time_updates(target, name, repeats):
@@ -184,25 +209,34 @@ def main(argv=None) -> None:
     print("measuring server callbacks in process ...", flush=True)
     server = server_times(args.repeats)
     print("measuring the served app in Chromium ...", flush=True)
-    browser, memory, errors = browser_latencies(args.repeats)
+    browser, round_trips, memory, errors = browser_latencies(args.repeats)
+
+    def ms(values, q=50):
+        return percentile(values, q) if values else float("nan")
 
     header = (
-        f"{'change':<8}{'n':>4}{'median ms':>11}{'p95 ms':>9}{'to patch':>10}"
-        f"{'server first':>14}{'server all':>12}{'naive base':>12}{'ratio':>7}"
+        f"{'change':<8}{'n':>4}{'median ms':>11}{'p95 ms':>8}{'by browser':>12}{'to patch':>10}"
+        f"{'round trip':>12}{'p95':>6}{'ratio':>7}"
+        f"{'server first':>14}{'server all':>12}{'naive base':>12}"
     )
     print()
     print("event -> repainted matrix canvas (Chromium, demo 32 x 8 x 480 x 480)")
+    print("  as served (maps sent ahead); round trip: the same page with ?ahead=false,")
+    print("  same server and run; server columns: the callbacks in this process (naive:")
+    print("  nine rasterized DynamicMaps); by browser: changes drawn from the page's copy")
     print(header)
     for name, timing in browser.items():
-        srv = server[name]
+        srv, trip = server[name], round_trips[name]["total"]
         base = statistics.median(srv["baseline"]) if "baseline" in srv else float("nan")
-        mine = statistics.median(srv["all"])
+        total = timing["total"]
+        # the query moves a marker: no map to draw
+        by_browser = "-" if name == "query" else f"{timing['in_browser']}/{len(total)}"
         print(
-            f"{name:<8}{len(timing['total']):>4}{statistics.median(timing['total']):>11.0f}"
-            f"{percentile(timing['total'], 95):>9.0f}"
-            f"{statistics.median(timing['patch']) if timing['patch'] else float('nan'):>10.0f}"
-            f"{statistics.median(srv['first']):>14.1f}{mine:>12.1f}{base:>12.0f}"
-            f"{base / mine:>7.1f}"
+            f"{name:<8}{len(total):>4}{ms(total):>11.0f}{ms(total, 95):>8.0f}"
+            f"{by_browser:>12}{ms(timing['patch']):>10.0f}"
+            f"{ms(trip):>12.0f}{ms(trip, 95):>6.0f}{ms(trip) / ms(total):>7.1f}"
+            f"{statistics.median(srv['first']):>14.1f}{statistics.median(srv['all']):>12.1f}"
+            f"{base:>12.0f}"
         )
     agg = browser["query"]["aggregation"]
     print(

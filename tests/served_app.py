@@ -217,9 +217,13 @@ def serving(cmd: list[str], port: int, url: str, timeout: float = 240.0):
         log.close()
 
 
-def open_app(browser, url: str, console: list, timeout_ms: int = 180_000):
-    """Open the served explorer in a new page; wait until its matrix is drawn."""
+def open_app(browser, url: str, console: list, timeout_ms: int = 180_000, before=None):
+    """Open the served explorer in a new page; wait until its matrix is drawn.
+
+    ``before(page)``, if given, runs before the page loads (to listen to its websocket)."""
     page = browser.new_page(viewport={"width": 1600, "height": 1300})
+    if before is not None:
+        before(page)
     page.on("console", lambda msg: console.append((msg.type, msg.text)))
     page.on("pageerror", lambda err: console.append(("pageerror", str(err))))
     page.on("dialog", lambda dialog: (console.append(("dialog", dialog.message)), dialog.dismiss()))

@@ -166,6 +166,7 @@ class LayerExplorer(ExplorerState, Explorer):
             self._url_synced = True
             with self.engine.drawing_now():  # the first page shows what the URL says
                 self.sync_url()
+            once_loaded(self.engine.start_idle)  # maps sent ahead: after the first paint
         return self.lay_out()
 
     def sync_url(self) -> None:

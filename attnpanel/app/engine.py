@@ -60,6 +60,19 @@ class LiveEngine(ViewRegistry):
         """Redraw the views for which ``where(view)`` is true, now."""
         self.scheduler.redraw(where)
 
+    def when_idle(self, step: Callable[[], bool]) -> None:
+        """Call ``step()`` while the served page is idle until it returns False
+        (:meth:`~attnpanel.app.scheduler.Scheduler.when_idle`)."""
+        self.scheduler.when_idle(step)
+
+    def start_idle(self) -> None:
+        """Start the idle work once the page has loaded (a page built ahead of its session)."""
+        self.scheduler.start_idle()
+
+    def finish_idle(self) -> None:
+        """Do all the idle work now (outside a server: a notebook, a test)."""
+        self.scheduler.finish_idle()
+
     def drawing_now(self):
         """Within it, a change redraws its views before it returns, as outside a server."""
         return self.scheduler.drawing_now()

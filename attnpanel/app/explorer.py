@@ -73,6 +73,7 @@ class AttentionExplorer(LayerExplorer):
         "corrupt_sample": "other",
         "corrupt_span": "span",
         "patch_what": "patch",
+        "maps_ahead": "ahead",
     }
 
     def sync_url(self) -> None:
@@ -81,6 +82,9 @@ class AttentionExplorer(LayerExplorer):
         super().sync_url()
         if pn.state.location is not None:
             HeadsOffInUrl(self, pn.state.location, later=once_loaded).start()
+
+    def laid_out(self) -> None:
+        self.sections["matrix"].switch_in_browser(self.widgets)
 
     def figure(self, view: str, path, overwrite: bool = False):
         """Write ``view`` (``matrix``, ``heads``, ``model``, ``importance``) as it stands

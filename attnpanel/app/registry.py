@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend and its options
@@ -34,6 +35,23 @@ from attnpanel.render.figures import box_handles, draw
 from attnpanel.render.push import layers_of, write
 
 LINKED_GROUPS = ("Attention", "HeadMap", "Difference")  # map groups that zoom together
+
+
+class BrowserDrawn(Protocol):
+    """A pane's map that the browser may draw itself from maps it already holds
+    (:class:`attnpanel.app.prefetch.MatrixPrefetch`)."""
+
+    def draws(self, sel) -> bool:
+        """Whether the browser draws ``sel``'s map itself (the server sends no image)."""
+
+    def follow(self, sel) -> None:
+        """The browser draws ``sel``'s map: the server writes only the words around it."""
+
+    def drawn(self, sel) -> None:
+        """The server has drawn ``sel``'s map into the pane."""
+
+    def shown(self, sel) -> np.ndarray | None:
+        """The image the browser shows for ``sel`` if it draws it itself, else None."""
 
 
 @dataclass
@@ -80,6 +98,7 @@ class ViewRegistry:
         self._handles: dict[str, dict[PlotKey, list[dict]]] = {}
         self._render_callbacks: list[Callable] = []
         self._ranges: dict | None = None  # the linked maps' shared ranges
+        self._clients: dict[str, BrowserDrawn] = {}  # panes whose map the browser may draw
 
     def on_render(self, callback: Callable) -> None:
         """Call ``callback(figure, element, handles)`` for every layer rendered from now."""
@@ -246,11 +265,15 @@ class ViewRegistry:
         -------
         numpy.ndarray
             A copy of the rasterized values in the page's Bokeh source; masked cells NaN.
+            Where the browser draws the map itself from its 8-bit copy
+            (:meth:`attach`), those levels as it decodes them.
         """
         found = self.handles(pane, PlotKey("Image", group))
         if not found:
             raise KeyError(f"no {group} image has been drawn in pane {pane!r}")
-        return np.array(found[0]["source"].data["image"][0])
+        client = self._clients.get(pane)
+        shown = None if client is None else client.shown(self.state.selection)
+        return np.array(found[0]["source"].data["image"][0] if shown is None else shown)
 
     def title(self, pane: str) -> str:
         """The title the plot of ``pane`` shows now."""
@@ -274,6 +297,25 @@ class ViewRegistry:
     def draw(self, view: LiveView, element) -> None:
         """Write a view's element into the Bokeh models already on the page."""
         write(self._handles.get(view.pane, {}), element, view.title)
+
+    def attach(self, pane: str, client: BrowserDrawn) -> None:
+        """Let the browser draw the map of ``pane`` itself where ``client`` says it can."""
+        self._clients[pane] = client
+
+    def client(self, view: LiveView) -> BrowserDrawn | None:
+        """Who says whether the browser draws this view's map itself (a map only)."""
+        return self._clients.get(view.pane) if view.raster is not None else None
+
+    def update(self, view: LiveView, sel) -> None:
+        """Redraw a view for ``sel``: its element written into its models, or, for a map
+        the browser draws itself, only the words around it."""
+        client = self.client(view)
+        if client is not None and client.draws(sel):
+            client.follow(sel)
+            return
+        self.draw(view, self.element(view, sel))
+        if client is not None:
+            client.drawn(sel)
 
     def dynamic_map(self, name: str) -> hv.DynamicMap:
         """A registered view as a HoloViews ``DynamicMap`` following the state.

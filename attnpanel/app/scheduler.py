@@ -34,6 +34,10 @@ IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repa
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
 SLOW_DELAY_MS = 10  # the loading indicator goes out, then the slow maps are computed
+# Work done while the page is idle (maps sent ahead to the browser) waits this long after
+# the last change, longer than a change's own deferred views, and goes one step a tick.
+IDLE_AFTER_S = 0.25
+IDLE_STEP_MS = 5
 # A change whose maps are not cached and whose redraw is expected to take longer than this
 # shows the busy indicator first. The expectation is the sample's attention cells (heads x
 # query x key) times a cost per cell: first this guess (the demo's 1.8 M cells redraw in
@@ -135,6 +139,10 @@ class Scheduler:
         self._pending: dict[int, LiveView] = {}
         self._scheduled = False
         self._now = False  # draw every change at once (see drawing_now)
+        self._idle: list[Callable[[], bool]] = []  # work for the idle page (when_idle)
+        self._idle_doc = None  # the document whose loop runs it, once one is known
+        self._idle_running = False
+        self._last_change = 0.0
         # shown while maps are recomputed from q and k (the explorer lays it out)
         self.indicator = pn.pane.HTML(
             "⏳ recomputing the maps from q and k …",
@@ -162,6 +170,61 @@ class Scheduler:
         self._refresh_all(views, self.state.selection)
         self._push_notebook()
 
+    def when_idle(self, step: Callable[[], bool]) -> None:
+        """Call ``step()`` while the served page is idle, one call a tick, until it returns
+        False: never while a change's views are pending, nor within :data:`IDLE_AFTER_S`
+        of the last change, so that it never delays what the user does. It starts once
+        the page has loaded (:meth:`start_idle`); outside a server it waits for
+        :meth:`finish_idle`."""
+        if step not in self._idle:
+            self._idle.append(step)
+        self._kick()
+
+    def start_idle(self) -> None:
+        """The page has loaded in its session: idle work runs on that session's loop from
+        now (an explorer built ahead of its session does none before)."""
+        doc = served_doc()
+        if doc is not None:
+            self._idle_doc = doc
+            self._last_change = time.monotonic()  # the page's first paint goes first
+            self._kick()
+
+    def _kick(self) -> None:
+        doc = self._idle_doc
+        if doc is None or not self._idle or self._idle_running:
+            return
+        self._idle_running = True
+        doc.add_timeout_callback(self._idle_step, IDLE_STEP_MS)
+
+    def finish_idle(self) -> None:
+        """Do all the idle work now (outside a server: a notebook, a test)."""
+        while self._idle:
+            if not self._idle[0]():
+                self._idle.pop(0)
+
+    def _idle_step(self) -> None:
+        doc = self._idle_doc
+        if not self._idle or doc.session_context is None:
+            self._idle_running = False
+            return
+        wait = IDLE_AFTER_S - (time.monotonic() - self._last_change)
+        if self._pending or self._scheduled or wait > 0:
+            doc.add_timeout_callback(self._idle_step, max(IDLE_STEP_MS, 1000 * wait))
+            return
+        step = self._idle[0]
+        try:
+            with set_curdoc(doc):
+                more = step()
+        except Exception as err:  # noqa: BLE001 - idle work is a convenience: log, go on
+            log.error("idle work failed\n%s", "".join(traceback.format_exception(err)))
+            more = False
+        if not more and self._idle and self._idle[0] is step:
+            self._idle.pop(0)
+        if self._idle:
+            doc.add_timeout_callback(self._idle_step, IDLE_STEP_MS)
+        else:
+            self._idle_running = False
+
     @contextlib.contextmanager
     def drawing_now(self):
         """Within it, a change redraws its views before it returns, as outside a server.
@@ -176,6 +239,7 @@ class Scheduler:
             self._now = False
 
     def _on_change(self, *events) -> None:
+        self._last_change = time.monotonic()
         changed = {event.name for event in events}
         due = [v for v in self.registry.views if v.parameters & changed]
         sel = self.state.selection
@@ -289,6 +353,6 @@ class Scheduler:
             return
         with self.cost.timed():
             try:
-                self.registry.draw(view, self.registry.element(view, sel))
+                self.registry.update(view, sel)
             except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
                 report(self.state, err, f"updating the {view.name}")

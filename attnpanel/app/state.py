@@ -149,6 +149,12 @@ class ExplorerState(param.Parameterized):
             "computed the first time it is shown."
         ),
     )
+    maps_ahead = param.Boolean(
+        default=True,
+        doc="Send the large matrix's neighbouring maps (other heads, stages, masks) to the "
+        "browser while the page is idle, so that a head, stage or mask change is drawn there "
+        "without a round trip (a served page; see docs/explorer.md).",
+    )
     corruption = param.Selector(
         default=None,
         objects=[],

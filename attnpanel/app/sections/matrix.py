@@ -12,10 +12,12 @@ import panel as pn
 from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
+from attnpanel.app.prefetch import MatrixPrefetch
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
+from attnpanel.render.client_maps import ClientLayer
 from attnpanel.render.elements import MAP_KEY, PlotKey
 
 MATRIX_SIZE = 480  # one pixel per cell at the demo length
@@ -80,6 +82,14 @@ def matrix_style(
     )
 
 
+def _parts(widget) -> dict[str, str]:
+    """A select's value on the page (Panel sends an option's value as text, or its label
+    where two values read alike) to the value as a map's key names it."""
+    options = widget.options
+    pairs = list(options.items()) if isinstance(options, dict) else [(o, o) for o in options]
+    return {text: str(value) for label, value in pairs for text in (str(value), str(label))}
+
+
 class PositionMap(Section):
     """A section of maps over the trace's positions (rows: queries, columns: keys): clock
     times on their axes and in their hover, and a click on a row picks that query."""
@@ -126,6 +136,7 @@ class AttentionMatrix(PositionMap):
         super().__init__(**params)
         self._unmasked = None
         self._beside = None
+        self.prefetch: MatrixPrefetch | None = None  # the matrix's maps sent ahead
         self.state.param.watch(self._on_colormap, "colormap")
         self.state.param.watch(self._on_side_by_side, "side_by_side")
 
@@ -180,6 +191,27 @@ class AttentionMatrix(PositionMap):
         # zooms with the head maps
         return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
 
+    def switch_in_browser(self, widgets: dict) -> None:
+        """Let the head, stage and mask widgets redraw the matrix in the browser from maps
+        sent ahead while the page is idle (:mod:`attnpanel.app.prefetch`).
+
+        Only with those widgets on the page (they tell the browser which map to draw) and
+        a matrix drawn on the page's own loop (not a background engine's)."""
+        found = self.engine.handles("matrix", MAP_KEY)
+        wired = {"head", "stage", "mask"} <= set(widgets)
+        if self.prefetch is not None or not found or not wired or self.engine.background:
+            return
+        layer = ClientLayer(found[0])
+        self.prefetch = MatrixPrefetch(self.engine, "matrix", layer)
+        self.prefetch.drawn(self.state.selection)  # the image the page opens with
+        args = dict(layer.args)
+        for name in ("head", "stage", "mask"):
+            widget = widgets[name]
+            args[name] = widget
+            args[f"{name}s"] = _parts(widget)
+        for name in ("head", "stage", "mask"):
+            widgets[name].jscallback(args=args, value=layer.widget_code())
+
     def _ticks(self) -> dict:
         ticks = model_views.token_ticks(self.trace, self.state.sample)
         if not ticks:
@@ -204,6 +236,8 @@ class AttentionMatrix(PositionMap):
         for pane in ("matrix", "unmasked"):
             for handles in self.engine.handles(pane, MAP_KEY):
                 handles["color_mapper"].palette = palette
+        if self.prefetch is not None:
+            self.prefetch.layer.recolour(palette)
 
     def _on_side_by_side(self, event) -> None:
         if not event.new or self._layout is None:

@@ -1,0 +1,136 @@
+"""The large matrix's neighbouring maps, sent to the browser while the page is idle.
+
+After a map is drawn, :class:`MatrixPrefetch` sends the browser, one a tick while the
+page is idle (:meth:`attnpanel.app.scheduler.Scheduler.when_idle`), the maps a head, stage
+or mask change would show next: every other head at the shown stage and mask, then the
+shown head's other stages, then its other masks. They go as 8-bit levels, compressed
+(:mod:`attnpanel.render.client_maps`), into a cache on the page; a change of head, stage or
+mask whose map is there is drawn by the browser at once, and the server sends no image for
+it, only the words around it (title, colour limits, the value's name), which it writes
+from the same map. Every other view follows the change on the server as before.
+
+What the cache holds shares one *context*: the sample, the layer, the enabled heads (the
+mean of heads) and the zoomed window. A change of any of them empties it (the server
+draws that change) and the sending starts again. The server knows exactly what the browser
+holds: what it has streamed, in order, on the page's one connection, before the change
+it is answering; a map still on its way is drawn by the browser when it lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from attnpanel.app.engine import LiveEngine
+from attnpanel.readouts.core import MissingVariable, Selection
+from attnpanel.readouts.raster import image_limits
+from attnpanel.render.client_maps import CachedMap, ClientLayer
+from attnpanel.render.elements import CENTRED_GROUPS
+
+MOST_MAPS = 200  # per context: every head x stage x mask of the demo is 9 x 5 x 3 = 135
+
+
+class MatrixPrefetch:
+    """Sends a pane's neighbouring maps to the browser and tells the engine which changes
+    the browser draws itself (the engine's :class:`~attnpanel.app.registry.BrowserDrawn`).
+
+    Parameters
+    ----------
+    engine : attnpanel.app.engine.LiveEngine
+        The explorer's engine (not a background one: its maps are drawn on the page's loop).
+    pane : str
+        The map's pane (``"matrix"``).
+    layer : attnpanel.render.client_maps.ClientLayer
+        The models on the page the maps go to.
+    """
+
+    def __init__(self, engine: LiveEngine, pane: str, layer: ClientLayer):
+        if engine.background is not None:
+            raise ValueError("the maps of a background engine are not sent ahead")
+        self.engine, self.pane, self.layer = engine, pane, layer
+        self.view = next(v for v in engine.views if v.pane == pane and v.raster is not None)
+        self._sent: dict[str, CachedMap] = {}  # what the browser's cache holds (words only)
+        self._skipped: set[str] = set()  # maps that could not be drawn (a missing variable)
+        self._context: str | None = None
+        engine.attach(pane, self)
+
+    @property
+    def state(self):
+        return self.engine.state
+
+    def context(self, sel: Selection) -> str:
+        """What every map of the cache shares."""
+        enabled = ",".join(map(str, sel.enabled_heads or ()))
+        return f"{sel.layer}|{sel.sample}|{enabled}|{self.engine.window}"
+
+    def key(self, sel: Selection) -> str:
+        """A map's key, as the page's script builds it from the widgets."""
+        return "|".join((self.context(sel), str(sel.head), sel.stage, str(sel.mask)))
+
+    @property
+    def sent(self) -> int:
+        """How many maps of the current context the browser's cache holds."""
+        return len(self._sent)
+
+    def draws(self, sel: Selection) -> bool:
+        return (
+            self.state.maps_ahead
+            and self.context(sel) == self._context
+            and self.key(sel) in self._sent
+        )
+
+    def follow(self, sel: Selection) -> None:
+        self.layer.follow(self._sent[self.key(sel)])
+        self.engine.when_idle(self.step)
+
+    def drawn(self, sel: Selection) -> None:
+        context = self.context(sel)
+        if context != self._context:
+            self._context, self._sent, self._skipped = context, {}, set()
+            self.layer.reset(context)
+        self.layer.server_drew(self.key(sel))
+        self.engine.when_idle(self.step)
+
+    def shown(self, sel: Selection):
+        return self._cached(sel).values() if self.draws(sel) else None
+
+    def neighbours(self, sel: Selection) -> list[Selection]:
+        """The maps a change from ``sel`` shows next, nearest first: the other heads, then
+        the head's other stages, then its other masks (each at every stage)."""
+        heads = [sel.with_(head=head) for head in self.state.param.head.objects]
+        stages = list(self.state.param.stage.objects)
+        masks = [sel.mask, *(m for m in self.state.param.mask.objects if m != sel.mask)]
+        others = [sel.with_(mask=mask, stage=stage) for mask in masks for stage in stages]
+        return [sel, *heads, *others]
+
+    def step(self) -> bool:
+        """Send the nearest map the browser lacks; False when there is none (or the cache
+        is full, or its context is no longer the shown one)."""
+        sel = self.state.selection
+        if not self.state.maps_ahead:
+            return False
+        if self.context(sel) != self._context or len(self._sent) >= MOST_MAPS:
+            return False
+        for near in self.neighbours(sel):
+            key = self.key(near)
+            if key not in self._sent and key not in self._skipped:
+                break
+        else:
+            return False
+        try:
+            cached = self._cached(near)
+        except (MissingVariable, ValueError):  # no such map, or no 8-bit copy of it
+            self._skipped.add(key)  # the server draws it (and says why) if the user goes there
+            return True
+        self.layer.send(cached)
+        # the server keeps the words, not the levels: it can make them again (shown)
+        self._sent[key] = replace(cached, blob=b"")
+        return True
+
+    def _cached(self, sel: Selection) -> CachedMap:
+        """A map as the browser's cache holds it."""
+        raster = self.engine.element(self.view, sel)
+        limits = image_limits(raster.values, raster.group in CENTRED_GROUPS)
+        words = (raster.label, raster.value_label)  # the title, the value's name
+        return CachedMap.of(
+            self.key(sel), raster.values, raster.bounds, limits, self.layer.colours, *words
+        )

@@ -1,0 +1,138 @@
+"""Head, stage and mask changes drawn by the browser from maps the server sent ahead.
+
+Once the page is idle, the server streams the matrix's neighbouring maps (8-bit levels) to
+the page. A change whose map is there repaints with no image from the server: counted on
+the page's websocket. The canvas it paints is the one a page opened on that state paints
+from the server's exact image, pixel for pixel (over the page's white); the URL and the
+other views follow.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs, urlparse
+
+from served_app import PAGE_TEXT_JS, open_app, opened, shot
+
+MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
+# The matrix's two image layers: the server's (main) and the browser's (cached levels).
+LAYERS_JS = f"""
+() => {{
+  const pv = ({MATRIX})();
+  const images = pv.model.renderers.filter((r) => r.glyph && r.glyph.type === "Image");
+  const level = images.find((r) => r.name === "cached levels");
+  const main = images.find((r) => r !== level);
+  // what a person sees: the canvas over the page's white (its transparent edge's alpha
+  // varies with how often it was painted)
+  const {{ data }} = attn.pixels(pv);
+  let seen = 2166136261 >>> 0;
+  for (let i = 0; i < data.length; i += 4) {{
+    const alpha = data[i + 3] / 255;
+    for (let c = 0; c < 3; c++) {{
+      const value = Math.round(data[i + c] * alpha + 255 * (1 - alpha));
+      seen = Math.imul(seen ^ value, 16777619) >>> 0;
+    }}
+  }}
+  return {{ main_source: main.data_source.id, main: main.visible, level: level.visible,
+           title: pv.model.title.text, hash: attn.hash(pv), seen }};
+}}
+"""
+DATA_EVENTS = ("ColumnDataChanged", "ColumnsStreamed", "ColumnsPatched")
+CACHED_JS = "() => Number(document.body.dataset.attnpanelCached || 0)"
+# (widget title, the value a user's choice gives its page model, URL argument and value)
+CHANGES = [
+    ("Head", "3", ("head", "3")),
+    ("Stage", "raw", ("stage", "raw")),
+    ("Mask", "causal", ("mask", "causal")),
+    ("Head", "mean", ("head", "mean")),
+]
+
+
+class Frames:
+    """Every websocket frame of a page, both ways (text frames only: a Bokeh message's
+    header and content are text, its buffers binary)."""
+
+    def __init__(self):
+        self.received: list = []
+        self.sent: list = []
+
+    def listen(self, page) -> None:
+        def on_socket(ws):
+            ws.on("framereceived", lambda f: self.received.append(f))
+            ws.on("framesent", lambda f: self.sent.append(f))
+
+        page.on("websocket", on_socket)
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.received), len(self.sent)
+
+
+def idle_cache(page, least: int) -> int:
+    """Wait until the page holds at least ``least`` maps and no more arrive for 0.6 s."""
+    page.wait_for_function(f"() => ({CACHED_JS})() >= {least}", timeout=60_000)
+    count = page.evaluate(CACHED_JS)
+    while True:
+        page.wait_for_timeout(600)
+        now = page.evaluate(CACHED_JS)
+        if now == count:
+            return count
+        count = now
+
+
+def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixels(
+    browser, artifacts, demo_url
+):
+    frames, console = Frames(), []
+    page = open_app(browser, demo_url, console, before=frames.listen)
+    try:
+        assert idle_cache(page, 23) >= 23  # every head, and the head's stages and masks
+        shown = {}
+        for title, value, (argument, wanted) in CHANGES:
+            received, sent = frames.mark()
+            before = page.evaluate(LAYERS_JS)
+            page.evaluate(f"attn.widget({title!r}).value = {value!r}")
+            page.evaluate(f"(h) => attn.until_changed(({MATRIX})(), h)", before["hash"])
+            page.wait_for_function(
+                f"() => new URLSearchParams(location.search).get({argument!r}) === {wanted!r}"
+            )
+            page.wait_for_timeout(400)  # the deferred views land
+            after = page.evaluate(LAYERS_JS)
+            assert after["level"] and not after["main"], (title, value, after)
+            # no image from the server: nothing it sent names the matrix's source
+            source = f'"id":"{after["main_source"]}"'
+            replies = [f for f in frames.received[received:] if isinstance(f, str)]
+            assert not any(source in f for f in replies), (title, value)
+            # the browser sent the change, and no data (Bokeh's own layout and ranges aside)
+            events = [
+                event
+                for f in frames.sent[sent:]
+                if isinstance(f, str) and f.startswith('{"events"')
+                for event in json.loads(f)["events"]
+            ]
+            changed = [event.get("attr", event["kind"]) for event in events]
+            assert changed.count("value") == 1, (title, value, events)
+            assert not {"data", *DATA_EVENTS} & set(changed), (title, value, events)
+            # the other views follow on the server: the query's weights name the head
+            bars = page.evaluate("attn.plot('weights of query').model.title.text")
+            head = page.evaluate("new URLSearchParams(location.search).get('head')")
+            assert bars.endswith("(mean of heads)" if head == "mean" else f"(head {head})")
+            shown[page.url.split("?", 1)[1]] = after
+            idle_cache(page, 1)  # the next change's neighbours arrive while idle
+        # the hover of a map drawn from the browser's copy gives its colour's range
+        point = page.evaluate(f"attn.frame_point(({MATRIX})(), 0.45, 0.6)")
+        page.mouse.move(point["x"], point["y"])
+        page.wait_for_timeout(300)
+        assert "8-bit copy drawn in the browser" in page.evaluate(PAGE_TEXT_JS)
+        page.mouse.move(0, 0)
+        shot(page, artifacts, "client_maps_mean")
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []
+    finally:
+        page.close()
+    # the same states, opened from their links: drawn from the server's exact images
+    for query, drawn in shown.items():
+        with opened(browser, f"{demo_url}?{query}") as (fresh, console):
+            exact = fresh.evaluate(LAYERS_JS)
+            assert exact["main"] and not exact["level"]
+            assert exact["title"] == drawn["title"]
+            assert exact["seen"] == drawn["seen"], parse_qs(urlparse("?" + query).query)
+            assert [m for m in console if m[0] in ("error", "pageerror")] == []

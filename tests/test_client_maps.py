@@ -1,0 +1,169 @@
+"""Maps sent ahead to the browser: their 8-bit levels, and when the server sends no image.
+
+What the browser paints from them is checked in Chromium (``test_browser_client_maps.py``);
+here, the levels against BokehJS's colour rule and the server's side of the bargain.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+from bokeh.document import Document
+
+import attnpanel
+from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.readouts import core
+from attnpanel.readouts.raster import image_limits
+from attnpanel.render.client_maps import decode_levels, encode_levels, palette_index
+from attnpanel.render.elements import MAP_KEY
+
+
+def bokehjs_index(value: float, low: float, high: float, n: int) -> int:
+    """BokehJS 3.9's ``LinearColorMapper.value_to_index`` and the end colours of
+    ``_v_compute`` (no low or high colour set), written from its source, one value."""
+    if value == high:
+        return n - 1
+    norm_factor = 1 / (high - low)
+    normed_interval = 1 / n
+    index = min(max(math.floor(((value - low) * norm_factor) / normed_interval), -1), n)
+    return {-1: 0, n: n - 1}.get(index, index)  # the end colours: palette[0], palette[n-1]
+
+
+def test_levels_are_the_colours_bokehjs_gives_the_exact_values():
+    rng = np.random.default_rng(0)
+    values = rng.gamma(0.3, 0.02, (64, 64)).astype(np.float32)
+    low, high = image_limits(values)
+    edges = [low, high, high * 2, -1.0, low + (high - low) * 17 / 256]  # ends, out of range
+    values.flat[: len(edges)] = edges
+    levels = palette_index(values, low, high, 256)
+    expected = [bokehjs_index(float(v), low, high, 256) for v in values.ravel()]
+    np.testing.assert_array_equal(levels.ravel(), expected)
+    assert levels.flat[1] == levels.flat[2] == 255 and levels.flat[3] == 0
+
+
+def test_a_decoded_map_paints_every_cell_in_its_exact_colour_and_keeps_the_mask():
+    rng = np.random.default_rng(1)
+    values = rng.normal(0, 1, (48, 40)).astype(np.float32)  # signed: a centred scale
+    values[np.triu_indices(40, 1)] = np.nan
+    low, high = image_limits(values)
+    blob = encode_levels(values, low, high, 256)
+    decoded = decode_levels(blob, values.shape, low, high, 256)
+    masked = np.isnan(values)
+    np.testing.assert_array_equal(np.isnan(decoded), masked)
+    colour = palette_index(decoded, low, high, 256), palette_index(values, low, high, 256)
+    np.testing.assert_array_equal(colour[0][~masked], colour[1][~masked])
+    inside = ~masked & (values > low) & (values < high)  # not clipped: within half a colour
+    step = (high - low) / 256
+    assert np.abs(decoded - values)[inside].max() <= step / 2 + 1e-6
+    assert len(blob) < values.size  # compressed: one byte a cell and a bit, at most
+    assert len(zlib.decompress(blob)) == values.size + math.ceil(values.size / 8)
+
+
+@pytest.mark.parametrize(
+    ("colours", "limits", "words"),
+    [(300, (0.0, 1.0), "300 colours"), (256, (1.0, 1.0), "empty")],
+)
+def test_levels_refuse_what_8_bits_cannot_hold(colours, limits, words):
+    with pytest.raises(ValueError, match=words):
+        encode_levels(np.zeros((2, 2), np.float32), *limits, colours)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The demo explorer laid out as a page (its widgets wired to the matrix)."""
+    explorer = AttentionExplorer(attnpanel.demo())
+    explorer.__panel__().get_root(Document())
+    return explorer
+
+
+@pytest.fixture
+def explorer(served):
+    served.reset()
+    served.engine.finish_idle()
+    return served
+
+
+def main_image(explorer) -> np.ndarray:
+    return explorer.engine.handles("matrix", MAP_KEY)[0]["source"].data["image"][0]
+
+
+def test_the_neighbours_go_first_and_a_change_to_one_sends_no_image(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    sel = explorer.selection
+    keys = list(prefetch.layer.cache.data["key"])
+    # the shown map, every other head, then the head's other stages and masks
+    heads = explorer.param.head.objects
+    stages, masks = explorer.param.stage.objects, explorer.param.mask.objects
+    others = [prefetch.key(sel.with_(head=h)) for h in heads if h != sel.head]
+    assert keys[: len(heads)] == [prefetch.key(sel), *others]
+    assert len(set(keys)) == len(keys) == len(heads) + len(stages) * len(masks) - 1
+    image = main_image(explorer)
+    server_key = prefetch.layer.state.server_key
+    explorer.param.update(stage="raw", mask="causal")  # the shown head's: sent ahead
+    assert main_image(explorer) is image  # no new image: the browser draws it
+    assert prefetch.layer.state.server_key == server_key
+    explorer.param.update(head=3)  # another head at that stage and mask: not sent yet
+    assert main_image(explorer) is not image
+    assert prefetch.layer.state.server_key == prefetch.key(explorer.selection)
+    explorer.engine.finish_idle()  # what the page's idle time sends
+    image = main_image(explorer)
+    explorer.param.update(head=5)
+    assert main_image(explorer) is image
+    # the words around it are the server's, for the map the browser shows
+    exact = core.attention_values(explorer.trace, explorer.selection, explorer.cache)
+    title = core.matrix_title(explorer.trace, explorer.selection)
+    assert explorer.engine.title("matrix") == title
+    assert (prefetch.layer.scale.low, prefetch.layer.scale.high) == image_limits(exact)
+    # what the page shows is the 8-bit copy: each cell in the colour of its exact value
+    shown = explorer.drawn()
+    low, high = image_limits(exact)
+    np.testing.assert_array_equal(
+        palette_index(shown, low, high, 256), palette_index(exact, low, high, 256)
+    )
+    np.testing.assert_array_equal(np.isnan(shown), np.isnan(exact))
+
+
+def test_another_sample_is_drawn_by_the_server_and_empties_the_cache(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    explorer.param.update(sample=2, head=5)
+    assert prefetch.sent == 0 and len(prefetch.layer.cache.data["key"]) == 0
+    assert prefetch.layer.state.server_key == prefetch.key(explorer.selection)
+    assert prefetch.layer.state.context.startswith("0|2|")
+    exact = core.attention_values(explorer.trace, explorer.selection, explorer.cache)
+    np.testing.assert_array_equal(explorer.drawn(), exact)
+    explorer.engine.finish_idle()
+    assert prefetch.sent == len(prefetch.layer.cache.data["key"]) > 20
+
+
+def test_without_maps_ahead_the_server_draws_every_change(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    explorer.maps_ahead = False
+    image = main_image(explorer)
+    explorer.param.update(head=4)
+    assert main_image(explorer) is not image
+    assert prefetch.layer.state.server_key == prefetch.key(explorer.selection)
+    assert not prefetch.step()  # nothing more is sent
+    explorer.maps_ahead = True
+
+
+def test_a_new_colour_map_recolours_the_levels_too(explorer):
+    layer = explorer.sections["matrix"].prefetch.layer
+    explorer.colormap = "fire"
+    palette = explorer.engine.handles("matrix", MAP_KEY)[0]["color_mapper"].palette
+    assert layer.glyph.color_mapper.palette == layer.scale.palette == palette
+    assert layer.colours == len(palette) == 256
+
+
+def test_the_cached_words_are_those_the_server_writes_for_the_map(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    sel = explorer.selection.with_(stage="masked", mask="causal")
+    data = prefetch.layer.cache.data
+    row = data["key"].index(prefetch.key(sel))
+    exact = core.attention_values(explorer.trace, sel, explorer.cache)
+    assert data["title"][row] == core.matrix_title(explorer.trace, sel)
+    assert data["label"][row] == core.STAGE_LABELS["masked"]
+    assert (data["low"][row], data["high"][row]) == image_limits(exact)
+    assert data["bar"][row].startswith(core.STAGE_LABELS["masked"])
