@@ -22,7 +22,8 @@ type, the median and 95th percentile of:
   ``DynamicMap``s (the matrix and the eight head maps) refreshed through a ``Params``
   stream.
 
-For the query it also times the value-aggregation bars (drawn in the next tick). Finally
+For the query it also times the query's weights bars, from the same change (drawn by the
+browser from the shown head's weights sent ahead, or by the server). Finally
 it reports the server process's resident memory with one session.
 """
 
@@ -59,6 +60,37 @@ DRAWN_BY_BROWSER = (
     " const level = pv.model.renderers.find((r) => r.name === 'cached levels');"
     " return level && level.visible ? 1 : 0; })()"
 )
+# A widget change timed to the repainted matrix (``total``), to the first document change
+# from elsewhere (``to_patch``) and to the repainted weights bars (``bars``).
+TIMED_JS = f"""
+async ([title, value]) => {{
+  const matrix = ({MATRIX})(), bars = attn.plot('weights of query');
+  const before = [attn.hash(matrix), attn.hash(bars)];
+  const model = attn.widget(title), doc = model.document;
+  let to_patch = null, total = null, bar = null, t0 = null;
+  const listener = (event) => {{
+    if (to_patch === null && event.model !== undefined && event.model !== model
+        && event.sync !== false) {{
+      to_patch = performance.now() - t0;
+    }}
+  }};
+  doc.on_change(listener);
+  t0 = performance.now();
+  model.value = value;
+  await new Promise((resolve) => {{
+    const poll = () => {{
+      const now = performance.now() - t0;
+      if (total === null && attn.hash(matrix) !== before[0]) total = now;
+      if (bar === null && attn.hash(bars) !== before[1]) bar = now;
+      const done = total !== null && (bar !== null || title !== "Query");
+      if (done || now > 15000) resolve(); else requestAnimationFrame(poll);
+    }};
+    requestAnimationFrame(poll);
+  }});
+  doc.remove_on_change(listener);
+  return {{ total, to_patch, bars: bar }};
+}}
+"""
 PARAM_VALUES = {
     "head": [1, 2, 3, 4, 5, 6, 7, 0],
     "query": [37, 121, 250, 333, 402, 460, 15, 199],
@@ -99,23 +131,15 @@ def _changes(page, repeats: int) -> dict:
     for name, (title, values, _) in CHANGES.items():
         totals, patches, aggregation, in_browser = [], [], [], 0
         for value in itertools.islice(itertools.cycle(values), repeats):
-            bars_before = page.evaluate("attn.hash(attn.plot('weights of query'))")
-            timing = page.evaluate(
-                "([t, v, m]) => attn.timed_change(t, v, eval(m))", [title, value, MATRIX]
-            )
+            timing = page.evaluate(TIMED_JS, [title, value])
             totals.append(timing["total"])
             in_browser += page.evaluate(DRAWN_BY_BROWSER)
             if timing["to_patch"] is not None:
                 patches.append(timing["to_patch"])
-            if name == "query":
-                # the bars repaint in the tick after the matrix: time from the change
-                aggregation.append(
-                    timing["total"]
-                    + page.evaluate(
-                        "(b) => attn.until_changed(attn.plot('weights of query'), b)",
-                        bars_before,
-                    )
-                )
+            if name == "query" and timing["bars"] is not None:
+                # the query's weights bars, timed from the same change (the browser may
+                # draw them before the matrix's box)
+                aggregation.append(timing["bars"])
             page.wait_for_timeout(150)  # let the deferred views land before the next change
         results[name] = dict(
             total=totals, patch=patches, aggregation=aggregation, in_browser=in_browser
@@ -238,10 +262,10 @@ def main(argv=None) -> None:
             f"{statistics.median(srv['first']):>14.1f}{statistics.median(srv['all']):>12.1f}"
             f"{base:>12.0f}"
         )
-    agg = browser["query"]["aggregation"]
+    agg, trip = browser["query"]["aggregation"], round_trips["query"]["aggregation"]
     print(
-        f"query -> aggregation bars repainted: median {statistics.median(agg):.0f} ms, "
-        f"p95 {percentile(agg, 95):.0f} ms"
+        f"query -> weights bars repainted: median {ms(agg):.0f} ms, p95 {ms(agg, 95):.0f} ms "
+        f"(round trip: median {ms(trip):.0f} ms, p95 {ms(trip, 95):.0f} ms)"
     )
     print(
         f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['now']:.0f} MiB after "

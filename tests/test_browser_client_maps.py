@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qs, urlparse
 
+import numpy as np
 from served_app import PAGE_TEXT_JS, open_app, opened, shot
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
@@ -136,3 +137,42 @@ def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixel
             assert exact["title"] == drawn["title"]
             assert exact["seen"] == drawn["seen"], parse_qs(urlparse("?" + query).query)
             assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+# The weights bars and the matrix's row box as they stand (columns as lists).
+BARS_JS = """
+() => {
+  const pv = attn.plot('weights of query');
+  const quad = pv.model.renderers.find((r) => r.glyph && r.glyph.type === "Quad");
+  const d = quad.data_source.data;
+  const box = (MATRIX)().model.center.find((m) => m.type === "BoxAnnotation" && m.top > 0);
+  return { title: pv.model.title.text, y: [pv.model.y_range.start, pv.model.y_range.end],
+           bottom: Array.from(d.bottom), top: Array.from(d.top), value: Array.from(d.value),
+           box: box ? [box.bottom, box.top] : null, hash: attn.hash(pv) };
+}
+""".replace("MATRIX", MATRIX)
+
+
+def test_a_query_change_redraws_its_weights_in_the_browser_with_the_servers_numbers(
+    browser, demo_url
+):
+    with opened(browser, demo_url + "?head=2&mask=causal") as (page, console):
+        page.wait_for_function("() => Number(document.body.dataset.attnpanelRows || 0) >= 1")
+        for query in (57, 300, 0):
+            # read in the same task as the change (its callback runs in a microtask): no
+            # message of the server's can be handled in between
+            drawn = page.evaluate(
+                f"async () => {{ attn.widget('Query').value = {query};"
+                " for (let i = 0; i < 20; i++) await Promise.resolve();"
+                f" return ({BARS_JS})(); }}"
+            )
+            assert drawn["title"] == f"weights of query {query} (head 2)"
+            assert drawn["box"] == [query - 0.5, query + 0.5]
+            page.wait_for_function(f"() => /query={query}&/.test(location.search)")
+            page.wait_for_timeout(600)  # the server's own bars land
+            served = page.evaluate(BARS_JS)
+            assert served == {**drawn, "hash": served["hash"]}
+            assert served["hash"] == page.evaluate("attn.hash(attn.plot('weights of query'))")
+        weights = np.asarray(served["value"])
+        assert weights[0] == 1.0 and not weights[1:].any()  # causal: query 0 sees itself
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []

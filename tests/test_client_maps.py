@@ -167,3 +167,26 @@ def test_the_cached_words_are_those_the_server_writes_for_the_map(explorer):
     assert data["label"][row] == core.STAGE_LABELS["masked"]
     assert (data["low"][row], data["high"][row]) == image_limits(exact)
     assert data["bar"][row].startswith(core.STAGE_LABELS["masked"])
+
+
+@pytest.mark.parametrize("head", [2, "mean"])
+def test_the_rows_sent_for_the_bars_are_the_rows_the_bars_read(explorer, head):
+    sel = explorer.selection.with_(head=head, mask="causal", enabled_heads=(0, 3, 5))
+    rows = core.query_weights(explorer.trace, sel, explorer.cache)
+    for query in range(rows.shape[0]):
+        np.testing.assert_array_equal(
+            rows[query], core.selected_weights(explorer.trace, sel.with_(query=query), None)
+        )
+
+
+def test_the_shown_heads_weights_go_first_and_follow_the_head(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    keys = prefetch.bars.cache.data["key"]
+    assert list(keys) == [prefetch.rows_key(explorer.selection)]
+    assert prefetch.layer.cache.data["key"][0] == prefetch.key(explorer.selection)
+    explorer.param.update(head="mean", stage="scaled")  # a head's weights: not the stage's
+    explorer.engine.finish_idle()
+    assert list(keys)[1:] == [prefetch.rows_key(explorer.selection)]
+    assert prefetch.bars.cache.data["head"][1] == "mean of heads"
+    explorer.sample = 3
+    assert len(prefetch.bars.cache.data["key"]) == 0  # another context: the rows go too

@@ -84,7 +84,7 @@ class AttentionExplorer(LayerExplorer):
             HeadsOffInUrl(self, pn.state.location, later=once_loaded).start()
 
     def laid_out(self) -> None:
-        self.sections["matrix"].switch_in_browser(self.widgets)
+        self.sections["matrix"].switch_in_browser(self.widgets, bars="aggregation weights")
 
     def figure(self, view: str, path, overwrite: bool = False):
         """Write ``view`` (``matrix``, ``heads``, ``model``, ``importance``) as it stands

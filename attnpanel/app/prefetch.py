@@ -14,6 +14,10 @@ mean of heads) and the zoomed window. A change of any of them empties it (the se
 draws that change) and the sending starts again. The server knows exactly what the browser
 holds: what it has streamed, in order, on the page's one connection, before the change
 it is answering; a map still on its way is drawn by the browser when it lands.
+
+With the query's weights bars (:mod:`attnpanel.render.client_bars`), the shown head's
+weights for every query go first: a query change then redraws the bars in the browser too
+(the server draws them as well, with the same numbers).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnpanel.app.engine import LiveEngine
-from attnpanel.readouts.core import MissingVariable, Selection
+from attnpanel.readouts.core import MissingVariable, Selection, query_weights
 from attnpanel.readouts.raster import image_limits
+from attnpanel.render.client_bars import ClientBars
 from attnpanel.render.client_maps import CachedMap, ClientLayer
 from attnpanel.render.elements import CENTRED_GROUPS
 
@@ -43,10 +48,13 @@ class MatrixPrefetch:
         The models on the page the maps go to.
     """
 
-    def __init__(self, engine: LiveEngine, pane: str, layer: ClientLayer):
+    def __init__(
+        self, engine: LiveEngine, pane: str, layer: ClientLayer, bars: ClientBars | None = None
+    ):
         if engine.background is not None:
             raise ValueError("the maps of a background engine are not sent ahead")
-        self.engine, self.pane, self.layer = engine, pane, layer
+        self.engine, self.pane, self.layer, self.bars = engine, pane, layer, bars
+        self._rows: set[str] = set()  # the heads' weights the browser holds (the bars')
         self.view = next(v for v in engine.views if v.pane == pane and v.raster is not None)
         self._sent: dict[str, CachedMap] = {}  # what the browser's cache holds (words only)
         self._skipped: set[str] = set()  # maps that could not be drawn (a missing variable)
@@ -85,8 +93,10 @@ class MatrixPrefetch:
     def drawn(self, sel: Selection) -> None:
         context = self.context(sel)
         if context != self._context:
-            self._context, self._sent, self._skipped = context, {}, set()
+            self._context, self._sent, self._skipped, self._rows = context, {}, set(), set()
             self.layer.reset(context)
+            if self.bars is not None:
+                self.bars.reset()
         self.layer.server_drew(self.key(sel))
         self.engine.when_idle(self.step)
 
@@ -108,7 +118,11 @@ class MatrixPrefetch:
         sel = self.state.selection
         if not self.state.maps_ahead:
             return False
-        if self.context(sel) != self._context or len(self._sent) >= MOST_MAPS:
+        if self.context(sel) != self._context:
+            return False
+        if self._send_rows(sel):
+            return True
+        if len(self._sent) >= MOST_MAPS:
             return False
         for near in self.neighbours(sel):
             key = self.key(near)
@@ -124,6 +138,27 @@ class MatrixPrefetch:
         self.layer.send(cached)
         # the server keeps the words, not the levels: it can make them again (shown)
         self._sent[key] = replace(cached, blob=b"")
+        return True
+
+    def rows_key(self, sel: Selection) -> str:
+        """The key of the shown head's weights (the bars' rows), as the page's script
+        builds it."""
+        return "|".join((self.context(sel), str(sel.head), str(sel.mask)))
+
+    def _send_rows(self, sel: Selection) -> bool:
+        """Send the shown head's weights for every query, first (a query change is the
+        most frequent); False if they are there (or there are no bars, or no weights)."""
+        key = self.rows_key(sel)
+        if self.bars is None or key in self._rows or key in self._skipped:
+            return False
+        try:
+            weights = query_weights(self.state.trace, sel, self.state.cache)
+        except MissingVariable:
+            self._skipped.add(key)
+            return True
+        head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
+        self.bars.send(key, weights, head)
+        self._rows.add(key)
         return True
 
     def _cached(self, sel: Selection) -> CachedMap:

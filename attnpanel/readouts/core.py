@@ -395,11 +395,20 @@ def clock_labels(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
 
 def selected_weights(ds: xr.Dataset, sel: Selection, cache: StageCache | None) -> np.ndarray:
     """Softmax weights of the selected query row (mean of enabled heads for "mean")."""
+    return query_weights(ds, sel, cache)[sel.query]
+
+
+def query_weights(ds: xr.Dataset, sel: Selection, cache: StageCache | None) -> np.ndarray:
+    """Softmax weights of every query of the selected head, ``(query, key)`` float32 (mean
+    of enabled heads for "mean"): the rows :func:`selected_weights` reads."""
     heads = stage_heads(ds, sel.with_(stage="softmax"), cache)
-    if sel.head == "mean":
-        enabled = list(sel.enabled_heads) if sel.enabled_heads else list(range(len(heads)))
-        return heads[enabled, sel.query].mean(axis=0)
-    return heads[int(sel.head), sel.query]
+    if sel.head != "mean":
+        return heads[int(sel.head)]
+    enabled = list(sel.enabled_heads) if sel.enabled_heads else list(range(len(heads)))
+    if cache is None:
+        return heads[enabled].mean(axis=0)
+    key = ("weights", sel.layer, sel.sample, mask_mode(ds, sel), tuple(enabled))
+    return cache.get(key, lambda: heads[enabled].mean(axis=0))
 
 
 def values_for(ds: xr.Dataset, sel: Selection) -> np.ndarray:

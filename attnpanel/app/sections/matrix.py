@@ -17,6 +17,7 @@ from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
+from attnpanel.render.client_bars import ClientBars
 from attnpanel.render.client_maps import ClientLayer
 from attnpanel.render.elements import MAP_KEY, PlotKey
 
@@ -191,26 +192,39 @@ class AttentionMatrix(PositionMap):
         # zooms with the head maps
         return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
 
-    def switch_in_browser(self, widgets: dict) -> None:
+    def switch_in_browser(self, widgets: dict, bars: str | None = None) -> None:
         """Let the head, stage and mask widgets redraw the matrix in the browser from maps
-        sent ahead while the page is idle (:mod:`attnpanel.app.prefetch`).
+        sent ahead while the page is idle (:mod:`attnpanel.app.prefetch`), and the query
+        widget the query's weights bars drawn in pane ``bars``.
 
         Only with those widgets on the page (they tell the browser which map to draw) and
         a matrix drawn on the page's own loop (not a background engine's)."""
         found = self.engine.handles("matrix", MAP_KEY)
-        wired = {"head", "stage", "mask"} <= set(widgets)
+        wired = {"head", "stage", "mask", "query"} <= set(widgets)
         if self.prefetch is not None or not found or not wired or self.engine.background:
             return
         layer = ClientLayer(found[0])
-        self.prefetch = MatrixPrefetch(self.engine, "matrix", layer)
+        drawn = self.engine.plots(bars) if bars else {}
+        bar_handles = [h for key, hs in drawn.items() if key.group == "Vector" for h in hs]
+        markers = [h for key, hs in drawn.items() if key.kind == "VLine" for h in hs]
+        boxes = self.engine.handles("matrix", PlotKey("HSpan", "Marker"))
+        client_bars = None
+        if bar_handles:
+            client_bars = ClientBars(
+                layer.state, bar_handles[0], (markers or [None])[0], (boxes or [None])[0]
+            )
+        self.prefetch = MatrixPrefetch(self.engine, "matrix", layer, client_bars)
         self.prefetch.drawn(self.state.selection)  # the image the page opens with
-        args = dict(layer.args)
+        args = dict(layer.args, **(client_bars.args if client_bars else {}))
+        for name in ("query", "head", "stage", "mask"):
+            args[name] = widgets[name]
         for name in ("head", "stage", "mask"):
-            widget = widgets[name]
-            args[name] = widget
-            args[f"{name}s"] = _parts(widget)
+            args[f"{name}s"] = _parts(widgets[name])
         for name in ("head", "stage", "mask"):
-            widgets[name].jscallback(args=args, value=layer.widget_code())
+            code = layer.widget_code() + (client_bars.widget_code() if client_bars else "")
+            widgets[name].jscallback(args=args, value=code)
+        if client_bars is not None:
+            widgets["query"].jscallback(args=args, value=client_bars.widget_code())
 
     def _ticks(self) -> dict:
         ticks = model_views.token_ticks(self.trace, self.state.sample)
