@@ -42,7 +42,14 @@ import param
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from served_app import launch_chromium, open_app, peak_rss_mb, rss_mb, serve  # noqa: E402
+from served_app import (  # noqa: E402
+    HELD_JS,
+    launch_chromium,
+    open_app,
+    peak_rss_mb,
+    rss_mb,
+    serve,
+)
 
 from attnpanel.readouts import core  # noqa: E402
 
@@ -53,7 +60,7 @@ CHANGES = {
     "mask": ("Mask", ["none", "causal", "diagonal"], "mask"),
     "stage": ("Stage", ["raw scores", "scaled", "masked", "softmax"], "stage"),
 }
-CACHED = "Number(document.body.dataset.attnpanelCached || 0)"  # maps the page holds
+CACHED = f"({HELD_JS})('__cached')"  # the maps the page holds
 # 1 when the matrix shows the browser's own copy (the server sent no image for the change)
 DRAWN_BY_BROWSER = (
     f"(() => {{ const pv = ({MATRIX})();"

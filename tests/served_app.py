@@ -308,6 +308,14 @@ IMAGE_JS = r"""
 """
 
 
+# How many maps (and heads' weights) the page holds from the server's sending ahead: the
+# inflated rows its scripts keep on the matrix's ClientMapState model.
+HELD_JS = (
+    "(what) => { const found = [...Bokeh.documents[0].all_models].find("
+    "(m) => m[what] !== undefined); return found ? found[what].rows.size : 0; }"
+)
+
+
 def image_js(prefix: str) -> str:
     """A page function returning the image a plot (by title prefix) holds now: its title,
     shape, values (NaN as null) and extent ``[x, y, dw, dh]``."""

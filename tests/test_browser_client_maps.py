@@ -13,7 +13,7 @@ import json
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
-from served_app import PAGE_TEXT_JS, open_app, opened, shot
+from served_app import HELD_JS, PAGE_TEXT_JS, open_app, opened, shot
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
 # The matrix's two image layers: the server's (main) and the browser's (cached levels).
@@ -39,7 +39,8 @@ LAYERS_JS = f"""
 }}
 """
 DATA_EVENTS = ("ColumnDataChanged", "ColumnsStreamed", "ColumnsPatched")
-CACHED_JS = "() => Number(document.body.dataset.attnpanelCached || 0)"
+CACHED_JS = f"() => ({HELD_JS})('__cached')"  # the maps the page holds
+ROWS_JS = f"() => ({HELD_JS})('__rows')"  # the heads' weights it holds
 # (widget title, the value a user's choice gives its page model, URL argument and value)
 CHANGES = [
     ("Head", "3", ("head", "3")),
@@ -125,6 +126,20 @@ def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixel
         page.wait_for_timeout(300)
         assert "8-bit copy drawn in the browser" in page.evaluate(PAGE_TEXT_JS)
         page.mouse.move(0, 0)
+        # the map's hover button (what it sets) switches the copy's hover too
+        toggled = page.evaluate(
+            f"""async () => {{
+              const tools = ({MATRIX})().model.toolbar.tools.filter((t) => t.type === "HoverTool");
+              const shown = tools.find((t) => t.visible);
+              shown.active = false;
+              for (let i = 0; i < 20; i++) await Promise.resolve();
+              const off = tools.map((t) => t.active);
+              shown.active = true;
+              for (let i = 0; i < 20; i++) await Promise.resolve();
+              return [off, tools.map((t) => t.active)];
+            }}"""
+        )
+        assert toggled == [[False, False], [True, True]]
         shot(page, artifacts, "client_maps_mean")
         assert [m for m in console if m[0] in ("error", "pageerror")] == []
     finally:
@@ -157,7 +172,7 @@ def test_a_query_change_redraws_its_weights_in_the_browser_with_the_servers_numb
     browser, demo_url
 ):
     with opened(browser, demo_url + "?head=2&mask=causal") as (page, console):
-        page.wait_for_function("() => Number(document.body.dataset.attnpanelRows || 0) >= 1")
+        page.wait_for_function(f"() => ({ROWS_JS})() >= 1")
         for query in (57, 300, 0):
             # read in the same task as the change (its callback runs in a microtask): no
             # message of the server's can be handled in between

@@ -190,3 +190,60 @@ def test_the_shown_heads_weights_go_first_and_follow_the_head(explorer):
     assert prefetch.bars.cache.data["head"][1] == "mean of heads"
     explorer.sample = 3
     assert len(prefetch.bars.cache.data["key"]) == 0  # another context: the rows go too
+
+
+def test_the_page_shows_the_servers_own_image_where_it_drew_it_even_if_also_sent(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    sel = explorer.selection
+    assert prefetch.draws(sel) and prefetch.layer.state.server_key == prefetch.key(sel)
+    exact = core.attention_values(explorer.trace, sel, explorer.cache)
+    np.testing.assert_array_equal(explorer.drawn(), exact)  # not its 8-bit copy
+    state = prefetch.layer.state  # the words the page shows with that image again
+    assert (
+        state.server_title
+        == explorer.engine.title("matrix")
+        == core.matrix_title(explorer.trace, sel)
+    )
+    assert state.server_label == core.STAGE_LABELS[sel.stage]
+    assert state.server_bar.startswith(core.STAGE_LABELS[sel.stage])
+
+
+def test_maps_ahead_turned_off_on_a_cached_map_brings_the_servers_image_back(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    explorer.head = 6  # sent ahead: the page shows its 8-bit copy
+    assert prefetch.shown(explorer.selection) is not None
+    explorer.maps_ahead = False
+    assert prefetch.layer.state.server_key == prefetch.key(explorer.selection)
+    exact = core.attention_values(explorer.trace, explorer.selection, explorer.cache)
+    np.testing.assert_array_equal(explorer.drawn(), exact)
+    explorer.maps_ahead = True
+
+
+def test_another_sample_keeps_the_hover_of_the_browsers_copy_working(explorer):
+    layer = explorer.sections["matrix"].prefetch.layer
+    explorer.sample = 4  # the clock's labels of another sample go to the clock formatters
+    formatters = layer.hover.formatters
+    assert set(formatters["@image"].args) == {"scale"}  # its value's range, untouched
+    assert formatters["$x"].args["labels"] == core.clock_labels(explorer.trace, 4)
+
+
+def test_maps_slow_to_make_wait_until_the_user_goes_there(explorer):
+    prefetch = explorer.sections["matrix"].prefetch
+    explorer.param.update(sample=5, mask="none")  # its other masks: not computed yet
+    explorer.engine.scheduler.cost.seconds_per_cell = 1.0  # as a long trace's would be
+    explorer.engine.finish_idle()
+    sent = ["|".join(key.split("|")[-2:]) for key in prefetch.layer.cache.data["key"]]
+    # what the page's own maps computed (every head's softmax): the other stages and masks
+    # wait, and the server draws them if the user goes there
+    assert sent == ["softmax|none"] * len(explorer.param.head.objects)
+    explorer.engine.scheduler.cost.seconds_per_cell = 5.5e-8
+
+
+def test_a_map_that_cannot_be_made_is_skipped_and_the_others_go():
+    explorer = AttentionExplorer(attnpanel.demo().drop_vars("v"))
+    explorer.__panel__().get_root(Document())
+    explorer.engine.finish_idle()
+    prefetch = explorer.sections["matrix"].prefetch
+    stages = {key.split("|")[-2] for key in prefetch.layer.cache.data["key"]}
+    assert "value_weighted" not in stages and {"raw", "scaled", "masked", "softmax"} <= stages
+    assert len(prefetch.bars.cache.data["key"]) == 1  # the weights need no value vectors

@@ -60,6 +60,11 @@ class LiveEngine(ViewRegistry):
         """Redraw the views for which ``where(view)`` is true, now."""
         self.scheduler.redraw(where)
 
+    def expected_seconds(self) -> float:
+        """How long a change whose maps are not cached is expected to take (the sample's
+        cells times a cost per cell learnt from the engine's own redraws)."""
+        return self.scheduler.cost.expected_seconds()
+
     def when_idle(self, step: Callable[[], bool]) -> None:
         """Call ``step()`` while the served page is idle until it returns False
         (:meth:`~attnpanel.app.scheduler.Scheduler.when_idle`)."""

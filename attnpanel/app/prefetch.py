@@ -25,13 +25,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnpanel.app.engine import LiveEngine
-from attnpanel.readouts.core import MissingVariable, Selection, query_weights
+from attnpanel.readouts.core import Selection, query_weights, stages_cached
 from attnpanel.readouts.raster import image_limits
 from attnpanel.render.client_bars import ClientBars
 from attnpanel.render.client_maps import CachedMap, ClientLayer
 from attnpanel.render.elements import CENTRED_GROUPS
 
 MOST_MAPS = 200  # per context: every head x stage x mask of the demo is 9 x 5 x 3 = 135
+# a map whose stages must be recomputed is sent ahead only if that is expected this fast
+# (an idle step holds the page's loop: a click waits for it)
+STEP_BUDGET_S = 0.15
 
 
 class MatrixPrefetch:
@@ -60,10 +63,18 @@ class MatrixPrefetch:
         self._skipped: set[str] = set()  # maps that could not be drawn (a missing variable)
         self._context: str | None = None
         engine.attach(pane, self)
+        self.state.param.watch(self._on_ahead, "maps_ahead")
 
     @property
     def state(self):
+        """The explorer's state (the selection, ``maps_ahead``)."""
         return self.engine.state
+
+    def _on_ahead(self, event) -> None:
+        if event.new:
+            self.engine.when_idle(self.step)
+        else:  # the server draws the shown map again: the page shows its exact image
+            self.engine.redraw(lambda view: view is self.view)
 
     def context(self, sel: Selection) -> str:
         """What every map of the cache shares."""
@@ -80,6 +91,8 @@ class MatrixPrefetch:
         return len(self._sent)
 
     def draws(self, sel: Selection) -> bool:
+        """Whether the browser draws ``sel``'s map from its cache (the server sends no
+        image for it)."""
         return (
             self.state.maps_ahead
             and self.context(sel) == self._context
@@ -87,10 +100,14 @@ class MatrixPrefetch:
         )
 
     def follow(self, sel: Selection) -> None:
+        """The browser draws ``sel``'s map: the server writes the words around it, and
+        sends the new selection's neighbours once the page is idle."""
         self.layer.follow(self._sent[self.key(sel)])
         self.engine.when_idle(self.step)
 
     def drawn(self, sel: Selection) -> None:
+        """The server has drawn ``sel``'s map: a new context empties the cache; the page
+        learns which map its main layer holds; the neighbours follow once it is idle."""
         context = self.context(sel)
         if context != self._context:
             self._context, self._sent, self._skipped, self._rows = context, {}, set(), set()
@@ -101,7 +118,11 @@ class MatrixPrefetch:
         self.engine.when_idle(self.step)
 
     def shown(self, sel: Selection):
-        return self._cached(sel).values() if self.draws(sel) else None
+        """The map the page shows for ``sel`` if it is the browser's 8-bit copy (decoded as
+        the browser decodes it), else None (the page shows the server's own image)."""
+        if not self.draws(sel) or self.key(sel) == self.layer.state.server_key:
+            return None
+        return self._cached(sel).values()
 
     def neighbours(self, sel: Selection) -> list[Selection]:
         """The maps a change from ``sel`` shows next, nearest first: the other heads, then
@@ -126,19 +147,26 @@ class MatrixPrefetch:
             return False
         for near in self.neighbours(sel):
             key = self.key(near)
-            if key not in self._sent and key not in self._skipped:
+            if key not in self._sent and key not in self._skipped and self._cheap(near):
                 break
         else:
             return False
         try:
             cached = self._cached(near)
-        except (MissingVariable, ValueError):  # no such map, or no 8-bit copy of it
+        except Exception:  # noqa: BLE001 - no such map (a missing variable), no 8-bit copy ...
             self._skipped.add(key)  # the server draws it (and says why) if the user goes there
             return True
         self.layer.send(cached)
         # the server keeps the words, not the levels: it can make them again (shown)
         self._sent[key] = replace(cached, blob=b"")
         return True
+
+    def _cheap(self, sel: Selection) -> bool:
+        """Whether ``sel``'s map is quick to make on the page's loop: its stages are
+        cached, or recomputing them is expected within :data:`STEP_BUDGET_S` (the demo's
+        other masks: ~0.1 s; a long trace's wait until the user goes there)."""
+        cached = stages_cached(self.state.trace, sel, self.state.cache)
+        return cached or self.engine.expected_seconds() <= STEP_BUDGET_S
 
     def rows_key(self, sel: Selection) -> str:
         """The key of the shown head's weights (the bars' rows), as the page's script
@@ -153,7 +181,7 @@ class MatrixPrefetch:
             return False
         try:
             weights = query_weights(self.state.trace, sel, self.state.cache)
-        except MissingVariable:
+        except Exception:  # noqa: BLE001 - a missing variable ...: the server draws the bars
             self._skipped.add(key)
             return True
         head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"

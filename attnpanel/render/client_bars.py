@@ -63,13 +63,18 @@ async function inflate_rows(i) {
   const key = d.key[i];
   if (bars_store.rows.has(key) || bars_store.pending.has(key) || d.blob[i].length === 0) return;
   bars_store.pending.add(key);
-  const stream = new Blob([d.blob[i]]).stream().pipeThrough(new DecompressionStream("deflate"));
-  const buffer = await new Response(stream).arrayBuffer();
-  bars_store.pending.delete(key);
+  const row = {rows: d.rows[i], cols: d.cols[i], head: d.head[i]};
+  try {
+    const stream = new Blob([d.blob[i]]).stream().pipeThrough(new DecompressionStream("deflate"));
+    row.values = new Float32Array(await new Response(stream).arrayBuffer());
+  } catch (err) {
+    console.warn(`attnpanel: weights ${key} could not be read; the server draws the bars`, err);
+    return;
+  } finally {
+    bars_store.pending.delete(key);
+  }
   if (!key.startsWith(state.context + "|")) return;  // the context moved on meanwhile
-  bars_store.rows.set(key, {values: new Float32Array(buffer), rows: d.rows[i], cols: d.cols[i],
-                            head: d.head[i]});
-  document.body.dataset.attnpanelRows = String(bars_store.rows.size);
+  bars_store.rows.set(key, row);
 }
 for (const key of [...bars_store.rows.keys()]) {
   if (!key.startsWith(state.context + "|")) bars_store.rows.delete(key);

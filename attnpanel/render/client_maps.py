@@ -47,6 +47,7 @@ from bokeh.models import (
 from bokeh.models import Image as ImageGlyph
 
 from attnpanel.readouts.raster import scale_title
+from attnpanel.render.push import name_map
 
 EMPTY = np.zeros(0, dtype=np.uint8)
 LEVEL_NAME = "cached levels"  # the client layer's renderer: its hover and tests find it
@@ -60,6 +61,9 @@ class ClientMapState(DataModel):
 
     context = String(default="", help="What every cached map shares (sample, layer, window).")
     server_key = String(default="", help="The key of the map the main layer holds.")
+    server_title = String(default="", help="The title of the map the main layer holds.")
+    server_bar = String(default="", help="Its colour bar's title.")
+    server_label = String(default="", help="Its value's name (the hover's).")
 
 
 def palette_index(values: np.ndarray, low: float, high: float, colours: int) -> np.ndarray:
@@ -152,7 +156,8 @@ function words(row) {
   plot.title.setv({text: row.title}, quiet);
   if (bar !== null) bar.setv({title: row.bar}, quiet);
   for (const tool of [main_hover, level_hover]) {
-    const tips = tool.tooltips.slice();
+    const tips = (tool.tooltips ?? []).slice();
+    if (tips.length === 0) continue;
     tips[tips.length - 1] = [row.label, tips[tips.length - 1][1]];
     tool.setv({tooltips: tips}, quiet);
   }
@@ -163,7 +168,7 @@ function show() {
   const key = wanted();
   const row = store.rows.get(key);
   if (key === state.server_key) {
-    if (row !== undefined) words(row);
+    words({title: state.server_title, bar: state.server_bar, label: state.server_label});
     scale.setv({low: mapper.low, high: mapper.high}, quiet);
     level.setv({visible: false}, quiet);
     main.setv({visible: true}, quiet);
@@ -191,15 +196,20 @@ async function inflate(i) {
   const key = d.key[i];
   if (store.rows.has(key) || store.pending.has(key) || d.blob[i].length === 0) return;
   store.pending.add(key);
-  const stream = new Blob([d.blob[i]]).stream().pipeThrough(new DecompressionStream("deflate"));
-  const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
-  store.pending.delete(key);
-  if (!key.startsWith(state.context + "|")) return;  // the context moved on meanwhile
-  const row = {bytes};
+  const row = {};
   for (const name of NUMBERS) row[name] = d[name][i];
   for (const name of WORDS) row[name] = d[name][i];
+  try {
+    const stream = new Blob([d.blob[i]]).stream().pipeThrough(new DecompressionStream("deflate"));
+    row.bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+  } catch (err) {
+    console.warn(`attnpanel: map ${key} could not be read; the server draws it`, err);
+    return;
+  } finally {
+    store.pending.delete(key);
+  }
+  if (!key.startsWith(state.context + "|")) return;  // the context moved on meanwhile
   store.rows.set(key, row);
-  document.body.dataset.attnpanelCached = String(store.rows.size);
   show();
 }
 """
@@ -214,7 +224,6 @@ CACHE_JS = """
 for (const key of [...store.rows.keys()]) {
   if (!key.startsWith(state.context + "|")) store.rows.delete(key);
 }
-if (store.rows.size === 0) document.body.dataset.attnpanelCached = "0";
 show();
 """
 # A cell's range: its colour's interval on the map's scale; the end colours also hold what
@@ -279,6 +288,11 @@ class ClientLayer:
             visible=False,  # no second button: the map's own hover button stands for both
         )
         plot.add_tools(self.hover)
+        # the map's one hover button (a tool's active state lives in the browser only)
+        main_hover.js_on_change(
+            "change:active",
+            CustomJS(args=dict(level=self.hover), code="level.active = cb_obj.active;"),
+        )
         self.args = dict(
             state=self.state,
             cache=self.cache,
@@ -346,22 +360,22 @@ class ClientLayer:
         blobs[len(blobs) - 1] = EMPTY
 
     def server_drew(self, key: str) -> None:
-        """The server wrote map ``key``'s exact image into the main layer (and its limits
-        into the main layer's mapper: the colour bar's scale follows)."""
+        """The server wrote map ``key``'s exact image into the main layer, with its limits
+        and words: the colour bar's scale follows, and the page keeps the words to show
+        with that map again (after maps drawn from its cache)."""
         mapper = self.handles["color_mapper"]
         self.scale.low, self.scale.high = mapper.low, mapper.high
-        self.state.server_key = key
+        colorbar, hover = self.handles.get("colorbar"), self.handles.get("hover")
+        self.state.update(
+            server_title=self.handles["plot"].title.text,
+            server_bar=colorbar.title if colorbar is not None else "",
+            server_label=hover.tooltips[-1][0] if hover is not None and hover.tooltips else "",
+            server_key=key,  # last: the page redraws on it
+        )
 
     def follow(self, cached: CachedMap) -> None:
         """The words around a map the browser draws from its cache, written by the server
         too (they are what the browser already shows: the server's models stay the page's)."""
         self.handles["plot"].title.text = cached.title
         self.scale.low, self.scale.high = cached.low, cached.high
-        colorbar = self.handles.get("colorbar")
-        if colorbar is not None:
-            colorbar.title = cached.bar
-        for hover in (self.handles.get("hover"), self.hover):
-            if hover is not None and hover.tooltips:
-                *place, (_, field) = hover.tooltips
-                if hover.tooltips[-1][0] != cached.label:
-                    hover.tooltips = [*place, (cached.label, field)]
+        name_map(self.handles, cached.label, cached.low, hovers=(self.hover,))

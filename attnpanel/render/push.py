@@ -67,6 +67,20 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         fit_chart(figure, every)  # what every view of the figure draws now (a table: nothing)
 
 
+def name_map(handles: dict, value_label: str, low: float, hovers=()) -> None:
+    """The words around a map: its colour bar's title (what the map shows and the colour
+    rule its scale follows, from ``low``) and the value's name in its hover (and in
+    ``hovers``, other hover tools over the same map)."""
+    colorbar = handles.get("colorbar")
+    if colorbar is not None and colorbar.title:  # a titled bar states the rule
+        colorbar.title = scale_title(value_label or handles.get("colorbar_label", ""), low)
+    for hover in (handles.get("hover"), *hovers):
+        if value_label and hover is not None and hover.tooltips:
+            *place, (_, field) = hover.tooltips  # the value's name: what the map now shows
+            if hover.tooltips[-1][0] != value_label:
+                hover.tooltips = [*place, (value_label, field)]
+
+
 def push(handles: dict, element) -> None:
     """Write one element's data into its rendered Bokeh models (their axes: :func:`write`)."""
     if isinstance(element, hv.Table):
@@ -93,16 +107,8 @@ def push(handles: dict, element) -> None:
         mapper = handles.get("color_mapper")
         if mapper is not None:
             mapper.low, mapper.high = image_limits(image, element.group in CENTRED_GROUPS)
-        value_label = getattr(element, "value_label", None)  # a Raster's, for the stage
-        colorbar = handles.get("colorbar")
-        if colorbar is not None and colorbar.title:  # a titled bar states the rule
-            label = value_label or handles.get("colorbar_label", "")
-            colorbar.title = scale_title(label, mapper.low)
-        hover = handles.get("hover")
-        if value_label and hover is not None and hover.tooltips:
-            *place, (_, field) = hover.tooltips  # the value's name: what the map now shows
-            if hover.tooltips[-1][0] != value_label:
-                hover.tooltips = [*place, (value_label, field)]
+            # a Raster's value label names the stage
+            name_map(handles, getattr(element, "value_label", None) or "", mapper.low)
         return
     if isinstance(element, hv.HeatMap):
         values = element.dimension_values("value")

@@ -56,13 +56,12 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
 
 def set_clock_labels(figure, labels: list[str]) -> None:
     """Point a map's time formatters at another sample's clock times."""
-    for model in (figure.xaxis[0].formatter, figure.yaxis[0].formatter):
-        if isinstance(model, CustomJSTickFormatter):
-            model.args = dict(labels=labels)
+    formatters = [figure.xaxis[0].formatter, figure.yaxis[0].formatter]
     for hover in figure.select({"type": HoverTool}):
-        for formatter in dict(hover.formatters or {}).values():
-            if isinstance(formatter, CustomJSHover):
-                formatter.args = dict(labels=labels)
+        formatters.extend(dict(hover.formatters or {}).values())
+    for model in formatters:  # the clock's formatters, not the others (a value's range)
+        if isinstance(model, CustomJSTickFormatter | CustomJSHover) and "labels" in model.args:
+            model.args = {**model.args, "labels": labels}
 
 
 def matrix_style(
