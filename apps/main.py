@@ -48,10 +48,10 @@ def shared_trace():
 
 
 def shared_model():
-    return pn.state.as_cached(READY[1], demo_model_run)
+    return serving.shared(READY[1], demo_model_run)
 
 
-if WARMING or all(key in pn.state.cache for key in READY):
+if WARMING or all(serving.is_shared(key) for key in READY):
     page(shared_trace(), shared_model()).servable(title=TITLE)
 else:  # the first page after the server starts: a loading page at once, then the explorer
     steps = [
@@ -64,14 +64,14 @@ else:  # the first page after the server starts: a loading page at once, then th
 def warm_survey() -> threading.Thread:
     """The demo's survey (every head over every sample), computed once per process off the
     event loop after the first page has loaded: ready when a session first shows it."""
-    model = pn.state.cache[READY[1]]
+    model = shared_model()
     thread = threading.Thread(target=model.survey, name="attnpanel demo survey", daemon=True)
     thread.start()
     return thread
 
 
 def survey_later() -> None:
-    if READY[1] in pn.state.cache:  # else the loading page's first session warms none
+    if serving.is_shared(READY[1]):  # else the loading page's session warms none
         pn.state.as_cached("attnpanel:demo survey", warm_survey)
 
 

@@ -250,3 +250,22 @@ def test_a_server_started_warm_opens_its_first_page_as_any_other(browser, artifa
     weights = attnpanel.demo().weights.isel(batch=1, head=2).values
     shown = np.array(image["values"], dtype=float).reshape(image["shape"])
     numerics.assert_same_numbers(shown, np.where(np.eye(480, dtype=bool), np.nan, weights))
+
+
+def test_once_the_demo_is_built_every_page_arrives_with_the_explorer(browser, demo_url):
+    """Without ``--warm`` only the first page shows the demo being built; every later one
+    arrives with the explorer in its first document (a page that showed a loading page
+    first spent ~1.2 s more on it: apps/main.py looked for Panel's cache keys, which are
+    tuples, by their names)."""
+    with opened(browser, demo_url):  # the demo is built (if no test built it yet)
+        pass
+    page = browser.new_page(viewport={"width": 1600, "height": 1300})
+    try:
+        page.goto(demo_url, timeout=180_000)
+        page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0")
+        first = page.evaluate(
+            "[...Bokeh.documents[0].all_models].filter((m) => m.type === 'Figure').length"
+        )
+    finally:
+        page.close()
+    assert first > 5

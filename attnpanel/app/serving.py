@@ -48,13 +48,30 @@ def freeze(capture: xr.Dataset | xr.DataTree) -> xr.Dataset | xr.DataTree:
     return capture
 
 
+_BUILT: set[str] = set()  # the keys shared() has built (or found) in this process
+
+
+def shared(key: str, build: Callable[[], T]) -> T:
+    """``build()``'s result, made once per process and kept in Panel's cache under ``key``
+    (``pn.state.as_cached``); :func:`is_shared` says whether it is there."""
+    value = pn.state.as_cached(key, build)
+    _BUILT.add(key)
+    return value
+
+
+def is_shared(key: str) -> bool:
+    """Whether :func:`shared` has made ``key``'s value in this process (Panel keys its cache
+    by ``(key, *keyword arguments)``: ``key in pn.state.cache`` is never true)."""
+    return key in _BUILT
+
+
 def shared_trace(key: str, build: Callable[[], xr.Dataset | xr.DataTree]):
     """The capture ``build()`` makes, made once per server process and shared read-only.
 
     Outside a server (a script, a notebook) it is built each time, as any call would be.
     """
     served = pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
-    return pn.state.as_cached(
+    return shared(
         f"attnpanel:{key}", lambda: settle(freeze(build())) if served else freeze(build())
     )
 
