@@ -257,6 +257,25 @@ def shot(page, artifacts: Path, name: str) -> Path:
     return path
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds a process has used (Linux /proc; 100 ticks a second)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100
+
+
+def wait_idle(pid: int, timeout: float = 180.0, busy: float = 0.05) -> float:
+    """Wait until a process uses under ``busy`` of a core over a second (a server's
+    one-time work done: the demo's survey warmed after the first page); returns the
+    seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        before = cpu_seconds(pid)
+        time.sleep(1.0)
+        if cpu_seconds(pid) - before < busy:
+            break
+    return time.monotonic() - start
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size of a process in MiB (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

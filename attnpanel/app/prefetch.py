@@ -32,9 +32,10 @@ from attnpanel.render.client_maps import CachedMap, ClientLayer
 from attnpanel.render.elements import CENTRED_GROUPS
 
 MOST_MAPS = 200  # per context: every head x stage x mask of the demo is 9 x 5 x 3 = 135
-# a map whose stages must be recomputed is sent ahead only if that is expected this fast
-# (an idle step holds the page's loop: a click waits for it)
-STEP_BUDGET_S = 0.15
+# a map whose stages must be recomputed is sent ahead only if a change that recomputes
+# them is expected this fast (an idle step holds the page's loop: a click waits for it;
+# the demo's: 0.1-0.3 s, learnt from its own redraws)
+STEP_BUDGET_S = 0.5
 
 
 class MatrixPrefetch:
@@ -163,8 +164,8 @@ class MatrixPrefetch:
 
     def _cheap(self, sel: Selection) -> bool:
         """Whether ``sel``'s map is quick to make on the page's loop: its stages are
-        cached, or recomputing them is expected within :data:`STEP_BUDGET_S` (the demo's
-        other masks: ~0.1 s; a long trace's wait until the user goes there)."""
+        cached, or an uncached change is expected within :data:`STEP_BUDGET_S` (the demo's
+        other masks; a trace several times its size waits until the user goes there)."""
         cached = stages_cached(self.state.trace, sel, self.state.cache)
         return cached or self.engine.expected_seconds() <= STEP_BUDGET_S
 
