@@ -183,7 +183,9 @@ def test_a_query_change_redraws_its_weights_in_the_browser_with_the_servers_numb
             )
             assert drawn["title"] == f"weights of query {query} (head 2)"
             assert drawn["box"] == [query - 0.5, query + 0.5]
-            page.wait_for_function(f"() => /query={query}&/.test(location.search)")
+            page.wait_for_function(
+                f"() => new URLSearchParams(location.search).get('query') === '{query}'"
+            )
             page.wait_for_timeout(600)  # the server's own bars land
             served = page.evaluate(BARS_JS)
             assert served == {**drawn, "hash": served["hash"]}
