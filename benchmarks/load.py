@@ -28,10 +28,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from served_app import HELPERS_JS, RENDERED_JS, launch_chromium, rss_mb, serve  # noqa: E402
-from sessions import cpu_seconds  # noqa: E402
+from served_app import (  # noqa: E402
+    HELPERS_JS,
+    RENDERED_JS,
+    cpu_seconds,
+    launch_chromium,
+    rss_mb,
+    serve,
+)
 
 
 def open_pages(context, url: str, count: int, timeout: float) -> tuple[list, float, int]:

@@ -31,15 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from served_app import rss_mb, serve  # noqa: E402
-
-CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+from served_app import cpu_seconds, rss_mb, serve  # noqa: E402
 
 
 def request(url: str) -> float:

@@ -187,7 +187,8 @@ def test_the_shown_heads_weights_go_first_and_follow_the_head(explorer):
     explorer.param.update(head="mean", stage="scaled")  # a head's weights: not the stage's
     explorer.engine.finish_idle()
     assert list(keys)[1:] == [prefetch.rows_key(explorer.selection)]
-    assert prefetch.bars.cache.data["head"][1] == "mean of heads"
+    # the bars' own title, the page filling in the query
+    assert prefetch.bars.cache.data["title"][1] == "weights of query {query} (mean of heads)"
     explorer.sample = 3
     assert len(prefetch.bars.cache.data["key"]) == 0  # another context: the rows go too
 

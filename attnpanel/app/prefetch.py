@@ -30,6 +30,7 @@ from attnpanel.readouts.raster import image_limits
 from attnpanel.render.client_bars import ClientBars
 from attnpanel.render.client_maps import CachedMap, ClientLayer
 from attnpanel.render.elements import CENTRED_GROUPS
+from attnpanel.render.views import weights_title
 
 MOST_MAPS = 200  # per context: every head x stage x mask of the demo is 9 x 5 x 3 = 135
 # a map whose stages must be recomputed is sent ahead only if a change that recomputes
@@ -185,8 +186,7 @@ class MatrixPrefetch:
         except Exception:  # noqa: BLE001 - a missing variable ...: the server draws the bars
             self._skipped.add(key)
             return True
-        head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
-        self.bars.send(key, weights, head)
+        self.bars.send(key, weights, weights_title("{query}", sel.head))
         self._rows.add(key)
         return True
 

@@ -267,9 +267,14 @@ def fitted_title(first: str, joint: str, second: str, line: int = TITLE_LINE) ->
     return f"{first}{joint} {second}"
 
 
+def head_words(head) -> str:
+    """A head as every title names it: ``head 3``, or ``mean of heads``."""
+    return "mean of heads" if head == "mean" else f"head {head}"
+
+
 def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     """The attention matrix's title for a selection (naming the layer of a captured model)."""
-    head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
+    head = head_words(sel.head)
     if "layer" in ds.coords and ds["layer"].ndim == 0:
         head = f"{head}, layer {layer_label(ds['layer'].item())}"
     mask = mask_mode(ds, sel)

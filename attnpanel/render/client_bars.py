@@ -22,9 +22,9 @@ import numpy as np
 from bokeh.models import ColumnDataSource, CustomJS
 
 from attnpanel.render.axes import CHART_PAD
-from attnpanel.render.client_maps import EMPTY, ClientMapState
+from attnpanel.render.client_maps import INFLATED_JS, ClientMapState, stream_once
 
-COLUMNS = ("key", "blob", "rows", "cols", "head")
+COLUMNS = ("key", "blob", "rows", "cols", "title")
 
 # The shown head's rows, inflated once, by key; draw_bars() (the widgets' script only: it
 # reads them) redraws the bars for the query.
@@ -55,7 +55,7 @@ function draw_bars() {
     const [start, end] = [lo - margin, hi + margin];
     bars_plot.y_range.setv({start, end, reset_start: start, reset_end: end}, quiet_bars);
   }
-  bars_plot.title.setv({text: `weights of query ${q} (${row.head})`}, quiet_bars);
+  bars_plot.title.setv({text: row.title.replace("{query}", String(q))}, quiet_bars);
   if (marker !== null) marker.setv({location: q}, quiet_bars);
 }
 async function inflate_rows(i) {
@@ -63,10 +63,9 @@ async function inflate_rows(i) {
   const key = d.key[i];
   if (bars_store.rows.has(key) || bars_store.pending.has(key) || d.blob[i].length === 0) return;
   bars_store.pending.add(key);
-  const row = {rows: d.rows[i], cols: d.cols[i], head: d.head[i]};
+  const row = {rows: d.rows[i], cols: d.cols[i], title: d.title[i]};
   try {
-    const stream = new Blob([d.blob[i]]).stream().pipeThrough(new DecompressionStream("deflate"));
-    row.values = new Float32Array(await new Response(stream).arrayBuffer());
+    row.values = new Float32Array(await inflated(d.blob[i]));
   } catch (err) {
     console.warn(`attnpanel: weights ${key} could not be read; the server draws the bars`, err);
     return;
@@ -123,7 +122,7 @@ class ClientBars:
 
     @staticmethod
     def _code(body: str) -> str:
-        return f"const PAD = {CHART_PAD!r};\n" + BARS_JS + body
+        return f"const PAD = {CHART_PAD!r};\n" + INFLATED_JS + BARS_JS + body
 
     def widget_code(self) -> str:
         """The script the query, head and mask widgets run on a change; its arguments are
@@ -135,20 +134,19 @@ class ClientBars:
         """A new context: the browser drops the rows it holds."""
         self.cache.data = {name: [] for name in COLUMNS}
 
-    def send(self, key: str, weights: np.ndarray, head: str) -> None:
-        """Stream the shown head's weights, ``(query, key)`` float32, to the browser;
-        ``head`` names it as the bars' title does (``head 3``, ``mean of heads``)."""
+    def send(self, key: str, weights: np.ndarray, title: str) -> None:
+        """Stream the shown head's weights, ``(query, key)`` float32, to the browser, with
+        the bars' title, ``{query}`` in the place of the query (``views.weights_title``)."""
         values = np.ascontiguousarray(weights, dtype=np.float32)
         blob = zlib.compress(values.tobytes(), 1)
         rows, cols = values.shape
-        self.cache.stream(
+        stream_once(
+            self.cache,
             dict(
                 key=[key],
                 blob=[np.frombuffer(blob, dtype=np.uint8)],
                 rows=[rows],
                 cols=[cols],
-                head=[head],
-            )
+                title=[title],
+            ),
         )
-        blobs = self.cache.data["blob"]  # the server keeps no copy (see ClientLayer.send)
-        blobs[len(blobs) - 1] = EMPTY

@@ -55,6 +55,15 @@ CACHE_COLUMNS = ("key", "blob", "rows", "cols", "x", "y", "dw", "dh", "low", "hi
 WORD_COLUMNS = ("title", "bar", "label")
 
 
+def stream_once(source: ColumnDataSource, row: dict) -> None:
+    """Stream one row to the page, whose ``blob`` the browser keeps and the server drops
+    (it can make it again). Replacing the list's item, not the column, changes nothing
+    on the page."""
+    source.stream(row)
+    blobs = source.data["blob"]
+    blobs[len(blobs) - 1] = EMPTY
+
+
 class ClientMapState(DataModel):
     """What the browser needs to know beside the cache: the cache's context and the map the
     server's own image shows (``"{context}|{head}|{stage}|{mask}"``)."""
@@ -96,8 +105,8 @@ def encode_levels(values: np.ndarray, low: float, high: float, colours: int) -> 
 
 
 def decode_levels(blob: bytes, shape: tuple[int, int], low: float, high: float, colours: int):
-    """What the browser decodes (for tests): each level at the middle of its colour's
-    interval, masked cells NaN, float32."""
+    """A map as the browser decodes and draws it (``explorer.drawn()`` where the page shows
+    it): each level at the middle of its colour's interval, masked cells NaN, float32."""
     raw = zlib.decompress(blob)
     cells = shape[0] * shape[1]
     levels = np.frombuffer(raw[:cells], dtype=np.uint8).astype(np.float64)
@@ -139,6 +148,15 @@ class CachedMap:
         """The map as the browser draws it (each level at its colour's middle)."""
         return decode_levels(self.blob, self.shape, self.low, self.high, self.colours)
 
+
+# A zlib stream's bytes inflated by the browser's own DecompressionStream (both caches').
+# (a ``var``: the widgets' script holds both caches' code, and declares it twice)
+INFLATED_JS = """
+var inflated = async (bytes) => {
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+  return await new Response(stream).arrayBuffer();
+};
+"""
 
 # Shared by every callback: the browser's own table of inflated maps lives on the state
 # model (one per page), keyed by map key. ``show()`` draws the map the widgets ask for: the
@@ -200,8 +218,7 @@ async function inflate(i) {
   for (const name of NUMBERS) row[name] = d[name][i];
   for (const name of WORDS) row[name] = d[name][i];
   try {
-    const stream = new Blob([d.blob[i]]).stream().pipeThrough(new DecompressionStream("deflate"));
-    row.bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+    row.bytes = new Uint8Array(await inflated(d.blob[i]));
   } catch (err) {
     console.warn(`attnpanel: map ${key} could not be read; the server draws it`, err);
     return;
@@ -243,7 +260,7 @@ return `${from.toFixed(4)} to ${to.toFixed(4)}${drawn}`;
 def _code(body: str) -> str:
     numbers = [c for c in CACHE_COLUMNS if c not in ("key", "blob")]
     head = f"const NUMBERS = {numbers!r}; const WORDS = {list(WORD_COLUMNS)!r};\n"
-    return head + SHOW_JS + body
+    return head + INFLATED_JS + SHOW_JS + body
 
 
 class ClientLayer:
@@ -352,12 +369,7 @@ class ClientLayer:
             bar=[cached.bar],
             label=[cached.label],
         )
-        self.cache.stream(row)
-        # Sent: the server's copy of the levels is dropped (the browser keeps its own; the
-        # server can make them again: CachedMap.of). Replacing the list's item, not the
-        # column, changes nothing on the page.
-        blobs = self.cache.data["blob"]
-        blobs[len(blobs) - 1] = EMPTY
+        stream_once(self.cache, row)
 
     def server_drew(self, key: str) -> None:
         """The server wrote map ``key``'s exact image into the main layer, with its limits

@@ -27,6 +27,7 @@ from attnpanel.readouts.core import (
     StageCache,
     attention_values,
     drawn_masked,
+    head_words,
     mask_mode,
     selected_weights,
     uses_sinusoidal,
@@ -79,7 +80,7 @@ def token_boxes(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None)
     labels = position_labels(ds, sel.sample)
     n = len(labels)
     index = np.arange(n, dtype=np.float32)
-    head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
+    head = head_words(sel.head)
     return hv.Rectangles(
         (
             index - 0.48,
@@ -133,7 +134,7 @@ def top_attended(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None
     labels = position_labels(ds, sel.sample)
     best = np.argmax(matrix, axis=1)
     rows = np.arange(matrix.shape[0])
-    head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
+    head = head_words(sel.head)
     columns = {
         "position": rows,
         "token": np.array(labels, dtype=object),

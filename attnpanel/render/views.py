@@ -290,12 +290,15 @@ def aggregation_weights(
 ) -> hv.Overlay:
     """The selected query's softmax weights over every key, as bars, the query marked."""
     weights = selected_weights(ds, sel, cache)
-    head = "mean of heads" if sel.head == "mean" else f"head {sel.head}"
     bars = vector_bars(weights, ["#b2182b"] * len(weights), "key", "weight")
     return hv.Overlay(
-        [bars, hv.VLine(sel.query, group="Marker")],
-        label=f"weights of query {sel.query} ({head})",  # fits the narrow column
+        [bars, hv.VLine(sel.query, group="Marker")], label=weights_title(sel.query, sel.head)
     )
+
+
+def weights_title(query, head) -> str:
+    """The query's weights bars' title (``query`` may be a placeholder the page fills)."""
+    return f"weights of query {query} ({core.head_words(head)})"  # fits the narrow column
 
 
 def top_values(
