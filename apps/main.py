@@ -27,7 +27,7 @@ from attnpanel.app.explorer import AttentionExplorer, notify_errors
 from attnpanel.nilm.demo import demo_model_run
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
-serving.release_on_close()
+serving.release_memory()
 serving.skip_document_validation()  # the page is validated once, by the tests
 
 TITLE = "attnpanel explorer"
@@ -44,7 +44,8 @@ WARMING = "--warm" in sys.orig_argv  # (Panel gives the app its own sys.argv)
 
 
 def shared_trace():
-    return serving.shared_trace("demo", attnpanel.demo)  # READY[0]
+    # its maps recomputed per sample when read, bit for bit: 450 MB the server never holds
+    return serving.shared_trace("demo", partial(attnpanel.demo, on_demand=True))  # READY[0]
 
 
 def shared_model():
@@ -65,7 +66,12 @@ def warm_survey() -> threading.Thread:
     """The demo's survey (every head over every sample), computed once per process off the
     event loop after the first page has loaded: ready when a session first shows it."""
     model = shared_model()
-    thread = threading.Thread(target=model.survey, name="attnpanel demo survey", daemon=True)
+
+    def survey():
+        model.survey()
+        serving.trim_memory()  # what its worker thread's heap freed goes back
+
+    thread = threading.Thread(target=survey, name="attnpanel demo survey", daemon=True)
     thread.start()
     return thread
 

@@ -28,7 +28,7 @@ SENTENCE = "The cat sat on the mat because it was warm."
 
 pn.extension(inline=True, notifications=True, exception_handler=notify_errors)
 
-serving.release_on_close()
+serving.release_memory()
 text = " ".join(sys.argv[1:]) or SENTENCE
 
 

@@ -248,3 +248,33 @@ def test_a_map_that_cannot_be_made_is_skipped_and_the_others_go():
     stages = {key.split("|")[-2] for key in prefetch.layer.cache.data["key"]}
     assert "value_weighted" not in stages and {"raw", "scaled", "masked", "softmax"} <= stages
     assert len(prefetch.bars.cache.data["key"]) == 1  # the weights need no value vectors
+
+
+def test_the_maps_sent_ahead_leave_no_copy_in_the_servers_cache(explorer):
+    cache = explorer.cache
+    explorer.param.update(sample=6)  # a sample no other test visited: what its page draws
+    kept = set(cache.keys())
+    held = cache.nbytes
+    prefetch = explorer.sections["matrix"].prefetch
+    explorer.engine.finish_idle()
+    assert prefetch.sent > 20  # every head, the head's every stage and mask: in the browser
+    assert set(cache.keys()) == kept and cache.nbytes == held
+    # and the user going there still gets the exact map, recomputed by the server
+    explorer.param.update(stage="scaled", mask="causal", head=2)  # sent, and not cached
+    shown = explorer.drawn()
+    exact = core.attention_values(explorer.trace, explorer.selection)
+    low, high = image_limits(exact)
+    np.testing.assert_array_equal(
+        palette_index(shown, low, high, 256), palette_index(exact, low, high, 256)
+    )
+
+
+def test_a_passing_read_of_the_stage_cache_computes_and_keeps_nothing():
+    cache = core.StageCache()
+    with cache.passing():
+        assert cache.get("a", lambda: np.ones(3)).sum() == 3
+    assert "a" not in cache and cache.nbytes == 0
+    cache.get("a", lambda: np.ones(3))
+    with cache.passing():  # a hit is a hit
+        assert cache.get("a", lambda: np.zeros(3)).sum() == 3
+    assert cache.nbytes == 24

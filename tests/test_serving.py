@@ -310,3 +310,28 @@ def test_a_loading_page_shows_each_step_then_the_page_or_what_failed():
     run_alone(broken.build())
     assert broken.status.object == "Building the thing failed at a part: division by zero"
     assert broken.layout[1].value is False  # the spinner stopped
+
+
+def test_pages_loading_or_closing_together_give_memory_back_once_after_the_last(monkeypatch):
+    """serving.release_memory: a burst of sessions (a class arriving at once) costs one
+    collection and trim, TRIM_DELAY_S after the last of them."""
+    from tornado.ioloop import IOLoop
+
+    trims = []
+    monkeypatch.setattr(serving, "TRIM_DELAY_S", 0.05)
+    monkeypatch.setattr(serving, "trim_memory", lambda collect=True: trims.append(collect))
+    loop = IOLoop()
+    trimmer = serving.Trimmer()
+
+    async def burst():
+        import asyncio
+
+        for _ in range(5):  # five pages load within the delay of each other
+            trimmer.schedule()
+            await asyncio.sleep(0.01)
+        assert trims == []  # not yet: the last one was 0.01 s ago
+        await asyncio.sleep(0.2)
+
+    loop.run_sync(burst)
+    loop.close()
+    assert trims == [True]  # one collection and trim for the five

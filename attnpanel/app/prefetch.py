@@ -154,7 +154,8 @@ class MatrixPrefetch:
         else:
             return False
         try:
-            cached = self._cached(near)
+            with self.state.cache.passing():  # the browser holds it: the server keeps no copy
+                cached = self._cached(near)
         except Exception:  # noqa: BLE001 - no such map (a missing variable), no 8-bit copy ...
             self._skipped.add(key)  # the server draws it (and says why) if the user goes there
             return True

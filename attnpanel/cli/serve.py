@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
         build = partial(explore, capture, **options)
 
     def session():
-        serving.release_on_close()
+        serving.release_memory()
         return build()  # returned, not also .servable(): one explorer per page
 
     pn.extension(inline=True, notifications=True, exception_handler=notify_errors)

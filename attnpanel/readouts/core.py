@@ -11,6 +11,7 @@ it; the explorer shows that message in the view's place.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -113,6 +114,19 @@ class StageCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._computing = KeyLocks()
+        self._passing = threading.local()
+
+    @contextlib.contextmanager
+    def passing(self):
+        """Within it, on this thread, a miss is computed and returned but not kept: work
+        done ahead of the user (the maps sent to the browser while the page is idle, which
+        the browser then holds) does not fill a cache every session shares."""
+        before = getattr(self._passing, "on", False)
+        self._passing.on = True
+        try:
+            yield self
+        finally:
+            self._passing.on = before
 
     def get(self, key, compute):
         """Return the cached value of ``key``, computing it with ``compute()`` on a miss."""
@@ -124,6 +138,8 @@ class StageCache:
             if found is not None:
                 return found[0]
             value = compute()
+            if getattr(self._passing, "on", False):
+                return value
             with self._lock:
                 self._items[key] = value
                 self._bytes += getattr(value, "nbytes", 0)
@@ -141,6 +157,11 @@ class StageCache:
 
     def __contains__(self, key) -> bool:
         return key in self._items
+
+    def keys(self) -> list:
+        """The keys held now, least recently used first."""
+        with self._lock:
+            return list(self._items)
 
     @classmethod
     def shared(cls, trace: xr.Dataset) -> StageCache:
