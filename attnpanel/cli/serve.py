@@ -40,7 +40,7 @@ def served_capture(args: argparse.Namespace) -> tuple:
     if weights is not None and not Path(weights).exists():
         raise CommandError(f"no checkpoint at {weights}")
     try:
-        capture = demo(weights=weights)
+        capture = demo(weights=weights, on_demand=True)  # as apps/main.py: no map held
         model = demo_model_run(weights=weights)  # head toggles re-run the model
     except (ValueError, RuntimeError, KeyError, OSError) as error:
         raise CommandError(
