@@ -317,21 +317,25 @@ def test_pages_loading_or_closing_together_give_memory_back_once_after_the_last(
     collection and trim, TRIM_DELAY_S after the last of them."""
     from tornado.ioloop import IOLoop
 
-    trims = []
-    monkeypatch.setattr(serving, "TRIM_DELAY_S", 0.05)
+    class Loop:  # the session's loop: its timeouts, run by the test when they are due
+        def __init__(self):
+            self.timeouts = []
+
+        def call_later(self, delay, callback):
+            self.timeouts.append((delay, callback))
+            return callback
+
+        def remove_timeout(self, handle):
+            self.timeouts = [t for t in self.timeouts if t[1] is not handle]
+
+    loop, trims = Loop(), []
+    monkeypatch.setattr(IOLoop, "current", staticmethod(lambda: loop))
     monkeypatch.setattr(serving, "trim_memory", lambda collect=True: trims.append(collect))
-    loop = IOLoop()
     trimmer = serving.Trimmer()
-
-    async def burst():
-        import asyncio
-
-        for _ in range(5):  # five pages load within the delay of each other
-            trimmer.schedule()
-            await asyncio.sleep(0.01)
-        assert trims == []  # not yet: the last one was 0.01 s ago
-        await asyncio.sleep(0.2)
-
-    loop.run_sync(burst)
-    loop.close()
+    for _ in range(5):  # five pages load within the delay of each other
+        trimmer.schedule()
+    assert trims == [] and len(loop.timeouts) == 1  # one pending, after the last
+    [(delay, run)] = loop.timeouts
+    assert delay == serving.TRIM_DELAY_S
+    run()
     assert trims == [True]  # one collection and trim for the five
