@@ -65,11 +65,12 @@ else:  # the first page after the server starts: a loading page at once, then th
 def warm_survey() -> threading.Thread:
     """The demo's survey (every head over every sample), computed once per process off the
     event loop after the first page has loaded: ready when a session first shows it."""
-    model = shared_model()
+    # (bound now: Bokeh clears this module's names once the session's script has run)
+    model, trim = shared_model(), serving.trim_memory
 
     def survey():
         model.survey()
-        serving.trim_memory()  # what its worker thread's heap freed goes back
+        trim()  # what its worker thread's heap freed goes back
 
     thread = threading.Thread(target=survey, name="attnpanel demo survey", daemon=True)
     thread.start()

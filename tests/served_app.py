@@ -141,9 +141,17 @@ HELPERS_JS = r"""
 
 
 # The explorer has rendered: the top view is laid out and every view has painted.
+# (and every section below the fold is in its place: no view of a placeholder is left,
+# app/later.py; the document's models keep a replaced one, its views do not)
+LATER_JS = (
+    "() => { let left = false; const walk = (v) => { if (!v || left) return;"
+    " if (v.model && (v.model.css_classes || []).includes('attnpanel-later')) left = true;"
+    " for (const c of (v.child_views || [])) walk(c); };"
+    " for (const r of Object.values(Bokeh.index)) walk(r); return !left; }"
+)
 RENDERED_JS = (
     "() => { try { const p = attn.plot('sample'); return p.canvas_view.bbox.width > 0 "
-    "&& Bokeh.documents[0].is_idle; } catch (e) { return false; } }"
+    f"&& Bokeh.documents[0].is_idle && ({LATER_JS})(); }} catch (e) {{ return false; }} }}"
 )
 
 

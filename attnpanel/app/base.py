@@ -21,7 +21,9 @@ import panel as pn
 import xarray as xr
 
 from attnpanel.app.engine import LiveEngine
+from attnpanel.app.later import LaterSections
 from attnpanel.app.linked import LinkedMaps
+from attnpanel.app.scheduler import served_doc
 from attnpanel.app.state import ExplorerState
 from attnpanel.app.url import apply_each, once_loaded
 from attnpanel.util import untrusted
@@ -84,6 +86,7 @@ class LayerExplorer(ExplorerState, Explorer):
         self.engine = LiveEngine(self, background=self.BACKGROUND)
         self.linked = LinkedMaps(self.engine)
         self.sections = self.make_sections(dict(state=self, engine=self.engine))
+        self.later = LaterSections()  # what page() puts in place after the first paint
         self._layout = None
         self._url_synced = False
 
@@ -92,7 +95,9 @@ class LayerExplorer(ExplorerState, Explorer):
         raise NotImplementedError
 
     def page(self) -> list:
-        """The kind's layout under the title and the busy indicator, from its sections."""
+        """The kind's layout under the title and the busy indicator, from its sections
+        (those below the fold through ``self.later.hold``: after a served page's first
+        paint)."""
         raise NotImplementedError
 
     def laid_out(self) -> None:
@@ -162,12 +167,18 @@ class LayerExplorer(ExplorerState, Explorer):
         return self._layout
 
     def __panel__(self):
-        if not self._url_synced:
+        first = not self._url_synced
+        if first:
             self._url_synced = True
             with self.engine.drawing_now():  # the first page shows what the URL says
                 self.sync_url()
             once_loaded(self.engine.start_idle)  # maps sent ahead: after the first paint
-        return self.lay_out()
+        layout = self.lay_out()
+        if first and served_doc() is None:
+            self.later.fill()  # a notebook's page, a test's: every section at once
+        elif first:  # the sections below the fold: first of the page's idle work
+            self.engine.when_idle(self.later.fill_one, first=True)
+        return layout
 
     def sync_url(self) -> None:
         """Mirror the parameters of ``URL_PARAMS`` in the page's URL (a link reopens the

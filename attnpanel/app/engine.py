@@ -65,10 +65,10 @@ class LiveEngine(ViewRegistry):
         cells times a cost per cell learnt from the engine's own redraws)."""
         return self.scheduler.cost.expected_seconds()
 
-    def when_idle(self, step: Callable[[], bool]) -> None:
-        """Call ``step()`` while the served page is idle until it returns False
-        (:meth:`~attnpanel.app.scheduler.Scheduler.when_idle`)."""
-        self.scheduler.when_idle(step)
+    def when_idle(self, step: Callable[[], bool], first: bool = False) -> None:
+        """Call ``step()`` while the served page is idle until it returns False, ``first``
+        before the other steps (:meth:`~attnpanel.app.scheduler.Scheduler.when_idle`)."""
+        self.scheduler.when_idle(step, first)
 
     def start_idle(self) -> None:
         """Start the idle work once the page has loaded (a page built ahead of its session)."""

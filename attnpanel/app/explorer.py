@@ -49,6 +49,22 @@ from attnpanel.util import untrusted
 log = logging.getLogger(__name__)
 
 
+# the sections under the matrix's row, in order: a served page puts them in place after its
+# first paint, which then draws what a 1280 to 1600 px screen shows (docs/explorer.md)
+BELOW_THE_FOLD = (
+    "top attended",
+    "model view",
+    "positional",
+    "heads",
+    "importance",
+    "patching",
+    "survey",
+    "linked zoom",
+    "merge",
+    "shapes",
+)
+
+
 class AttentionExplorer(LayerExplorer):
     """Explore every stage of one multi-head attention layer captured in a trace.
 
@@ -136,16 +152,8 @@ class AttentionExplorer(LayerExplorer):
                 sizing_mode="stretch_width",
                 stylesheets=[WRAP],
             ),
-            s["top attended"],
-            s["model view"],
-            s["positional"],
-            s["heads"],
-            s["importance"],
-            s["patching"],
-            s["survey"],
-            s["linked zoom"],
-            s["merge"],
-            s["shapes"],
+            # below the fold: in place once the page above is painted (served)
+            *(self.later.hold(name, s[name]) for name in BELOW_THE_FOLD),
         ]
 
     def save(

@@ -170,14 +170,14 @@ class Scheduler:
         self._refresh_all(views, self.state.selection)
         self._push_notebook()
 
-    def when_idle(self, step: Callable[[], bool]) -> None:
+    def when_idle(self, step: Callable[[], bool], first: bool = False) -> None:
         """Call ``step()`` while the served page is idle, one call a tick, until it returns
         False: never while a change's views are pending, nor within :data:`IDLE_AFTER_S`
         of the last change, so that it never delays what the user does. It starts once
         the page has loaded (:meth:`start_idle`); outside a server it waits for
-        :meth:`finish_idle`."""
+        :meth:`finish_idle`. Steps run in turn, ``first`` before the others."""
         if step not in self._idle:
-            self._idle.append(step)
+            self._idle.insert(0 if first else len(self._idle), step)
         self._kick()
 
     def start_idle(self) -> None:
