@@ -141,11 +141,12 @@ HELPERS_JS = r"""
 
 
 # The explorer has rendered: the top view is laid out and every view has painted.
-# (and every section below the fold is in its place: no view of a placeholder is left,
-# app/later.py; the document's models keep a replaced one, its views do not)
+# (and every section below the fold is in its place: the line saying they are coming is
+# hidden, app/later.py; read from the views: the document's models keep a replaced one)
 LATER_JS = (
     "() => { let left = false; const walk = (v) => { if (!v || left) return;"
-    " if (v.model && (v.model.css_classes || []).includes('attnpanel-later')) left = true;"
+    " if (v.model && v.model.visible && (v.model.css_classes || []).includes('attnpanel-later'))"
+    " left = true;"
     " for (const c of (v.child_views || [])) walk(c); };"
     " for (const r of Object.values(Bokeh.index)) walk(r); return !left; }"
 )

@@ -174,8 +174,10 @@ class LayerExplorer(ExplorerState, Explorer):
                 self.sync_url()
             once_loaded(self.engine.start_idle)  # maps sent ahead: after the first paint
         layout = self.lay_out()
-        if first and served_doc() is None:
-            self.later.fill()  # a notebook's page, a test's: every section at once
+        if first and (served_doc() is None or pn.state.loaded):
+            # a notebook's page, a test's, or one put into a page that has loaded (the
+            # loading page's): every section at once (app/later.py says why)
+            self.later.fill()
         elif first:  # the sections below the fold: first of the page's idle work
             self.engine.when_idle(self.later.fill_one, first=True)
         return layout

@@ -153,7 +153,8 @@ class AttentionExplorer(LayerExplorer):
                 stylesheets=[WRAP],
             ),
             # below the fold: in place once the page above is painted (served)
-            *(self.later.hold(name, s[name]) for name in BELOW_THE_FOLD),
+            self.later.notice,
+            *(self.later.hold(s[name]) for name in BELOW_THE_FOLD),
         ]
 
     def save(
