@@ -95,9 +95,13 @@ class ModuleStack:
             if self.only is not None and name and name not in self.only:
                 continue
 
-            def enter(module, args, kwargs, name=name):
+            # (*rest: kwargs, then the output. Another thread's forward may call a hook
+            # while this one registers it, before torch has noted that it takes kwargs:
+            # it then comes without them, and returns at once)
+            def enter(module, args, *rest, name=name):
                 if threading.get_ident() != thread:
                     return  # another thread's forward of the same model: not watched
+                kwargs = rest[0]
                 if not self.running:
                     self.restart()  # a new forward: layer names count from 0 again
                 entry = Running(name, module, args, kwargs)
@@ -105,9 +109,10 @@ class ModuleStack:
                 if self._on_enter is not None:
                     self._on_enter(entry)
 
-            def leave(module, args, kwargs, output):
+            def leave(module, args, *rest):
                 if threading.get_ident() != thread:
                     return
+                output = rest[-1]
                 while self.running:
                     entry = self.running.pop()
                     if entry.module is module:
