@@ -188,6 +188,16 @@ def test_patching_errors_name_the_problem(tl_model):
             model(corrupted)
     with pytest.raises(PatchingError, match="no difference for the heads to carry"):
         attnpanel.patching_effect(model, clean, clean, score=metric, progress=False)
+    # the norm of a LayerNorm's output row is the same for every input: a clean-corrupted
+    # difference within the output's rounding would make every share noise
+    normed = lambda y: torch.nn.functional.layer_norm(y[:, -1], y.shape[-1:], eps=0.0)  # noqa: E731
+    rounding = lambda logits: normed(logits).double().norm()  # noqa: E731
+    assert float(rounding(model(clean)) - rounding(model(corrupted))) != 0  # noise, not zero
+    for method in ("exact", "attribution"):
+        with pytest.raises(PatchingError, match="within the torch.float32 rounding of the score"):
+            attnpanel.patching_effect(
+                model, clean, corrupted, score=rounding, method=method, progress=False
+            )
     with pytest.raises(PatchingError, match="direction='sideways'"):
         attnpanel.patching_effect(model, clean, corrupted, direction="sideways")
     with pytest.raises(PatchingError, match="inputs are a tuple"):

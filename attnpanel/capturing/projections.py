@@ -170,8 +170,8 @@ def read_projections(call: AttentionCall, module_call, consumer=None) -> dict[st
     kept = {name: found[name] for name in ("x", "output") if found.get(name) is not None}
     x = kept.get("x")
     # checked on an even spread of (sample, position) rows, as the softmax is
-    queries = spread_rows(batch * length, PROJECTION_ROWS)
-    key_rows = spread_rows(batch * n_keys, PROJECTION_ROWS)
+    queries = spread_rows(batch * length, PROJECTION_ROWS, call.q.device)
+    key_rows = spread_rows(batch * n_keys, PROJECTION_ROWS, call.q.device)
     targets = {"q": call.q, "k": call.k, "v": call.v}
     for role, target in targets.items():
         weight, bias = found.get(f"w_{role}"), found.get(f"b_{role}")

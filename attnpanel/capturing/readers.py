@@ -227,9 +227,9 @@ def _output_error(weights: torch.Tensor, v: torch.Tensor, output: torch.Tensor) 
     """Largest difference of ``weights @ v`` from the kernel's output, on spread rows."""
     if not v.numel() or not weights.numel():
         return 0.0
-    rows = spread_rows(weights.shape[-2])
+    rows = spread_rows(weights.shape[-2], device=weights.device)
     product = weights.index_select(-2, rows) @ v.float()  # (*lead, rows, E)
-    return float((product - output.index_select(-2, rows).float()).abs().max())
+    return float((product - output.index_select(-2, rows.to(output.device)).float()).abs().max())
 
 
 @reads("attnpanel")
@@ -453,7 +453,7 @@ def _check_softmax(call: AttentionCall, weights: torch.Tensor) -> None:
     scale, bias or mask shows in any row, and the whole check costs a few percent of
     the attention it checks.
     """
-    rows = spread_rows(call.q.shape[-2])
+    rows = spread_rows(call.q.shape[-2], device=call.q.device)
     blocked = row_slice(call.blocked, rows)
     bias = row_slice(call.bias, rows)
     q = call.q.index_select(-2, rows)

@@ -204,7 +204,7 @@ class AttentionRecorder(AttentionWatcher):
 def row_slice(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
     if t is None or t.shape[-2] == 1:
         return t
-    return t.index_select(-2, rows)
+    return t.index_select(-2, rows.to(t.device))
 
 
 def recompute(q, k, scale, blocked, bias) -> torch.Tensor:
@@ -212,8 +212,10 @@ def recompute(q, k, scale, blocked, bias) -> torch.Tensor:
     return attention_weights(q.float(), k.float(), blocked, scale, bias=bias)
 
 
-def spread_rows(length: int, count: int = CHECKED_ROWS) -> torch.Tensor:
-    """Query rows to verify: all of a short sequence, else an even spread with both ends."""
+def spread_rows(length: int, count: int = CHECKED_ROWS, device=None) -> torch.Tensor:
+    """Query rows to verify: all of a short sequence, else an even spread with both ends;
+    on ``device``, the tensors' the rows index (``index_select`` takes no index from
+    another device)."""
     if length <= count:
-        return torch.arange(length)
-    return torch.linspace(0, length - 1, count).round().long().unique()
+        return torch.arange(length, device=device)
+    return torch.linspace(0, length - 1, count, device=device).round().long().unique()

@@ -168,7 +168,7 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     with patched.watching():
         target_score = patched.score({}, None)
     source_score = score_of(y_source, score)
-    difference = score_difference(source_score, target_score)
+    difference = score_difference(source_score, target_score, y_source.dtype)
     tasks = [
         (layer, head, position)
         for layer, heads in layers.items()
@@ -261,7 +261,7 @@ def _attribution(model, source, target, score, by, what, client, progress) -> _F
             "them): attribution patching has nothing to estimate"
         )
     source_score, target_score = score_of(y_source, score), float(value.detach())
-    difference = score_difference(source_score, target_score)
+    difference = score_difference(source_score, target_score, y_source.dtype)
     values = {}
     for (layer, (a_target, probe, lane)), grad in zip(probes, grads, strict=True):
         a_source = patcher.recorded[layer]

@@ -421,13 +421,26 @@ def score_of(y: torch.Tensor, score: Callable | None) -> float:
     return float(value)
 
 
-def score_difference(source_score: float, target_score: float) -> float:
-    """``source - target``, refused where there is no difference for heads to carry."""
+ROUNDING_ULPS = 8  # a score difference within this many ulps of the output's dtype is noise
+
+
+def score_difference(
+    source_score: float, target_score: float, dtype: torch.dtype = torch.float32
+) -> float:
+    """``source - target``, refused where there is no difference for heads to carry: none,
+    or one within the rounding of the model's output (``dtype``) at the score's size, of
+    which every share would be noise (the norm of a LayerNorm's output, for one, is the
+    same for every input)."""
     difference = source_score - target_score
-    if not math.isfinite(difference) or difference == 0:
+    size = max(abs(source_score), abs(target_score))
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    if not math.isfinite(difference) or abs(difference) <= ROUNDING_ULPS * eps * size:
+        within = (
+            "" if difference == 0 else f", a difference within the {dtype} rounding of the score"
+        )
         raise PatchingError(
             f"the score is {source_score!r} on the source and {target_score!r} on the "
-            "target: there is no difference for the heads to carry (pick a score that the "
-            "corruption changes)"
+            f"target{within}: there is no difference for the heads to carry (pick a score "
+            "that the corruption changes)"
         )
     return difference

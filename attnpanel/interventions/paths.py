@@ -91,7 +91,7 @@ class PathPatching:
         ]
         self.source_score = score_of(y_source, score)
         self.target_score = score_of(y_target, score)
-        self.difference = score_difference(self.source_score, self.target_score)
+        self.difference = score_difference(self.source_score, self.target_score, y_source.dtype)
 
     @property
     def receivers(self) -> dict[str, list[int]]:

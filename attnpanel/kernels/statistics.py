@@ -68,8 +68,9 @@ def _row_statistics(
     batch, heads, length, keys = weights.shape
     flat = weights.reshape(batch * heads, length, keys)
     scale = None if norms is None else norms.reshape(batch * heads, keys).to(weights.dtype)
-    rows = torch.arange(length)
-    steps = (rows[:, None] - torch.arange(keys)[None, :]).abs().to(weights.dtype)  # (L, S)
+    rows = torch.arange(length, device=weights.device)
+    steps = (rows[:, None] - torch.arange(keys, device=weights.device)[None, :]).abs()
+    steps = steps.to(weights.dtype)  # (L, S)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
     derived = roles is not None and length == keys  # the distance from the role sums
     found: dict[str, list[torch.Tensor]] = {}
@@ -336,7 +337,7 @@ def head_statistics_of_scores(
         block = {name: t[part] for name, t in flat.items()}
         block_added = added
         if added is not None and not shared:
-            index = torch.arange(part.start, part.stop)
+            index = torch.arange(part.start, part.stop, device=added.device)
             block_added = added[index // heads, index % heads]
         n = None if scale_n is None else scale_n[part]
         values, gap = _score_block(

@@ -164,7 +164,9 @@ class Surveyor:
                 norms,
                 call.v,
                 call.context,
-                checked=spread_rows(call.q.shape[-2]),  # as capture checks a long call
+                checked=spread_rows(
+                    call.q.shape[-2], device=call.q.device
+                ),  # as capture checks a long call
                 roles=roles,
             )
             allowed = tolerance(call.dtype) * max(1.0, float(call.v.abs().max()))
