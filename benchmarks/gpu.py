@@ -86,6 +86,13 @@ def moved(inputs, device):
     return tuple(v.to(device) for v in inputs)
 
 
+def spread(fn, model, inputs, **kwargs):
+    """``fn(model, *inputs)`` or ``fn(model, **inputs)``, as the inputs come."""
+    if isinstance(inputs, dict):
+        return fn(model, **inputs, **kwargs)
+    return fn(model, *inputs, **kwargs)
+
+
 def run(model, inputs):
     with torch.no_grad():
         out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
@@ -183,8 +190,9 @@ def case(name: str, device, repeats: int) -> None:
     print(f"\n{name} on {device} (against the CPU)")
     gpu_model = CASES[name]()[0].to(device)
     gpu_clean, gpu_corrupted = moved(clean, device), moved(corrupted, device)
-    ins = (lambda m, i: attnpanel.capture(m, **i)) if isinstance(clean, dict) else None
-    grab = ins or (lambda m, i: attnpanel.capture(m, *i))
+
+    def grab(m, inputs):
+        return spread(attnpanel.capture, m, inputs)
 
     on_cpu, on_gpu = layers_of(grab(model, clean)), layers_of(grab(gpu_model, gpu_clean))
     check("capture: layers", [len(on_gpu)], [len(on_cpu)], 0)
@@ -195,9 +203,7 @@ def case(name: str, device, repeats: int) -> None:
             batch = np.broadcast_to(own, on_gpu[layer].shape)
             check(f"capture {layer}: the model's own output_attentions", on_gpu[layer], batch, 1e-6)
 
-    heads = attnpanel.attention_heads(
-        gpu_model, *(() if ins else gpu_clean), **(gpu_clean if ins else {})
-    )
+    heads = spread(attnpanel.attention_heads, gpu_model, gpu_clean)
     first = next(iter(heads))
     plain = first_tensor(run(gpu_model, gpu_clean))
     with attnpanel.ablate(gpu_model, {first: [0]}):
@@ -232,6 +238,22 @@ def case(name: str, device, repeats: int) -> None:
         got = attnpanel.head_importance(gpu_model, *gpu_clean, progress=False)
         want = attnpanel.head_importance(model, *clean, progress=False)
         check("head_importance (ablation)", got.values, want.values, 1e-4)
+    gradient = dict(method="gradient", progress=False)
+    got = spread(attnpanel.head_importance, gpu_model, gpu_clean, **gradient)
+    want = spread(attnpanel.head_importance, model, clean, **gradient)
+    check("head_importance (gradient)", got.values, want.values, 1e-4 * float(abs(want).max()))
+    got = spread(attnpanel.attention_gradients, gpu_model, gpu_clean, score=score)
+    want = spread(attnpanel.attention_gradients, model, clean, score=score)
+    check("attention_gradients", got.values, want.values, 1e-3 * float(abs(want).max()))
+    got = spread(attnpanel.head_roles, gpu_model, gpu_clean)
+    want = spread(attnpanel.head_roles, model, clean)
+    for stat in ("previous_token", "sink_rate", "offset_weight"):
+        if stat in want:
+            check(f"head_roles {stat}", got[stat].values, want[stat].values, 1e-4)
+    same = bool((got["role"].values == want["role"].values).all())
+    print(f"  {'ok  ' if same else 'FAIL'} head_roles role: the same label for every head")
+    if not same:
+        FAILED.append(f"{name}: head_roles role")
     got = attnpanel.survey(gpu_model, [gpu_clean], progress=False)
     want = attnpanel.survey(model, [clean], progress=False)
     for stat in ("entropy", "distance", "sink", "max_weight", "previous_token", "offset_weight"):

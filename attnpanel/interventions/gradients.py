@@ -145,7 +145,7 @@ def attention_gradients(
         v = torch.from_numpy(
             np.asarray(layer["v"].transpose("batch", "head", position, "head_dim").values)
         )
-        g = grads[name].to(torch.float64)
+        g = grads[name].to("cpu", torch.float64)  # the trace's v is on the host
         values.append(torch.einsum("bhie,bhje->bhij", g, v.to(torch.float64)).numpy())
     weights = trace["weights"] if "weights" in trace else None
     dims = (
