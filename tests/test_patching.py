@@ -15,9 +15,10 @@ from transformer_lens import patching as tl_patching
 from transformer_lens.model_bridge import TransformerBridge
 
 import attnpanel
+from attnpanel.interventions.effects import PatchedRun
 from attnpanel.interventions.gate import attention_heads
 from attnpanel.interventions.importance import output_tensor
-from attnpanel.interventions.patching import PatchingError
+from attnpanel.interventions.patching import HeadPatcher, PatchingError
 
 TL_HOOKS = {
     "output": "hook_z",
@@ -799,3 +800,38 @@ def test_a_site_spread_over_modules_is_still_written_once_its_modules_are_known(
         for _ in range(3):
             with torch.no_grad():
                 torch.testing.assert_close(model(target), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_later_forwards_watch_only_the_calls_the_attention_runs_in(tl_model, monkeypatch):
+    """After the source run, a patched forward enters the watcher's mode only while a
+    module running a whole attention site runs (the MLPs, norms and unembedding run
+    plainly): the same output, bit for bit, as with every call watched, and a head whose
+    site the narrowed watch would miss is an error, never a silent no-op."""
+    model, clean, corrupted, layers = tl_model
+    seen: list[str] = []
+    inner = HeadPatcher.__torch_function__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        seen.append(getattr(func, "__name__", ""))
+        return inner(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(HeadPatcher, "__torch_function__", counting)
+    with attnpanel.patch(model, clean, heads={layers[0]: [1]}) as patcher:
+        assert patcher.scope == patcher.only  # TL's attention modules run q.k to weights @ v
+        seen.clear()  # the source run's
+        with torch.no_grad():
+            scoped = model(corrupted)
+    narrowed = list(seen)
+    seen.clear()
+    patcher.scope = None  # every call watched, as in the source run
+    patcher.select({layers[0]: [1]})
+    with torch.no_grad(), patcher.watching():
+        whole = model(corrupted)
+    assert torch.equal(scoped, whole)
+    assert "embedding" in seen and "embedding" not in narrowed  # ran outside the mode
+    assert "softmax" in narrowed and len(narrowed) < len(seen)  # (an attention-only model)
+    patcher.scope = {"unembed"}  # a scope that misses every site: refused, not silent
+    run = PatchedRun(patcher, ((corrupted,), {}), metric)
+    with pytest.raises(PatchingError, match="computed no attention inside patching_effect"):
+        with patcher.watching():
+            run.score({layers[0]: [1]}, None)

@@ -32,6 +32,7 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.modes import evaluating
+from attnpanel.interventions.gate import check_written
 from attnpanel.interventions.importance import (
     differentiable_score,
     output_tensor,
@@ -164,7 +165,7 @@ def _recorded(model, what: str, source) -> tuple[HeadPatcher, torch.Tensor, dict
 
 def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     patcher, y_source, layers = _recorded(model, what, source)
-    patched = _PatchedRun(patcher, target, score)
+    patched = PatchedRun(patcher, target, score)
     with patched.watching():
         target_score = patched.score({}, None)
     source_score = score_of(y_source, score)
@@ -195,7 +196,7 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
 
 
 @dataclass
-class _PatchedRun:
+class PatchedRun:
     """The target run with a source recorded: what each patched forward needs (shipped
     whole to a cluster's workers)."""
 
@@ -208,6 +209,7 @@ class _PatchedRun:
         self.patcher.select(heads, None if position is None else [position])
         with torch.no_grad():
             y = output_tensor(self.patcher.model(*self.target[0], **self.target[1]))
+        check_written(self.patcher, heads, "patching_effect", PatchingError)  # never silent
         return score_of(y, self.measure)
 
     def watching(self):
@@ -215,13 +217,13 @@ class _PatchedRun:
         return self.patcher.watching()
 
 
-def _patched_score(run: _PatchedRun, task) -> float:
+def _patched_score(run: PatchedRun, task) -> float:
     layer, head, position = task
     with run.watching():
         return run.score({layer: [head]}, position)
 
 
-def _on_cluster(client, run: _PatchedRun, tasks, progress) -> dict:
+def _on_cluster(client, run: PatchedRun, tasks, progress) -> dict:
     from dask.distributed import as_completed
 
     [shipped] = client.scatter([run], broadcast=True)

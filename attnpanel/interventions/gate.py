@@ -67,10 +67,11 @@ class HeadWriter(AttentionWatcher):
         self.seen: dict[str, int] = {}
         self.written: set[str] = set()
         self.only: set[str] | None = None  # the modules to hook (None: every one)
+        self.scope: set[str] | None = None  # the modules to watch the calls of (None: all)
 
     @contextlib.contextmanager
     def watching(self, model: nn.Module | None = None) -> Iterator[HeadWriter]:
-        with super().watching(self.model if model is None else model, self.only):
+        with super().watching(self.model if model is None else model, self.only, self.scope):
             yield self
 
     def write_output(self, site: Site, output: torch.Tensor, lane: Lane) -> torch.Tensor:

@@ -133,10 +133,12 @@ class HeadPatcher(HeadWriter):
     def record(self, *args, **kwargs):
         """Run the model on these inputs and keep every site's ``what``; the model's output."""
         self.mode, self.recorded, self.seen, self.only = "record", {}, {}, None
+        self.scope = None
         with torch.no_grad(), self.watching():
             output = self.model(*args, **kwargs)
         self.source_heads = dict(self.seen)
         self.only = self.attention_modules()  # later forwards hook only these
+        self.scope = self.attention_scope()  # and watch the calls made inside these only
         self.sites.clear()  # they hold the source run's activations
         return output
 

@@ -54,6 +54,7 @@ class Scores:
     unsupported: str = ""
     fills: tuple = ()  # the mask tensors given to those fills, as given (by identity)
     fill_values: tuple = ()  # the values those fills (masked_fill, where) wrote
+    calls: tuple = ()  # the module calls running when q . k was made, outermost first
 
 
 @dataclass

@@ -26,6 +26,7 @@ class Running:
     module: nn.Module
     args: tuple
     kwargs: dict
+    scoped: bool = False  # the stack's mode was entered with it
 
     @property
     def batch(self) -> int | None:
@@ -45,6 +46,11 @@ class ModuleStack:
     on_enter, on_leave : callable, optional
         ``on_enter(running)`` after a module is pushed; ``on_leave(running, output)`` after
         it is popped: for what a reader learns of a module (its output, its consumer).
+    only : set of str, optional
+        Hook only these modules (and the model).
+    scope, mode : set of str and a TorchFunctionMode, optional
+        Enter ``mode`` while any of the ``scope`` modules runs, and only then: the torch
+        calls of the rest of the model then run as plainly as without a mode.
     """
 
     def __init__(
@@ -54,6 +60,8 @@ class ModuleStack:
         on_leave: Callable[[Running, object], None] | None = None,
         only: set[str] | None = None,
         on_restart: Callable[[], None] | None = None,
+        scope: set[str] | None = None,
+        mode=None,
     ):
         self.model = model
         # hook only these modules (and the model): those an earlier forward ran attention
@@ -65,6 +73,7 @@ class ModuleStack:
         self._counts: dict[str, int] = {}
         self._on_enter, self._on_leave, self._on_restart = on_enter, on_leave, on_restart
         self._handles: list = []
+        self.scope, self._mode, self._depth = scope or set(), mode, 0
 
     @property
     def innermost(self) -> Running | None:
@@ -104,8 +113,12 @@ class ModuleStack:
                 kwargs = rest[0]
                 if not self.running:
                     self.restart()  # a new forward: layer names count from 0 again
-                entry = Running(name, module, args, kwargs)
+                entry = Running(name, module, args, kwargs, scoped=name in self.scope)
                 self.running.append(entry)
+                if entry.scoped:
+                    self._depth += 1
+                    if self._depth == 1:
+                        self._mode.__enter__()
                 if self._on_enter is not None:
                     self._on_enter(entry)
 
@@ -115,6 +128,7 @@ class ModuleStack:
                 output = rest[-1]
                 while self.running:
                     entry = self.running.pop()
+                    self._unscope(entry)
                     if entry.module is module:
                         if self._on_leave is not None:
                             self._on_leave(entry, output)
@@ -126,9 +140,17 @@ class ModuleStack:
             )
         return self
 
+    def _unscope(self, entry: Running) -> None:
+        if entry.scoped:
+            entry.scoped = False
+            self._depth -= 1
+            if self._depth == 0:
+                self._mode.__exit__(None, None, None)
+
     def __exit__(self, *exc) -> bool:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self.running.clear()
+        while self.running:  # a forward left by an error its hooks never saw
+            self._unscope(self.running.pop())
         return False

@@ -88,6 +88,8 @@ class Site:
     scores: Scores | None = None  # a softmax path: its q, k, scale and mask
     note: dict = field(default_factory=dict)  # what a watcher keeps of the site
     valued: bool = False  # its weights @ v was met
+    calls: tuple = ()  # the module calls running through all of it, outermost first
+    scope: str = ""  # the innermost of those ("": the model)
 
     @property
     def batch_hint(self) -> int | None:
@@ -235,13 +237,20 @@ class AttentionWatcher(TorchFunctionMode):
         self.lineage = Lineage()
         self.sites: list[Site] = []
         self.site_modules: set[str] = set()
+        self.site_scopes: set[str] = set()
 
     # what the model and its modules tell
 
-    def watch(self, model: nn.Module, only: set[str] | None = None) -> ModuleStack:
+    def watch(
+        self, model: nn.Module, only: set[str] | None = None, scope: set[str] | None = None
+    ) -> ModuleStack:
         """A context manager that hooks every module of ``model`` (or the model and the
-        modules ``only`` names) while it is open."""
-        self.modules = ModuleStack(model, self.entered, self.left, only, self.sites.clear)
+        modules ``only`` names) while it is open; with ``scope``, this watcher's mode is
+        entered while those modules run."""
+        hooked = only if only is None or scope is None else only | scope
+        self.modules = ModuleStack(
+            model, self.entered, self.left, hooked, self.sites.clear, scope, self
+        )
         return self.modules
 
     def attention_modules(self) -> set[str]:
@@ -249,18 +258,33 @@ class AttentionWatcher(TorchFunctionMode):
         the same model on inputs of the same kind (:meth:`watch`'s ``only``)."""
         return set(self.site_modules)
 
+    def attention_scope(self) -> set[str] | None:
+        """The modules whose forwards ran every site found so far, whole (a softmax path's
+        ``q . k``, softmax and ``weights @ v``): later forwards of the same model on
+        inputs of the same kind need this watcher's mode only while these run
+        (:meth:`watching`'s ``scope``). None where the whole model needs it: a site of the
+        model itself, or ``nn.MultiheadAttention``'s (a mode anywhere above it keeps
+        PyTorch's fused encoder paths, which never call it, off)."""
+        if "" in self.site_scopes:
+            return None
+        return set(self.site_scopes)
+
     @contextlib.contextmanager
     def watching(
-        self, model: nn.Module, only: set[str] | None = None
+        self, model: nn.Module, only: set[str] | None = None, scope: set[str] | None = None
     ) -> Iterator[AttentionWatcher]:
-        """Watch ``model``'s modules and its torch calls (off PyTorch's fused encoder path).
+        """Watch ``model``'s modules and its torch calls (off PyTorch's fused encoder path):
+        every call, or with ``scope`` (:meth:`attention_scope` of an earlier forward) those
+        made while a scope module runs (a mode's dispatch costs each torch call of the rest
+        of the model some microseconds: a quarter of a small transformer's forward).
 
         On exit the module stack is let go: it holds this watcher's hooks (bound methods),
         and the cycle would keep every site's tensors (a batch's q, k and weights) alive
         until Python's slowest garbage collection, batch after batch in a survey.
         """
+        mode = self if scope is None else contextlib.nullcontext()
         try:
-            with fused_path_off(), self.watch(model, only), self:
+            with fused_path_off(), self.watch(model, only, scope), mode:
                 yield self
         finally:
             self.modules = None
@@ -328,13 +352,15 @@ class AttentionWatcher(TorchFunctionMode):
             product = None if site.valued else values_product(name, args, source, site)
             if product is not None:
                 site.valued = True
+                self._widen(site)
                 return self.values(site, product, func, args, kwargs)
         result = func(*args, **kwargs)
         if not isinstance(result, torch.Tensor) or not result.is_floating_point():
             return result
         if known is None:
             if name in PRODUCTS and (operands := product_operands(name, args)) is not None:
-                self.lineage.follow(result, Scores(*operands, self.module))
+                calls = tuple(self.modules.running) if self.modules is not None else ()
+                self.lineage.follow(result, Scores(*operands, self.module, calls=calls))
             return result
         source, info = known
         if isinstance(info, Scores):
@@ -366,6 +392,34 @@ class AttentionWatcher(TorchFunctionMode):
     def _found(self, site: Site) -> None:
         self.sites.append(site)
         self.site_modules.add(site.module)
+        if site.via != "multi_head_attention_forward":  # (its scope: the model)
+            site.calls = self._running()
+            if site.scores is not None:
+                site.calls = common_calls(site.calls, site.scores.calls)
+        self._scope(site)
+
+    def _widen(self, site: Site) -> None:
+        """Its ``weights @ v`` runs now: the calls running through the whole site."""
+        site.calls = common_calls(site.calls, self._running())
+        self._scope(site)
+
+    def _running(self) -> tuple:
+        return tuple(self.modules.running) if self.modules is not None else ()
+
+    def _scope(self, site: Site) -> None:
+        site.scope = site.calls[-1].name if site.calls else ""
+        self.site_scopes.add(site.scope)
+
+
+def common_calls(a: tuple, b: tuple) -> tuple:
+    """The module calls running at both times (the same calls, not only the same names:
+    a module that returned and ran again between them does not run through both)."""
+    common = []
+    for x, y in zip(a, b, strict=False):
+        if x is not y:
+            break
+        common.append(x)
+    return tuple(common)
 
 
 @dataclass
