@@ -59,6 +59,9 @@ class HeadWriter(AttentionWatcher):
         Every layer that computed attention while watched, with its head count.
     written : set of str
         The layers whose head lanes were found (and handed to :meth:`write_output`).
+    only, scope : set of str or None
+        The modules hooked, and those whose calls are watched (None: every one); see
+        :meth:`follow`.
     """
 
     def __init__(self, model: nn.Module):
@@ -68,6 +71,13 @@ class HeadWriter(AttentionWatcher):
         self.written: set[str] = set()
         self.only: set[str] | None = None  # the modules to hook (None: every one)
         self.scope: set[str] | None = None  # the modules to watch the calls of (None: all)
+
+    def follow(self, found: AttentionWatcher) -> HeadWriter:
+        """Hook and watch only what ``found``'s forwards ran their attention in: enough for
+        later forwards of the same model on inputs of the same kind, and cheaper (the rest
+        of the model runs outside the mode)."""
+        self.only, self.scope = found.attention_modules(), found.attention_scope()
+        return self
 
     @contextlib.contextmanager
     def watching(self, model: nn.Module | None = None) -> Iterator[HeadWriter]:

@@ -26,9 +26,9 @@ from attnpanel.capturing.modes import evaluating
 from attnpanel.interventions.gate import (
     AblationError,
     HeadGate,
-    ablate,
-    attention_heads,
+    HeadWriter,
     check_how,
+    check_written,
 )
 from attnpanel.util.locks import SharedSetting
 
@@ -178,30 +178,62 @@ def head_importance(
 
 
 def _ablation(model, inputs, kwargs, score, how, client, progress):
-    with torch.no_grad():
-        layers = attention_heads(model, *inputs, **kwargs)
-        # the baseline on the path the ablated forwards take (a padded nn.TransformerEncoder
-        # runs fused and nested outside a mode: its padded rows come out 0 there only)
-        with ablate(model, {}, how=how):
-            y = output_tensor(model(*inputs, **kwargs))
+    found_by = HeadWriter(model)  # the discovery: every call watched
+    with torch.no_grad(), found_by.watching():
+        model(*inputs, **kwargs)
+    layers = dict(found_by.seen)
     if not layers:
         raise AblationError(f"{type(model).__name__} computed no attention: no head to rank")
+    # every later forward hooks and watches only what ran attention; the baseline takes the
+    # ablated forwards' path (a padded nn.TransformerEncoder runs fused and nested outside a
+    # mode: its padded rows come out 0 there only, and its sites keep the whole model watched)
+    watch = Watch.of(found_by)
+    y = watch.run(HeadGate(model, {}, how), inputs, kwargs)
     base = None if score is None else float(score(y))
     tasks = [(layer, head) for layer, count in layers.items() for head in range(count)]
     if client is not None:
-        found = _on_cluster(client, model, inputs, kwargs, tasks, y, score, base, how, progress)
+        found = _on_cluster(
+            client, model, inputs, kwargs, tasks, y, score, base, how, progress, watch
+        )
     else:
         found = {}
         for layer, head in _bar(tasks, progress):
-            found[layer, head] = _one(model, inputs, kwargs, layer, head, how, y, score, base)
+            found[layer, head] = _one(
+                model, inputs, kwargs, layer, head, how, y, score, base, watch
+            )
     values = {layer: [found[layer, h] for h in range(count)] for layer, count in layers.items()}
     return layers, values, len(tasks) + 2  # the heads, the baseline and the discovery
 
 
-def _one(model, inputs, kwargs, layer, head, how, y, score, base) -> float:
+@dataclass(frozen=True)
+class Watch:
+    """The modules a discovery forward ran attention in: what later forwards of the same
+    model hook (``only``) and watch the calls of (``scope``, None: all)."""
+
+    only: frozenset
+    scope: frozenset | None
+
+    @classmethod
+    def of(cls, found: HeadWriter) -> Watch:
+        scope = found.attention_scope()
+        return cls(
+            frozenset(found.attention_modules()), None if scope is None else frozenset(scope)
+        )
+
+    def run(self, gate: HeadGate, inputs, kwargs) -> torch.Tensor:
+        """The model's output tensor with ``gate`` watching as narrowed; its switched-off
+        heads must have been found (never a silent no-op)."""
+        gate.only = set(self.only)
+        gate.scope = None if self.scope is None else set(self.scope)
+        with torch.no_grad(), gate.watching():
+            y = output_tensor(gate.model(*inputs, **kwargs))
+        check_written(gate, gate.off, "head_importance")
+        return y
+
+
+def _one(model, inputs, kwargs, layer, head, how, y, score, base, watch: Watch) -> float:
     """The change of one head switched off alone."""
-    with torch.no_grad(), ablate(model, {layer: [head]}, how=how):
-        ablated = output_tensor(model(*inputs, **kwargs))
+    ablated = watch.run(HeadGate(model, {layer: [head]}, how), inputs, kwargs)
     if score is None:
         return relative_change(y, ablated)
     return base - float(score(ablated))
@@ -224,19 +256,22 @@ class _Run:
     inputs: tuple
     kwargs: dict
     y: torch.Tensor
+    watch: Watch
 
     def ablated(self, layer, head, how, score, base) -> float:
-        return _one(self.model, self.inputs, self.kwargs, layer, head, how, self.y, score, base)
+        return _one(
+            self.model, self.inputs, self.kwargs, layer, head, how, self.y, score, base, self.watch
+        )
 
 
 def _ablated(run: _Run, layer, head, how, score, base) -> float:
     return run.ablated(layer, head, how, score, base)
 
 
-def _on_cluster(client, model, inputs, kwargs, tasks, y, score, base, how, progress):
+def _on_cluster(client, model, inputs, kwargs, tasks, y, score, base, how, progress, watch):
     from dask.distributed import as_completed
 
-    [shipped] = client.scatter([_Run(model, inputs, kwargs, y)], broadcast=True)
+    [shipped] = client.scatter([_Run(model, inputs, kwargs, y, watch)], broadcast=True)
     futures = {
         client.submit(_ablated, shipped, layer, head, how, score, base, pure=False): (layer, head)
         for layer, head in tasks

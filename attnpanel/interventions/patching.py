@@ -137,8 +137,7 @@ class HeadPatcher(HeadWriter):
         with torch.no_grad(), self.watching():
             output = self.model(*args, **kwargs)
         self.source_heads = dict(self.seen)
-        self.only = self.attention_modules()  # later forwards hook only these
-        self.scope = self.attention_scope()  # and watch the calls made inside these only
+        self.follow(self)  # later forwards hook and watch only what ran attention
         self.sites.clear()  # they hold the source run's activations
         return output
 
