@@ -23,6 +23,8 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023.
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -47,6 +49,7 @@ from attnpanel.interventions.patching import (
     score_of,
 )
 from attnpanel.interventions.paths import path_patching
+from attnpanel.interventions.replay import Tape
 
 DIRECTIONS = ("denoising", "noising")
 EFFECT_METHODS = ("exact", "attribution")
@@ -166,8 +169,10 @@ def _recorded(model, what: str, source) -> tuple[HeadPatcher, torch.Tensor, dict
 def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     patcher, y_source, layers = _recorded(model, what, source)
     patched = PatchedRun(patcher, target, score)
-    with patched.watching():
+    tape = Tape(model)
+    with patched.watching(), tape.recording(patcher):
         target_score = patched.score({}, None)
+    y_target = patched.last
     source_score = score_of(y_source, score)
     difference = score_difference(source_score, target_score, y_source.dtype)
     tasks = [
@@ -179,10 +184,16 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     if client is not None:
         scores = _on_cluster(client, patched, tasks, progress)
     else:
-        with patched.watching():
-            scores = {
-                task: patched.score({task[0]: [task[1]]}, task[2]) for task in _bar(tasks, progress)
-            }
+        scores, runs = {}, Counter(task[0] for task in tasks)
+        with patched.watching(), contextlib.ExitStack() as replayed:
+            layer = None
+            for task in _bar(tasks, progress):  # a layer's tasks in a row
+                if task[0] != layer:
+                    replayed.close()
+                    layer = task[0]
+                    replay = _replaying(tape, layer, patched, y_target, runs[layer])
+                    replayed.enter_context(replay)
+                scores[task] = patched.score({layer: [task[1]]}, task[2])
     values = {}
     for layer, heads in layers.items():
         if by == "head":
@@ -195,6 +206,27 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     return _Found(layers, values, source_score, target_score, len(tasks) + 2, dict(patcher.groups))
 
 
+@contextlib.contextmanager
+def _replaying(tape: Tape, layer: str, patched: PatchedRun, y_target: torch.Tensor, runs: int):
+    """The ``runs`` patched forwards of ``layer`` take what ends before its attention from
+    the tape, once a forward so replayed with nothing patched gives the target's own output
+    bit for bit (else they run whole); not where that check would cost more than the
+    replays save (a layer near the input)."""
+    share = tape.share(layer)
+    if runs * share <= 1 - share:
+        yield
+        return
+    with tape.replay(layer):
+        same = False
+        with contextlib.suppress(Exception):  # a replay the model cannot run: run whole
+            patched.score({}, None)
+            same = torch.equal(patched.last, y_target)
+        if same:
+            yield
+            return
+    yield
+
+
 @dataclass
 class PatchedRun:
     """The target run with a source recorded: what each patched forward needs (shipped
@@ -203,6 +235,7 @@ class PatchedRun:
     patcher: HeadPatcher
     target: tuple[tuple, dict]
     measure: Callable | None  # the user's score
+    last: torch.Tensor | None = None  # the output of the last forward
 
     def score(self, heads: dict, position) -> float:
         """The score of the target run with ``heads`` patched; inside :meth:`watching`."""
@@ -210,6 +243,7 @@ class PatchedRun:
         with torch.no_grad():
             y = output_tensor(self.patcher.model(*self.target[0], **self.target[1]))
         check_written(self.patcher, heads, "patching_effect", PatchingError)  # never silent
+        self.last = y
         return score_of(y, self.measure)
 
     def watching(self):

@@ -229,6 +229,8 @@ class AttentionWatcher(TorchFunctionMode):
         the list again (a site holds its module's inputs and its q and k).
     site_modules : set of str
         The modules every forward watched so far ran attention in.
+    site_listener : callable or None
+        ``site_listener(site)`` as each site is found (where it starts, for a replay).
     """
 
     def __init__(self):
@@ -238,6 +240,7 @@ class AttentionWatcher(TorchFunctionMode):
         self.sites: list[Site] = []
         self.site_modules: set[str] = set()
         self.site_scopes: set[str] = set()
+        self.site_listener = None  # called with each site as it is found
 
     # what the model and its modules tell
 
@@ -397,6 +400,8 @@ class AttentionWatcher(TorchFunctionMode):
             if site.scores is not None:
                 site.calls = common_calls(site.calls, site.scores.calls)
         self._scope(site)
+        if self.site_listener is not None:
+            self.site_listener(site)
 
     def _widen(self, site: Site) -> None:
         """Its ``weights @ v`` runs now: the calls running through the whole site."""
