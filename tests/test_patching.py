@@ -209,7 +209,11 @@ def test_transformer_lens_ablation_is_no_longer_a_no_op(tl_model):
     """The bug that made one watcher necessary: ablate found no head lanes after TL's
     post-softmax masked_fill and changed nothing, silently."""
     model, clean, _, layers = tl_model
+    # named as TL names them (its hooks blocks.0.attn.hook_z), not by the bridge's wrapped
+    # module blocks.0._original_component.attn._original_component
+    assert layers == ["blocks.0.attn", "blocks.1.attn"]
     assert attention_heads(model, clean) == {layers[0]: 4, layers[1]: 4}
+    assert list(attnpanel.capture(model, clean)["layer"].values) == layers
     with torch.no_grad():
         plain = model(clean)
         with attnpanel.ablate(model, {layers[0]: [0]}):

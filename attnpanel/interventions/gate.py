@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from attnpanel.watching.lanes import Lane
+from attnpanel.watching.modules import module_names
 from attnpanel.watching.watcher import AttentionWatcher, HeadLanes, Site, ValuesProduct
 
 HOWS = ("zero", "mean")
@@ -208,7 +209,7 @@ def heads_asked(heads: Mapping[str, int | list[int]]) -> dict[str, list[int]]:
 
 def check_layers(model: nn.Module, layers) -> None:
     """Every asked layer names a module of the model (or the model itself)."""
-    modules = {name for name, _ in model.named_modules() if name}
+    modules = module_names(model)
     root = type(model).__name__
     for layer in layers:
         match = _INDEXED.match(layer)

@@ -4,8 +4,8 @@
 modules in order, for this thread only (a torch mode sees only its own thread: another
 thread's forward of the same model is neither watched nor named). :meth:`ModuleStack.name_call`
 is the one rule every reader and writer of a head names layers by: the innermost module
-running the call (the model's class name for the model itself), then ``name[1]``,
-``name[2]`` ... for its later calls in one forward.
+running the call (the model's class name for the model itself), by its :func:`own_name`,
+then ``name[1]``, ``name[2]`` ... for its later calls in one forward.
 """
 
 from __future__ import annotations
@@ -16,6 +16,25 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+WRAPPED = "_original_component"  # TransformerLens 4: what a bridge component wraps
+
+
+def own_name(name: str) -> str:
+    """A module's name as its model's users write it. TransformerLens 4 wraps each
+    component of its native model in a bridge and keeps the wrapped module as the bridge's
+    ``_original_component``: the attention TL calls ``blocks.0.attn`` (its hooks
+    ``blocks.0.attn.hook_z``) runs as ``blocks.0._original_component.attn.
+    _original_component``, and takes its bridge's name. Other names are as they are."""
+    if WRAPPED not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != WRAPPED)
+
+
+def module_names(model: nn.Module) -> set[str]:
+    """Every name a layer of ``model`` may have: its modules' names and their own names."""
+    names = {name for name, _ in model.named_modules() if name}
+    return names | {own_name(name) for name in names}
 
 
 @dataclass
@@ -86,7 +105,7 @@ class ModuleStack:
 
     def name_call(self) -> str:
         """The layer name of an attention call that starts now."""
-        base = self.module or self.root
+        base = own_name(self.module) or self.root
         count = self._counts.get(base, 0)
         self._counts[base] = count + 1
         return base if count == 0 else f"{base}[{count}]"
