@@ -192,3 +192,38 @@ def test_a_zoo_model_gives_the_same_effects_replayed_as_whole():
                 with attnpanel.patch(model, (ids,), heads={str(layer): [head]}):
                     got = (float(logit(model(other).last_hidden_state)) - base) / (top - base)
                 assert float(effect.sel(layer=layer, head=head)) == pytest.approx(got, abs=1e-9)
+
+
+def test_two_threads_replaying_one_model_each_get_their_own_and_leave_it_as_it_was():
+    """A served page's sessions share the demo model: replays overlap, each thread gets its
+    own tape's outputs, and the last one out leaves the modules as they were (the first out
+    once took the other's replay away, and the other then put a stale one back for good)."""
+    torch.manual_seed(0)
+    model = Model().eval()
+    a_in, b_in, clean = (torch.randn(2, 10, 8) for _ in range(3))
+    tapes = {name: recorded(model, clean, x) for name, x in (("a", a_in), ("b", b_in))}
+    found, a_inside, b_done = {}, threading.Event(), threading.Event()
+
+    def replaying(name, entered=None, wait=None):
+        patcher, run, tape = tapes[name]
+        target = run.last
+        with patcher.watching(), tape.replay("blocks.3"):
+            if entered is not None:
+                entered.set()
+            if wait is not None:
+                wait.wait(10)
+            run.score({}, None)
+        found[name] = torch.equal(run.last, target)
+
+    first = threading.Thread(target=replaying, args=("a", a_inside, b_done))
+    first.start()
+    a_inside.wait(10)
+    second = threading.Thread(target=replaying, args=("b",))
+    second.start()
+    second.join()
+    b_done.set()
+    first.join()
+    assert found == {"a": True, "b": True}
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with torch.no_grad():  # and a plain forward afterwards computes
+        assert not torch.equal(model(a_in), model(b_in))

@@ -139,32 +139,65 @@ class Tape:
     def replay(self, layer: str) -> Iterator[None]:
         """Inside this block, this thread's forwards of the model take the calls that end
         before ``layer``'s attention from the tape (copies of their outputs); another
-        thread's forwards run as they are."""
-        thread = threading.get_ident()
+        thread's forwards run as they are, and may replay their own tapes meanwhile."""
         modules = dict(self.model.named_modules())
-        restore = []
+        taken = []
         try:
             for i in self._replayed(layer):
                 call = self.calls[i]
-                module = modules[call.name]
-                own = module.__dict__.get("forward")
-                original = module.forward
-
-                def forward(*args, _output=call.output, _original=original, **kwargs):
-                    if threading.get_ident() != thread:
-                        return _original(*args, **kwargs)
-                    return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, _output)
-
-                # (past a module's own __setattr__: a wrapper may hand attributes on)
-                object.__setattr__(module, "forward", forward)
-                restore.append((module, own))
+                taken.append(_Replayed.take(modules[call.name], call.output))
             yield
         finally:
-            for module, own in restore:
-                if own is None:
-                    object.__delattr__(module, "forward")
-                else:
-                    object.__setattr__(module, "forward", own)
+            for replayed in taken:
+                replayed.give_back()
+
+
+class _Replayed:
+    """One module's forward, answering each thread that replays it from that thread's tape
+    and running as it is for every other: installed by the first replaying thread, taken
+    away by the last (threads of a served page replay the same shared model)."""
+
+    lock = threading.Lock()
+    installed: dict[int, _Replayed] = {}  # id(module): its replay
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.own = module.__dict__.get("forward")  # an instance forward already there
+        self.outputs: dict[int, object] = {}  # thread: the output it replays
+
+        def forward(*args, **kwargs):
+            found = self.outputs.get(threading.get_ident(), _RUN)
+            if found is _RUN:
+                run = self.own if self.own is not None else type(module).forward.__get__(module)
+                return run(*args, **kwargs)
+            return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, found)
+
+        self.forward = forward
+
+    @classmethod
+    def take(cls, module: nn.Module, output) -> _Replayed:
+        with cls.lock:
+            replayed = cls.installed.get(id(module))
+            if replayed is None:
+                replayed = cls.installed[id(module)] = cls(module)
+                # (past a module's own __setattr__: a wrapper may hand attributes on)
+                object.__setattr__(module, "forward", replayed.forward)
+            replayed.outputs[threading.get_ident()] = output
+            return replayed
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.outputs.pop(threading.get_ident(), None)
+            if self.outputs:
+                return
+            del self.installed[id(self.module)]
+            if self.own is None:
+                object.__delattr__(self.module, "forward")
+            else:
+                object.__setattr__(self.module, "forward", self.own)
+
+
+_RUN = object()  # no replay for this thread: the module runs
 
 
 def _plain(output) -> bool:
