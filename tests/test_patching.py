@@ -16,7 +16,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 import attnpanel
 from attnpanel.interventions.effects import PatchedRun
-from attnpanel.interventions.gate import attention_heads
+from attnpanel.interventions.gate import AblationError, attention_heads
 from attnpanel.interventions.importance import output_tensor
 from attnpanel.interventions.patching import HeadPatcher, PatchingError
 
@@ -101,7 +101,9 @@ def test_patching_effect_equals_transformer_lens_activation_patching(tl_model):
     assert effect.dims == ("layer", "head")
     assert list(effect.layer.values) == layers
     assert abs(effect.values - expected.numpy()).max() <= 1e-5
-    assert effect.attrs["forwards"] == 2 * 4 + 2  # every head, the clean and corrupted runs
+    # every head, the clean and corrupted runs, and the check of the second layer's replay
+    assert effect.attrs["replayed"] == layers[1]
+    assert effect.attrs["forwards"] == 2 * 4 + 2 + 1
     assert effect.attrs["score_clean"] == pytest.approx(high, rel=1e-6)
     assert effect.attrs["score_corrupted"] == pytest.approx(low, rel=1e-6)
 
@@ -839,3 +841,16 @@ def test_later_forwards_watch_only_the_calls_the_attention_runs_in(tl_model, mon
     with pytest.raises(PatchingError, match="computed no attention inside patching_effect"):
         with patcher.watching():
             run.score({layers[0]: [1]}, None)
+
+
+def test_a_wrapped_modules_raw_name_is_refused_with_its_own_name(tl_model):
+    """The old name of a TL layer (the bridge's wrapped module) is refused by name, with
+    the name capture gives it; a fused hint may use the own name."""
+    model, clean, _, layers = tl_model
+    raw = "blocks.0._original_component.attn._original_component"
+    with pytest.raises(AblationError, match=r"is named 'blocks.0.attn'"):
+        with attnpanel.ablate(model, {raw: [0]}):
+            pass
+    with pytest.raises(PatchingError, match=r"is named 'blocks.0.attn'"):
+        with attnpanel.patch(model, clean, heads={raw: [0]}):
+            pass

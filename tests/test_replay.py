@@ -73,17 +73,17 @@ def score(y: torch.Tensor) -> torch.Tensor:
     return y[:, -1, 0].double().sum()
 
 
-def by_hand(model, clean, corrupted) -> torch.Tensor:
+def by_hand(model, clean, corrupted, measure=score) -> torch.Tensor:
     """Each head's effect from whole forwards under ``attnpanel.patch``."""
     with torch.no_grad():
-        base = float(score(model(corrupted)))
-        top = float(score(model(clean)))
+        base = float(measure(model(corrupted)))
+        top = float(measure(model(clean)))
         rows = []
         for layer, heads in attnpanel.attention_heads(model, corrupted).items():
             row = []
             for head in range(heads):
                 with attnpanel.patch(model, (clean,), heads={layer: [head]}):
-                    row.append((float(score(model(corrupted))) - base) / (top - base))
+                    row.append((float(measure(model(corrupted))) - base) / (top - base))
             rows.append(row)
     return torch.tensor(rows, dtype=torch.float64)
 
@@ -227,3 +227,90 @@ def test_two_threads_replaying_one_model_each_get_their_own_and_leave_it_as_it_w
     assert all("forward" not in m.__dict__ for m in model.modules())
     with torch.no_grad():  # and a plain forward afterwards computes
         assert not torch.equal(model(a_in), model(b_in))
+
+
+class Again(nn.Module):
+    """``norm`` runs before the blocks, and once more after them when the state says so: a
+    branch the target run does not take, a patched forward may."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm = nn.Linear(8, 16), nn.LayerNorm(16)
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+        self.head, self.threshold = nn.Linear(16, 2), None
+
+    def body(self, x):
+        h = self.norm(self.embed(x))
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+    def forward(self, x):
+        h = self.body(x)
+        if self.threshold is not None and float(h[..., 0].mean()) > self.threshold:
+            h = self.norm(h)
+        return self.head(h)
+
+
+class Filled(nn.Module):
+    """A buffer one module returns and the model fills in place after the blocks, where
+    the state says: the tape must not replay the buffer as it was left."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.buffer = nn.Linear(8, 16), nn.Identity()
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = self.embed(x)
+        out = self.buffer(torch.zeros(x.shape[0], x.shape[1], 16))
+        for block in self.blocks:
+            h = block(h)
+        keep = (h[..., :1] > 0).expand_as(h)
+        out[keep] = h[keep]
+        return self.head(out)
+
+
+def whole_score(y: torch.Tensor) -> torch.Tensor:
+    return y[..., 0].double().sum()
+
+
+@pytest.mark.parametrize("kind", ["again", "filled"])
+def test_a_second_call_or_a_buffer_filled_later_is_not_replayed(kind):
+    """Two holes a second read found (each gave shares 0.07-1.8 off, and passed the check
+    with nothing patched): a module the target calls once, called again after the patched
+    layer (only its first call is answered from the tape), and an output changed in place
+    after it was returned (never replayed)."""
+    torch.manual_seed(0)
+    model = (Again() if kind == "again" else Filled()).eval()
+    clean, corrupted = torch.randn(3, 10, 8), torch.randn(3, 10, 8)
+    if kind == "again":
+        with torch.no_grad():
+            model.threshold = float(model.body(corrupted)[..., 0].mean()) + 1e-3
+    effect = attnpanel.patching_effect(model, clean, corrupted, score=whole_score, progress=False)
+    expected = by_hand(model, clean, corrupted, whole_score)
+    torch.testing.assert_close(torch.from_numpy(effect.values), expected, rtol=0, atol=1e-9)
+    if kind == "filled":
+        patcher, run, tape = recorded(model, clean, corrupted)
+        assert all(tape.calls[i].name != "buffer" for i in tape._replayed("blocks.3"))
+
+
+def test_a_replay_inside_a_replay_on_one_thread_leaves_every_module_as_it_was():
+    torch.manual_seed(0)
+    model = Model(counting=True).eval()
+    clean, corrupted = torch.randn(2, 10, 8), torch.randn(2, 10, 8)
+    patcher, run, tape = recorded(model, clean, corrupted)
+    with patcher.watching(), tape.replay("blocks.3"), tape.replay("blocks.1"):
+        run.score({}, None)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_the_forwards_count_the_checks_and_name_the_replayed_layers():
+    torch.manual_seed(0)
+    model = Model().eval()
+    clean, corrupted = torch.randn(2, 10, 8), torch.randn(2, 10, 8)
+    effect = attnpanel.patching_effect(model, clean, corrupted, score=score, progress=False)
+    replayed = effect.attrs["replayed"].split(", ")
+    assert replayed == ["blocks.1", "blocks.2", "blocks.3"]  # blocks.0: too little to skip
+    assert effect.attrs["forwards"] == 4 * 4 + 2 + len(replayed)

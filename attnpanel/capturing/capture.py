@@ -37,6 +37,7 @@ from attnpanel.capturing.recorder import AttentionCall, AttentionRecorder, Captu
 from attnpanel.capturing.stacking import assemble, layer_sizes
 from attnpanel.kernels.masks import cached_mask
 from attnpanel.traces.build import TraceParts, trace_parts
+from attnpanel.watching.modules import own_name
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,10 @@ def _nothing_found(model: nn.Module) -> str:
 
 def _hints(model: nn.Module, fused: Mapping[str, str | FusedQKV]) -> dict[str, FusedQKV]:
     modules = dict(model.named_modules())
+    for own in set(fused) - set(modules):  # a layer's own name: the module it names
+        wrapped = [name for name in modules if own_name(name) == own]
+        if wrapped:
+            modules[own] = modules[wrapped[-1]]
     hints = {}
     for name, spec in fused.items():
         spec = FusedQKV(qkv=spec) if isinstance(spec, str) else spec
@@ -232,7 +237,11 @@ def _hints(model: nn.Module, fused: Mapping[str, str | FusedQKV]) -> dict[str, F
 
 def _check_hints(hints: dict[str, FusedQKV], calls, names) -> None:
     for name, spec in hints.items():
-        inside = [c for c in calls if c.module == name or c.module.startswith(f"{name}.")]
+        inside = [
+            c
+            for c in calls
+            if any(m == name or m.startswith(f"{name}.") for m in (c.module, own_name(c.module)))
+        ]
         if not inside:
             raise CaptureError(f"fused names module {name!r}, which computed no attention")
         for call in inside:

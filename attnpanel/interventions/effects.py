@@ -154,6 +154,7 @@ class _Found:
     forwards: int
     groups: dict[str, int]
     backwards: int = 0
+    replayed: tuple[str, ...] = ()  # layers whose patched forwards took their start from the tape
 
 
 def _recorded(model, what: str, source) -> tuple[HeadPatcher, torch.Tensor, dict[str, int]]:
@@ -172,7 +173,7 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     tape = Tape(model)
     with patched.watching(), tape.recording(patcher):
         target_score = patched.score({}, None)
-    y_target = patched.last
+    y_target = patched.last.clone()  # (a model may hand back a buffer it reuses)
     source_score = score_of(y_source, score)
     difference = score_difference(source_score, target_score, y_source.dtype)
     tasks = [
@@ -184,14 +185,16 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     if client is not None:
         scores = _on_cluster(client, patched, tasks, progress)
     else:
-        scores, runs = {}, Counter(task[0] for task in tasks)
+        scores, runs, replayed_layers = {}, Counter(task[0] for task in tasks), []
         with patched.watching(), contextlib.ExitStack() as replayed:
             layer = None
             for task in _bar(tasks, progress):  # a layer's tasks in a row
                 if task[0] != layer:
                     replayed.close()
                     layer = task[0]
-                    replay = _replaying(tape, layer, patched, y_target, runs[layer])
+                    replay = _replaying(
+                        tape, layer, patched, y_target, runs[layer], replayed_layers
+                    )
                     replayed.enter_context(replay)
                 scores[task] = patched.score({layer: [task[1]]}, task[2])
     values = {}
@@ -203,15 +206,20 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
                 [scores[layer, h, p] for p in range(patcher.lengths[layer])] for h in range(heads)
             ]
         values[layer] = (np.asarray(row, dtype=float) - target_score) / difference
-    return _Found(layers, values, source_score, target_score, len(tasks) + 2, dict(patcher.groups))
+    checked = [] if client is not None else replayed_layers
+    forwards = len(tasks) + 2 + len(checked)  # (a replayed one runs part of the model)
+    replayed = tuple(layer for layer, same in checked if same)
+    return _Found(
+        layers, values, source_score, target_score, forwards, dict(patcher.groups), 0, replayed
+    )
 
 
 @contextlib.contextmanager
-def _replaying(tape: Tape, layer: str, patched: PatchedRun, y_target: torch.Tensor, runs: int):
+def _replaying(tape: Tape, layer: str, patched: PatchedRun, y_target, runs: int, checked: list):
     """The ``runs`` patched forwards of ``layer`` take what ends before its attention from
     the tape, once a forward so replayed with nothing patched gives the target's own output
     bit for bit (else they run whole); not where that check would cost more than the
-    replays save (a layer near the input)."""
+    replays save (a layer near the input). ``checked`` gains ``(layer, passed)``."""
     share = tape.share(layer)
     if runs * share <= 1 - share:
         yield
@@ -221,6 +229,7 @@ def _replaying(tape: Tape, layer: str, patched: PatchedRun, y_target: torch.Tens
         with contextlib.suppress(Exception):  # a replay the model cannot run: run whole
             patched.score({}, None)
             same = torch.equal(patched.last, y_target)
+        checked.append((layer, same))
         if same:
             yield
             return
@@ -355,6 +364,7 @@ def _table(found: _Found, by, what, direction, method, scored: bool) -> xr.DataA
         ),
         "forwards": found.forwards,
         "backwards": found.backwards,
+        "replayed": ", ".join(found.replayed),
         "long_name": "patching effect",
     }
     if found.groups:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from attnpanel.watching.lanes import Lane
-from attnpanel.watching.modules import module_names
+from attnpanel.watching.modules import module_names, own_name
 from attnpanel.watching.watcher import AttentionWatcher, HeadLanes, Site, ValuesProduct
 
 HOWS = ("zero", "mean")
@@ -207,13 +207,18 @@ def heads_asked(heads: Mapping[str, int | list[int]]) -> dict[str, list[int]]:
     return asked
 
 
-def check_layers(model: nn.Module, layers) -> None:
+def check_layers(model: nn.Module, layers, error=AblationError) -> None:
     """Every asked layer names a module of the model (or the model itself)."""
     modules = module_names(model)
     root = type(model).__name__
     for layer in layers:
         match = _INDEXED.match(layer)
         base = match.group(1) if match else layer
+        if own_name(base) != base:
+            raise error(
+                f"layer {layer!r} is named {own_name(layer)!r}: a wrapped module takes its "
+                "wrapper's name (as capture and attention_heads name it)"
+            )
         if base in modules or base == root:
             continue
         looks = [
@@ -222,7 +227,7 @@ def check_layers(model: nn.Module, layers) -> None:
             if name and re.search("attn|attention", type(module).__name__ + name, flags=re.I)
         ]
         hint = f"; its attention-like modules: {', '.join(looks[:12])}" if looks else ""
-        raise AblationError(f"{root} has no layer {layer!r}{hint}")
+        raise error(f"{root} has no layer {layer!r}{hint}")
 
 
 def check_written(

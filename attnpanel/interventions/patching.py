@@ -402,7 +402,7 @@ def patch(
     ...     y = model(corrupted)
     """
     asked = heads_asked(heads)
-    check_layers(model, asked)
+    check_layers(model, asked, PatchingError)
     args, kwargs = inputs_of(source)
     patcher = HeadPatcher(model, what, positions)
     patcher.record(*args, **kwargs)

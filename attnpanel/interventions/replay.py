@@ -12,11 +12,14 @@ running: a head of the last layer of four costs about a quarter of a forward.
 Replayed are only the outermost such calls (children of the calls still running when the
 attention starts), of modules called once in the forward, whose outputs are tensors,
 Python scalars or None in tuples, lists, dicts or Hugging Face outputs (so that a copy is
-the whole output). Before a layer's heads are patched, its replayed forward with nothing
-patched must give the target run's output bit for bit; where it does not (a module with a
-side effect a later one reads, a non-deterministic kernel), that layer's heads run whole
-forwards. A model whose attention modules run more than once in a forward (shared layers)
-is never replayed: skipping an earlier call would rename the later ones.
+the whole output) and were not changed in place after they were returned; a replayed
+module answers only the first call of each forward from the tape (a later one, in a
+branch the target run did not take, runs). Before a layer's heads are patched, its
+replayed forward with nothing patched must give the target run's output bit for bit;
+where it does not (a module with a side effect a later one reads, a non-deterministic
+kernel), that layer's heads run whole forwards. A model whose attention modules run more
+than once in a forward (shared layers) is never replayed: skipping an earlier call would
+rename the later ones.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class Call:
     start: int  # events before it started
     end: int = -1  # events before it ended
     output: object = None
+    versions: tuple | None = None  # its output tensors' versions as it returned them
+    children: list[int] = field(default_factory=list)
+    site_inside: bool = False  # an attention site started while it ran
 
 
 @dataclass
@@ -55,7 +61,6 @@ class Tape:
     model: nn.Module
     calls: list[Call] = field(default_factory=list)
     starts: dict[str, int] = field(default_factory=dict)  # layer: the call its site runs in
-    usable: dict[str, bool] = field(default_factory=dict)  # layer: its replay was checked
 
     @contextlib.contextmanager
     def recording(self, watcher: AttentionWatcher) -> Iterator[Tape]:
@@ -65,21 +70,32 @@ class Tape:
 
         def enter(module, args, name):
             if threading.get_ident() == thread:
-                self.calls.append(Call(name, stack[-1] if stack else None, events[0]))
+                parent = stack[-1] if stack else None
+                self.calls.append(Call(name, parent, events[0]))
+                if parent is not None:
+                    self.calls[parent].children.append(len(self.calls) - 1)
                 stack.append(len(self.calls) - 1)
                 events[0] += 1
 
         def leave(module, args, output):
             if threading.get_ident() == thread and stack:
                 call = self.calls[stack.pop()]
-                call.end, call.output = events[0], output
+                call.end, call.output, call.versions = events[0], output, _versions(output)
                 events[0] += 1
+                if not call.site_inside:  # its calls cannot be replayed: let them go
+                    for child in call.children:
+                        self.calls[child].output = None
+
+        def site(site):
+            for i in stack:
+                self.calls[i].site_inside = True
+            found.append((site, tuple(stack)))
 
         handles = []
         for name, module in self.model.named_modules():
             handles.append(module.register_forward_pre_hook(lambda m, a, n=name: enter(m, a, n)))
             handles.append(module.register_forward_hook(leave, always_call=True))
-        watcher.site_listener = lambda site: found.append((site, tuple(stack)))
+        watcher.site_listener = site
         try:
             yield self
         finally:
@@ -89,6 +105,9 @@ class Tape:
         self._place(found, watcher)
 
     def _place(self, found, watcher: AttentionWatcher) -> None:
+        for call in self.calls:  # an output changed in place after it was returned: its
+            if call.versions is None or _versions(call.output) != call.versions:  # value
+                call.output = None  # then is not the one the model went on with
         counts = Counter(call.name for call in self.calls)
         if any(counts[name] > 1 for name in watcher.attention_modules()):
             return  # shared attention modules: an earlier call skipped renames the later
@@ -138,17 +157,28 @@ class Tape:
     @contextlib.contextmanager
     def replay(self, layer: str) -> Iterator[None]:
         """Inside this block, this thread's forwards of the model take the calls that end
-        before ``layer``'s attention from the tape (copies of their outputs); another
-        thread's forwards run as they are, and may replay their own tapes meanwhile."""
+        before ``layer``'s attention from the tape (copies of their outputs): the first call
+        of each such module in a forward; a later one (a branch the target run did not take,
+        a score that runs a module again) runs. Another thread's forwards run as they are,
+        and may replay their own tapes meanwhile."""
         modules = dict(self.model.named_modules())
         taken = []
+        thread = threading.get_ident()
+
+        def new_forward(model, args):  # every replayed module answers its first call again
+            if threading.get_ident() == thread:
+                for replayed in taken:
+                    replayed.rearm()
+
+        handle = self.model.register_forward_pre_hook(new_forward)
         try:
             for i in self._replayed(layer):
                 call = self.calls[i]
                 taken.append(_Replayed.take(modules[call.name], call.output))
             yield
         finally:
-            for replayed in taken:
+            handle.remove()
+            for replayed in reversed(taken):
                 replayed.give_back()
 
 
@@ -163,14 +193,19 @@ class _Replayed:
     def __init__(self, module: nn.Module):
         self.module = module
         self.own = module.__dict__.get("forward")  # an instance forward already there
-        self.outputs: dict[int, object] = {}  # thread: the output it replays
+        # thread: the outputs it replays (innermost last) and whether this forward's
+        # first call was answered
+        self.outputs: dict[int, list] = {}
+        self.answered: dict[int, bool] = {}
 
         def forward(*args, **kwargs):
-            found = self.outputs.get(threading.get_ident(), _RUN)
-            if found is _RUN:
-                run = self.own if self.own is not None else type(module).forward.__get__(module)
-                return run(*args, **kwargs)
-            return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, found)
+            thread = threading.get_ident()
+            found = self.outputs.get(thread)
+            if found and not self.answered.get(thread):
+                self.answered[thread] = True
+                return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, found[-1])
+            run = self.own if self.own is not None else type(module).forward.__get__(module)
+            return run(*args, **kwargs)
 
         self.forward = forward
 
@@ -182,13 +217,25 @@ class _Replayed:
                 replayed = cls.installed[id(module)] = cls(module)
                 # (past a module's own __setattr__: a wrapper may hand attributes on)
                 object.__setattr__(module, "forward", replayed.forward)
-            replayed.outputs[threading.get_ident()] = output
+            thread = threading.get_ident()
+            replayed.outputs.setdefault(thread, []).append(output)
+            replayed.answered[thread] = False
             return replayed
+
+    def rearm(self) -> None:
+        """A new forward on this thread: its first call is answered from the tape again."""
+        self.answered[threading.get_ident()] = False
 
     def give_back(self) -> None:
         with self.lock:
-            self.outputs.pop(threading.get_ident(), None)
-            if self.outputs:
+            thread = threading.get_ident()
+            mine = self.outputs.get(thread)
+            if mine:
+                mine.pop()
+            if not mine:
+                self.outputs.pop(thread, None)
+                self.answered.pop(thread, None)
+            if self.outputs or self.installed.get(id(self.module)) is not self:
                 return
             del self.installed[id(self.module)]
             if self.own is None:
@@ -197,7 +244,14 @@ class _Replayed:
                 object.__setattr__(self.module, "forward", self.own)
 
 
-_RUN = object()  # no replay for this thread: the module runs
+def _versions(output) -> tuple | None:
+    """The version counters of an output's tensors (None where one has none: an inference
+    tensor)."""
+    try:
+        leaves = pytree.tree_leaves(output)
+        return tuple(t._version for t in leaves if isinstance(t, torch.Tensor))
+    except RuntimeError:
+        return None
 
 
 def _plain(output) -> bool:
