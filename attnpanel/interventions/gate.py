@@ -65,6 +65,8 @@ class HeadWriter(AttentionWatcher):
         :meth:`follow`.
     """
 
+    names_only = True  # its module hooks name layers and nothing else
+
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model

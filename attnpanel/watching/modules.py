@@ -31,6 +31,31 @@ def own_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part != WRAPPED)
 
 
+# torch's own modules that never make an attention call themselves (their exact types: a
+# subclass may): a forward whose hooks only name layers needs none on them
+PLAIN_MODULES = tuple(
+    kind
+    for kind in (
+        nn.Linear, nn.LayerNorm, nn.Embedding, nn.Dropout, nn.Identity, nn.GELU, nn.ReLU,
+        nn.SiLU, nn.Tanh, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm,
+        getattr(nn, "RMSNorm", None),
+    )
+    if kind is not None
+)  # fmt: skip
+
+
+def never_attends(module: nn.Module) -> bool:
+    """Whether ``module`` runs no attention call of its own: one of :data:`PLAIN_MODULES`,
+    or a TransformerLens hook point (an identity) with no hook of its own."""
+    if type(module) in PLAIN_MODULES:
+        return True
+    return (
+        type(module).__name__ == "HookPoint"
+        and not module._forward_hooks
+        and not module._forward_pre_hooks
+    )
+
+
 def module_names(model: nn.Module) -> set[str]:
     """Every name a layer of ``model`` may have: its modules' names and their own names."""
     names = {name for name, _ in model.named_modules() if name}
@@ -70,6 +95,8 @@ class ModuleStack:
     scope, mode : set of str and a TorchFunctionMode, optional
         Enter ``mode`` while any of the ``scope`` modules runs, and only then: the torch
         calls of the rest of the model then run as plainly as without a mode.
+    skip : callable, optional
+        ``skip(module)``: leave that module unhooked (such as :func:`never_attends`).
     """
 
     def __init__(
@@ -81,6 +108,7 @@ class ModuleStack:
         on_restart: Callable[[], None] | None = None,
         scope: set[str] | None = None,
         mode=None,
+        skip: Callable[[nn.Module], bool] | None = None,
     ):
         self.model = model
         # hook only these modules (and the model): those an earlier forward ran attention
@@ -93,6 +121,7 @@ class ModuleStack:
         self._on_enter, self._on_leave, self._on_restart = on_enter, on_leave, on_restart
         self._handles: list = []
         self.scope, self._mode, self._depth = scope or set(), mode, 0
+        self._skip = skip  # modules not to hook (they never run attention themselves)
 
     @property
     def innermost(self) -> Running | None:
@@ -121,6 +150,8 @@ class ModuleStack:
         self.restart()
         for name, module in self.model.named_modules():
             if self.only is not None and name and name not in self.only:
+                continue
+            if self._skip is not None and name and self._skip(module):
                 continue
 
             # (*rest: kwargs, then the output. Another thread's forward may call a hook

@@ -47,7 +47,7 @@ from attnpanel.watching.lineage import (
     keeps_weights,
     product_operands,
 )
-from attnpanel.watching.modules import ModuleStack, Running
+from attnpanel.watching.modules import ModuleStack, Running, never_attends
 
 FUSED_CALLS = {
     "scaled_dot_product_attention": "sdpa",
@@ -233,6 +233,10 @@ class AttentionWatcher(TorchFunctionMode):
         ``site_listener(site)`` as each site is found (where it starts, for a replay).
     """
 
+    # whether its module hooks only name layers (no entered/left of its own, as a capture's
+    # reading of the projections has): then modules that never run attention go unhooked
+    names_only = False
+
     def __init__(self):
         super().__init__()
         self.modules: ModuleStack | None = None
@@ -251,8 +255,9 @@ class AttentionWatcher(TorchFunctionMode):
         modules ``only`` names) while it is open; with ``scope``, this watcher's mode is
         entered while those modules run."""
         hooked = only if only is None or scope is None else only | scope
+        skip = never_attends if self.names_only else None
         self.modules = ModuleStack(
-            model, self.entered, self.left, hooked, self.sites.clear, scope, self
+            model, self.entered, self.left, hooked, self.sites.clear, scope, self, skip
         )
         return self.modules
 
