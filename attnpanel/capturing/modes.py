@@ -19,7 +19,8 @@ from attnpanel.util.locks import SharedSetting
 
 def _to_eval(model: nn.Module) -> list[nn.Module]:
     training = [m for m in model.modules() if m.training]
-    model.eval()
+    if training:  # (a wrapper's eval() may cost more than a small model's forward)
+        model.eval()
     return training
 
 
