@@ -117,7 +117,7 @@ def test_the_tape_replays_the_calls_before_a_layer_and_skips_them():
     target = run.last
     last = "blocks.3"
     # the block runs its own softmax path: from its start on, nothing is replayed
-    assert [tape.calls[i].name for i in tape._replayed(last)] == [
+    assert [tape.calls[i].name for i in tape.replayed(last)] == [
         "embed", "blocks.0", "blocks.1", "count", "blocks.2",
     ]  # fmt: skip
     assert 0.6 < tape.share(last) < 0.9 and tape.share("blocks.0") < 0.1
@@ -293,7 +293,7 @@ def test_a_second_call_or_a_buffer_filled_later_is_not_replayed(kind):
     torch.testing.assert_close(torch.from_numpy(effect.values), expected, rtol=0, atol=1e-9)
     if kind == "filled":
         patcher, run, tape = recorded(model, clean, corrupted)
-        assert all(tape.calls[i].name != "buffer" for i in tape._replayed("blocks.3"))
+        assert all(tape.calls[i].name != "buffer" for i in tape.replayed("blocks.3"))
 
 
 def test_a_replay_inside_a_replay_on_one_thread_leaves_every_module_as_it_was():

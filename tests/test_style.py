@@ -39,6 +39,7 @@ FOREIGN_PRIVATE = {
     "_attn_implementation": "transformers keeps the attention kernel there (read to restore)",
     "_forward_hooks": "torch has no public count of a module's hooks (tests count them)",
     "_forward_pre_hooks": "as _forward_hooks",
+    "_version": "torch has no public version counter of a tensor (changed in place since?)",
     "_repr_mimebundle_": "IPython's display protocol, public despite its underscore",
 }
 CHECKED = ("attnpanel", "apps", "tests", "benchmarks")

@@ -118,12 +118,12 @@ class Tape:
             own = [i for i in stack if self.calls[i].name == site.scope and site.scope]
             if own:
                 self.starts[site.layer] = own[-1]
-        keep = {i for layer in self.starts for i in self._replayed(layer, counts)}
+        keep = {i for layer in self.starts for i in self.replayed(layer, counts)}
         for i, call in enumerate(self.calls):
             if i not in keep:
                 call.output = None  # only what a replay returns stays held
 
-    def _replayed(self, layer: str, counts: Counter | None = None) -> list[int]:
+    def replayed(self, layer: str, counts: Counter | None = None) -> list[int]:
         """The calls a forward patching ``layer`` takes from the tape."""
         counts = counts or Counter(call.name for call in self.calls)
         first = self.calls[self.starts[layer]]
@@ -144,14 +144,14 @@ class Tape:
 
     def layers(self) -> list[str]:
         """The layers whose patched forwards can skip part of the model."""
-        return [layer for layer in self.starts if self._replayed(layer)]
+        return [layer for layer in self.starts if self.replayed(layer)]
 
     def share(self, layer: str) -> float:
         """About what share of a forward a replay for ``layer`` skips: the replayed calls'
         share of the module calls made (every call inside them included)."""
         if layer not in self.starts or not self.calls:
             return 0.0
-        spans = sum(self.calls[i].end - self.calls[i].start + 1 for i in self._replayed(layer))
+        spans = sum(self.calls[i].end - self.calls[i].start + 1 for i in self.replayed(layer))
         return spans / (2 * len(self.calls))
 
     @contextlib.contextmanager
@@ -172,7 +172,7 @@ class Tape:
 
         handle = self.model.register_forward_pre_hook(new_forward)
         try:
-            for i in self._replayed(layer):
+            for i in self.replayed(layer):
                 call = self.calls[i]
                 taken.append(_Replayed.take(modules[call.name], call.output))
             yield
