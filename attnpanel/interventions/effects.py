@@ -170,8 +170,9 @@ def _recorded(model, what: str, source) -> tuple[HeadPatcher, torch.Tensor, dict
 def _exact(model, source, target, score, by, what, client, progress) -> _Found:
     patcher, y_source, layers = _recorded(model, what, source)
     patched = PatchedRun(patcher, target, score)
-    tape = Tape(model)
-    with patched.watching(), tape.recording(patcher):
+    tape = Tape(model)  # (a cluster's workers run whole forwards: nothing to record)
+    recording = tape.recording(patcher) if client is None else contextlib.nullcontext()
+    with patched.watching(), recording:
         target_score = patched.score({}, None)
     y_target = patched.last.clone()  # (a model may hand back a buffer it reuses)
     source_score = score_of(y_source, score)
@@ -182,19 +183,18 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
         for head in range(heads)
         for position in ([None] if by == "head" else range(patcher.lengths.get(layer, 0)))
     ]
+    checked: list[tuple[str, bool]] = []  # the layers whose replay was checked
     if client is not None:
         scores = _on_cluster(client, patched, tasks, progress)
     else:
-        scores, runs, replayed_layers = {}, Counter(task[0] for task in tasks), []
+        scores, runs = {}, Counter(task[0] for task in tasks)
         with patched.watching(), contextlib.ExitStack() as replayed:
             layer = None
             for task in _bar(tasks, progress):  # a layer's tasks in a row
                 if task[0] != layer:
                     replayed.close()
                     layer = task[0]
-                    replay = _replaying(
-                        tape, layer, patched, y_target, runs[layer], replayed_layers
-                    )
+                    replay = _replaying(tape, layer, patched, y_target, runs[layer], checked)
                     replayed.enter_context(replay)
                 scores[task] = patched.score({layer: [task[1]]}, task[2])
     values = {}
@@ -206,7 +206,6 @@ def _exact(model, source, target, score, by, what, client, progress) -> _Found:
                 [scores[layer, h, p] for p in range(patcher.lengths[layer])] for h in range(heads)
             ]
         values[layer] = (np.asarray(row, dtype=float) - target_score) / difference
-    checked = [] if client is not None else replayed_layers
     forwards = len(tasks) + 2 + len(checked)  # (a replayed one runs part of the model)
     replayed = tuple(layer for layer, same in checked if same)
     return _Found(

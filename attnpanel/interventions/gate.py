@@ -79,7 +79,12 @@ class HeadWriter(AttentionWatcher):
         """Hook and watch only what ``found``'s forwards ran their attention in: enough for
         later forwards of the same model on inputs of the same kind, and cheaper (the rest
         of the model runs outside the mode)."""
-        self.only, self.scope = found.attention_modules(), found.attention_scope()
+        return self.narrow(found.attention_modules(), found.attention_scope())
+
+    def narrow(self, only, scope) -> HeadWriter:
+        """Hook only the modules ``only`` names, and watch the calls of ``scope`` (None:
+        every module, every call)."""
+        self.only, self.scope = only, scope
         return self
 
     @contextlib.contextmanager

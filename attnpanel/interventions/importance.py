@@ -223,9 +223,7 @@ class Watch:
     def run(self, gate: HeadGate, inputs, kwargs) -> torch.Tensor:
         """The model's output tensor with ``gate`` watching as narrowed; its switched-off
         heads must have been found (never a silent no-op)."""
-        gate.only = set(self.only)
-        gate.scope = None if self.scope is None else set(self.scope)
-        with torch.no_grad(), gate.watching():
+        with torch.no_grad(), gate.narrow(self.only, self.scope).watching():
             y = output_tensor(gate.model(*inputs, **kwargs))
         check_written(gate, gate.off, "head_importance")
         return y

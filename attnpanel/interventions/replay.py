@@ -61,6 +61,7 @@ class Tape:
     model: nn.Module
     calls: list[Call] = field(default_factory=list)
     starts: dict[str, int] = field(default_factory=dict)  # layer: the call its site runs in
+    replays: dict[str, list[int]] = field(default_factory=dict)  # layer: the calls replayed
 
     @contextlib.contextmanager
     def recording(self, watcher: AttentionWatcher) -> Iterator[Tape]:
@@ -109,47 +110,43 @@ class Tape:
             if call.versions is None or _versions(call.output) != call.versions:  # value
                 call.output = None  # then is not the one the model went on with
         counts = Counter(call.name for call in self.calls)
-        if any(counts[name] > 1 for name in watcher.attention_modules()):
-            return  # shared attention modules: an earlier call skipped renames the later
-        for site, stack in found:
-            if site.layer in self.starts:
-                continue
-            # the call of the module running the whole site (its final scope)
-            own = [i for i in stack if self.calls[i].name == site.scope and site.scope]
-            if own:
-                self.starts[site.layer] = own[-1]
-        keep = {i for layer in self.starts for i in self.replayed(layer, counts)}
+        if not any(counts[name] > 1 for name in watcher.attention_modules()):
+            # (shared attention modules: an earlier call skipped would rename the later)
+            for site, stack in found:
+                # the call of the module running the whole site (its final scope)
+                own = [i for i in stack if self.calls[i].name == site.scope and site.scope]
+                if own and site.layer not in self.starts:
+                    self.starts[site.layer] = own[-1]
+                    self.replays[site.layer] = self._replayable(own[-1], counts)
+        keep = {i for replayed in self.replays.values() for i in replayed}
         for i, call in enumerate(self.calls):
             if i not in keep:
                 call.output = None  # only what a replay returns stays held
 
-    def replayed(self, layer: str, counts: Counter | None = None) -> list[int]:
-        """The calls a forward patching ``layer`` takes from the tape."""
-        counts = counts or Counter(call.name for call in self.calls)
-        first = self.calls[self.starts[layer]]
-        running = set()
-        at = self.starts[layer]
-        while at is not None:  # the calls running when the site's call starts
+    def _replayable(self, start: int, counts: Counter) -> list[int]:
+        """The calls that end before call ``start`` and run outside it, outermost only."""
+        running, at = set(), start
+        while at is not None:  # the calls running when it starts
             running.add(at)
             at = self.calls[at].parent
         return [
             i
             for i, call in enumerate(self.calls)
             if call.parent in running
-            and call.end < first.start
+            and call.end < self.calls[start].start
             and call.name
             and counts[call.name] == 1
             and _plain(call.output)
         ]
 
-    def layers(self) -> list[str]:
-        """The layers whose patched forwards can skip part of the model."""
-        return [layer for layer in self.starts if self.replayed(layer)]
+    def replayed(self, layer: str) -> list[int]:
+        """The calls a forward patching ``layer`` takes from the tape."""
+        return self.replays.get(layer, [])
 
     def share(self, layer: str) -> float:
         """About what share of a forward a replay for ``layer`` skips: the replayed calls'
         share of the module calls made (every call inside them included)."""
-        if layer not in self.starts or not self.calls:
+        if not self.calls:
             return 0.0
         spans = sum(self.calls[i].end - self.calls[i].start + 1 for i in self.replayed(layer))
         return spans / (2 * len(self.calls))
