@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,60 @@ def test_ahead_builds_again_where_the_worker_failed(caplog):
     assert "building the next session ahead failed" in caplog.text
     assert "no room for the next session" in caplog.text
     assert calls[1] == threading.current_thread().name
+
+
+class _SessionDocument(Document):
+    """A document of a live session: what is scheduled on it is queued, never run."""
+
+    def __init__(self):
+        super().__init__()
+        self.scheduled = queue.SimpleQueue()
+
+    @property
+    def session_context(self):
+        return self  # anything but None: a live session
+
+    @property
+    def request(self):  # the request that opened it (Panel reads its URL's arguments)
+        return types.SimpleNamespace(arguments={"head": [b"5"]})
+
+    def add_next_tick_callback(self, callback):
+        self.scheduled.put(callback)
+
+    def add_timeout_callback(self, callback, timeout_milliseconds):
+        self.scheduled.put(callback)
+
+
+def test_an_explorer_built_ahead_while_another_session_runs_belongs_to_no_session():
+    """Bokeh's current document is one for the whole process: while the event loop runs a
+    session's callback (``patch_curdoc``, as Bokeh wraps every one), a worker thread saw
+    that session as ``pn.state.curdoc``. The explorer built ahead there scheduled its
+    redraws on the other session's document, and once that session had closed, its idle
+    work (the sections below the fold) never ran: the page never filled in (one page in
+    ten, ``test_browser_url``). The worker builds outside every session."""
+    from bokeh.io.doc import patch_curdoc
+
+    from attnpanel.app.scheduler import served_doc
+
+    other = _SessionDocument()
+    trace = make_trace()
+    seen = []
+
+    def build():
+        seen.append((pn.state.curdoc, served_doc()))
+        explorer = AttentionExplorer.built(trace)
+        explorer.param.update(head=1, mask="causal")  # a change while it is being built
+        return explorer
+
+    ahead = serving.Ahead(build)
+    with patch_curdoc(other):  # another session's callback runs on the event loop
+        assert pn.state.curdoc is other  # what any thread saw before
+        ahead.refill()
+        explorer = ahead.take()
+    [(curdoc, served)] = seen
+    assert served is None and curdoc is not other and curdoc.session_context is None
+    assert other.scheduled.empty()  # nothing of it went to the other session
+    assert np.isnan(explorer.drawn()[0, 1:]).all()  # the change was drawn: causal
 
 
 def test_an_explorer_built_ahead_is_the_explorer_of_its_own_state():

@@ -14,6 +14,7 @@ the server that forked them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -29,6 +30,8 @@ from typing import Generic, TypeVar
 import numpy as np
 import panel as pn
 import xarray as xr
+from bokeh.document import Document
+from panel.io.state import set_curdoc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,6 +152,22 @@ def release_memory() -> None:
     pn.state.on_session_destroyed(lambda session_context: _TRIMMER.schedule())
 
 
+@contextlib.contextmanager
+def outside_sessions():
+    """Within it, this thread runs outside every session, as a script does.
+
+    Bokeh's current document is one for the whole process: while the event loop runs any
+    session's callback (``bokeh.io.doc.patch_curdoc``), a worker thread sees that session's
+    document as ``pn.state.curdoc``. An explorer built on a worker then scheduled its
+    redraws on another session's document: when that session closed first, they never
+    ran, and the explorer's idle work (its sections below the fold, its maps sent ahead)
+    waited for them for good (one page in ten). Panel's current document here is a
+    document of no session.
+    """
+    with set_curdoc(Document()):
+        yield
+
+
 class Ahead(Generic[T]):
     """One object built ahead of time, on a worker thread, for the next caller to take.
 
@@ -161,8 +180,8 @@ class Ahead(Generic[T]):
     ----------
     build : callable
         ``() -> T``; called on the worker thread by :meth:`refill`, or by :meth:`take`
-        itself when nothing was built ahead. It must not need a session (no
-        ``pn.state.curdoc``): it runs outside any.
+        itself when nothing was built ahead. It must not need a session: on the worker
+        it runs outside every one (:func:`outside_sessions`).
     """
 
     def __init__(self, build: Callable[[], T]):
@@ -189,7 +208,8 @@ class Ahead(Generic[T]):
             self._next = self._worker.submit(self._build_and_trim)
 
     def _build_and_trim(self) -> T:
-        built = self._build()
+        with outside_sessions():
+            built = self._build()
         # what building freed, in the worker thread's own heap, goes back; no collection
         # (it would hold the interpreter while a page may be drawing), ctypes lets go of it
         trim_memory(collect=False)
