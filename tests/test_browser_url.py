@@ -199,10 +199,20 @@ def test_the_first_page_after_the_server_starts_says_what_it_builds(browser, art
             assert [m for m in console if m[0] in ("error", "pageerror")] == []
 
 
+# the notifications on the page (Panel's, in their shadow roots)
+TOASTS_JS = """() => { const out = []; const walk = (n) => { if (!n) return;
+  if (n.className && String(n.className).includes('notyf__toast')) out.push(n.innerText);
+  if (n.shadowRoot) walk(n.shadowRoot); for (const c of n.children || []) walk(c); };
+  walk(document.body); return out; }"""
+
+
 def test_a_link_with_a_refused_value_opens_with_the_rest_and_says_so(browser, demo_url):
     """``?sample=2&corrupted=nonsense``: Panel dropped every value of the link (the page
     opened on sample 0) and said nothing. Now the rest holds and the refused one is named
-    with its choices; a valid corrupted input (another sample, sample 5) is taken."""
+    with its choices, once (the browser handing the link over again as it connected had
+    it named twice), and the URL gives what the page shows (it kept the refused value: a
+    copied link reopened on the refusal); a valid corrupted input (another sample, sample
+    5) is taken."""
     link = "?sample=2&corrupted=nonsense&patching=true"
     with opened(browser, demo_url + link) as (page, console):
         page.wait_for_function(
@@ -216,6 +226,20 @@ def test_a_link_with_a_refused_value_opens_with_the_rest_and_says_so(browser, de
         assert title.startswith("sample 2, head 0"), title
         assert parse_qs(urlparse(page.url).query)["sample"] == ["2"]
         assert [m for m in console if m[0] == "pageerror"] == []
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:  # read at once: a notification goes after 8 s
+        page.goto(demo_url + "?sample=99&head=3", timeout=180_000)
+        page.wait_for_function(
+            "() => document.body.innerText.includes("
+            "'reading the link failed: sample=99: outside 0 to 31')",
+            timeout=60_000,
+        )
+        page.wait_for_function("() => new URLSearchParams(location.search).get('sample') === '0'")
+        assert parse_qs(urlparse(page.url).query)["head"] == ["3"]
+        page.wait_for_timeout(1500)  # a second notification would have come by now
+        assert len([t for t in page.evaluate(TOASTS_JS) if "reading the link" in t]) == 1
+    finally:
+        page.close()
     link = "?sample=3&corrupted=another+sample&other=5&patching=true"
     with opened(browser, demo_url + link) as (page, _console):
         page.wait_for_function(

@@ -550,3 +550,29 @@ def test_a_links_refused_value_is_named_and_the_others_hold():
     told.clear()
     apply_each(explorer, {"sample": 2}, AttentionExplorer.URL_PARAMS, later=told.append)
     assert explorer.sample == 2 and told == []  # nothing refused: nothing said
+
+
+def test_a_links_refused_value_leaves_the_url_and_is_named_once():
+    """The URL kept ``?sample=99`` over a page of sample 0 (a copied link reopened on the
+    refusal), and the browser, handing the link over again as it connected, had the
+    refusal named twice. The URL now gives the state's own value, and a refusal is named
+    once."""
+    from panel.io.location import Location
+
+    from attnpanel.app.url import apply_each
+
+    explorer = AttentionExplorer(make_trace(n_batch=3), head=1)
+    location = Location(search="?sample=99&head=3&stage=raw")
+    said, told = set(), []
+
+    def later(callback, *args):
+        told.append(callback.__name__)
+        callback(*args)
+
+    mapped = {"sample": 99, "head": 3, "stage": "raw"}
+    for _ in range(2):  # as the session is made, then as the browser connects
+        apply_each(explorer, mapped, AttentionExplorer.URL_PARAMS, later, location, said)
+    assert (explorer.sample, explorer.head, explorer.stage) == (0, 3, "raw")
+    assert location.query_params == {"sample": 0, "head": 3, "stage": "raw"}
+    assert told == ["show_in_url", "report", "show_in_url"]  # named once, shown each time
+    assert explorer.last_error == "reading the link failed: sample=99: outside 0 to 2"

@@ -188,5 +188,12 @@ class LayerExplorer(ExplorerState, Explorer):
         location = pn.state.location
         if location is not None:
             # Panel drops every value of a link when one is refused: apply them one by one
-            refused = partial(apply_each, self, arguments=self.URL_PARAMS, later=once_loaded)
+            refused = partial(
+                apply_each,
+                self,
+                arguments=self.URL_PARAMS,
+                later=once_loaded,
+                location=location,
+                said=set(),  # the browser hands the link over again as it connects
+            )
             location.sync(self, self.URL_PARAMS, on_error=refused)

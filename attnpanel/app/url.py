@@ -3,7 +3,9 @@
 - :func:`apply_each`: Panel's ``Location.sync`` applies a link's values together and, when
   one is refused, drops them all without a word (``?sample=2&corrupted=nonsense`` opened on
   sample 0). Here they are applied one at a time: the others hold, and each refused one is
-  named in a notification (and the state's ``last_error``).
+  named in a notification (and the state's ``last_error``), once: the browser hands the
+  link to the server again as it connects. The URL then says what the page shows (it kept
+  ``?sample=99`` over a page of sample 0: a copied link reopened on the refusal).
 - :class:`HeadsOffInUrl`: the heads switched off, ``?off=2,5`` (absent while every head is
   on). The state's ``enabled_heads`` stays the one truth; this mirrors its complement in
   the URL both ways, so a copied link reopens with the same heads off. A link naming a head
@@ -13,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 from urllib.parse import urlencode
 
 import panel as pn
@@ -49,16 +52,25 @@ def refusal(parameter: param.Parameter, value) -> str:
     return "not a value of this parameter"
 
 
-def apply_each(state: ExplorerState, mapped: dict, arguments: dict[str, str], later=None) -> None:
+def apply_each(
+    state: ExplorerState,
+    mapped: dict,
+    arguments: dict[str, str],
+    later=None,
+    location=None,
+    said: set | None = None,
+) -> None:
     """Apply a link's values (by parameter) one at a time, the layer first (a head is the
     layer's); name each one refused.
 
     ``arguments`` maps a parameter to its name in the URL; ``later(callback, *args)`` runs
     the notification once the page is loaded (:func:`once_loaded`). A value the state took
-    whose consequence failed is named with that failure's own words.
+    whose consequence failed is named with that failure's own words. With ``location``
+    (Panel's ``Location``), the URL then gives the state's own value in place of each one
+    refused; with ``said``, a refusal already in it is not named again (it is added).
     """
     later = later or (lambda callback, *args: callback(*args))
-    refused = []
+    refused, kept = [], []
     for name in sorted(mapped, key=lambda name: name != "layer"):
         value = mapped[name]
         try:
@@ -67,8 +79,32 @@ def apply_each(state: ExplorerState, mapped: dict, arguments: dict[str, str], la
             taken = getattr(state, name, None) == value
             why = str(err) if taken else refusal(state.param[name], value)
             refused.append(f"{arguments.get(name, name)}={value}: {why}")
-    if refused:
-        later(report, state, ValueError("; ".join(refused)), WHERE)
+            if not taken:
+                kept.append(name)
+    if kept and location is not None:
+        later(show_in_url, state, location, {name: arguments.get(name, name) for name in kept})
+    new = [words for words in refused if said is None or words not in said]
+    if said is not None:
+        said.update(new)
+    if new:
+        later(report, state, ValueError("; ".join(new)), WHERE)
+
+
+def url_value(parameter: param.Parameter, value) -> str:
+    """``value`` as Panel's ``Location.sync`` writes it in a URL."""
+    try:
+        value = parameter.serialize(value)
+    except Exception:  # noqa: BLE001, S110 - Panel writes the value itself then
+        pass
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def show_in_url(state: ExplorerState, location, names: dict[str, str]) -> None:
+    """Write the state's values of ``names`` (parameter -> its name in the URL) into the
+    URL: what the page shows, in place of a value it refused."""
+    location.update_query(
+        **{key: url_value(state.param[name], getattr(state, name)) for name, key in names.items()}
+    )
 
 
 class HeadsOffInUrl:
