@@ -176,6 +176,41 @@ def test_a_sample_changed_by_the_keyboard_keeps_no_range_of_the_sample_before(
         assert [m for m in console if m[0] in ("error", "pageerror")] == []
 
 
+LEGEND_JS = """() => { const m = attn.plot('sample ').model;
+  const legend = m.center.concat(m.right).find((x) => x.type === 'Legend');
+  return {end: m.y_range.end,
+          items: legend.items.filter((i) => i.visible).map((i) => i.label.value)};
+}"""
+HIDE_FROM_LEGEND_JS = """(label) => { const m = attn.plot('sample ').model;
+  const legend = m.center.concat(m.right).find((x) => x.type === 'Legend');
+  legend.items.find((i) => i.label.value === label).renderers[0].visible = false; }"""
+
+
+def test_the_legend_offers_only_curves_of_the_shown_sample_and_refits_the_axis(
+    browser, artifacts, demo_url
+):
+    """Appliance power switched off, another sample: the legend offered the appliances'
+    curves still, and showing one drew the first sample's (sample 0's fridge beside sample
+    3's power). They now leave the legend with their curves. A curve hidden from the legend
+    refits the power axis (shown again, one was drawn beyond an axis fitted without it)."""
+    with opened(browser, demo_url) as (page, console):
+        assert "fridge" in page.evaluate(LEGEND_JS)["items"]
+        click_checkbox(page, "show appliance power")
+        page.wait_for_function(f"() => !({LEGEND_JS})().items.includes('fridge')")
+        page.evaluate("attn.widget('Sample').value = 3")
+        page.wait_for_function("() => attn.plot('sample ').model.title.text.startsWith('sample 3')")
+        page.wait_for_timeout(500)
+        assert page.evaluate(LEGEND_JS)["items"] == ["selected query's weights", "aggregate power"]
+        click_checkbox(page, "show appliance power")
+        page.wait_for_function(f"() => ({LEGEND_JS})().items.includes('fridge')")
+        page.wait_for_timeout(500)
+        before = page.evaluate(LEGEND_JS)["end"]
+        page.evaluate(HIDE_FROM_LEGEND_JS, "aggregate power")  # what the legend's click does
+        page.wait_for_function(f"(before) => ({LEGEND_JS})().end < 0.95 * before", arg=before)
+        shot(page, artifacts, "legend_refits")
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
 def test_the_first_page_after_the_server_starts_says_what_it_builds(browser, artifacts):
     """A fresh server's first page shows at once that it builds the demo, step by step
     (it was a blank tab for the 10 to 15 s the demo takes), then the explorer with the

@@ -199,6 +199,51 @@ def test_show_reference_hides_their_curves(explorer):
     assert all(found[k][0]["glyph_renderer"].visible for k in reference)
 
 
+def test_a_curve_switched_off_leaves_the_legend_and_the_legend_refits_the_axis(explorer, trace):
+    """A reference series switched off is no longer written: its legend entry showed it
+    again, the sample it was drawn for over another sample (the demo: sample 0's fridge
+    beside sample 3's power). It now leaves the legend with its curve. And a curve hidden or
+    shown from the legend (in the browser) refits the value axis: one shown again was drawn
+    beyond an axis fitted without it."""
+    from attnpanel.render.axes import CHART_PAD, DRAWN_EXTENT, LEGEND_ITEM
+
+    found = explorer.engine.plots("sequence")
+    curves = {k.label: found[k][0] for k in found if k.group == "Sequence"}
+    reference = [h for label, h in curves.items() if label != "aggregate power"]
+    assert all(h[LEGEND_ITEM].visible for h in curves.values())
+    explorer.show_reference = False
+    assert not any(h[LEGEND_ITEM].visible for h in reference)
+    explorer.sample = 1  # the hidden curves keep sample 0: not in the legend to be shown
+    assert not any(h[LEGEND_ITEM].visible for h in reference)
+    assert curves["aggregate power"][LEGEND_ITEM].visible
+    explorer.show_reference = True  # written again, for sample 1, and in the legend again
+    assert all(h[LEGEND_ITEM].visible for h in reference)
+    truth = trace["truth"].isel(batch=1, series=0).values
+    assert any(np.array_equal(h["source"].data["signal"], truth) for h in reference)
+
+    signal = curves["aggregate power"]
+    y_range = signal["plot"].y_range  # (the range the server writes, render/axes.py)
+
+    def fitted():  # the rule: the shown layers' extents, 6 % of their span beyond each end
+        shown = [
+            h[DRAWN_EXTENT][0]
+            for handles in found.values()
+            for h in handles
+            if h.get("glyph_renderer") is not None
+            and h["glyph_renderer"].visible
+            and h[DRAWN_EXTENT][0] is not None
+        ]
+        lo, hi = min(e[0] for e in shown), max(e[1] for e in shown)
+        return pytest.approx((lo - CHART_PAD * (hi - lo), hi + CHART_PAD * (hi - lo)))
+
+    with_signal = (y_range.start, y_range.end)
+    assert with_signal == fitted()
+    signal["glyph_renderer"].visible = False  # the legend's click, from the browser
+    assert (y_range.start, y_range.end) == fitted() != with_signal
+    signal["glyph_renderer"].visible = True
+    assert (y_range.start, y_range.end) == pytest.approx(with_signal)
+
+
 def test_player_and_colormap(explorer):
     explorer.widgets["player"].value = 0
     assert explorer.stage == "raw"

@@ -73,6 +73,7 @@ def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD
 
 FIXED_AXES = "fixed axes"  # a layer's handles: the axes its figure was drawn with fixed
 DRAWN_EXTENT = "extent"  # a layer's handles: what it draws, (values, clock), kept for its figure
+LEGEND_ITEM = "legend item"  # a layer's handles: its entry in its figure's legend
 
 
 def extents_of(layer) -> tuple:
@@ -101,6 +102,29 @@ def fit_chart(fig, handles) -> None:
     times = [e[1] for e in shown if e[1] is not None]
     if times and "x" not in fixed:  # a new sample covers other hours: unpadded
         fit_axis(fig, "x", (min(e[0] for e in times), max(e[1] for e in times)), pad=0.0)
+
+
+def follow_legend(fig, handles) -> None:
+    """Fit ``fig``'s axes again (:func:`fit_chart`) whenever one of its layers is shown or
+    hidden, from its legend in the browser too: a curve shown again from the legend was
+    drawn beyond an axis fitted without it, until the next state."""
+
+    def refit(attr, old, new) -> None:
+        fit_chart(fig, handles)
+
+    for h in handles:
+        if LEGEND_ITEM in h:
+            h["glyph_renderer"].on_change("visible", refit)
+
+
+def shown_by_server(handles, shown: bool) -> None:
+    """Show or hide a layer the server draws, and its legend entry with it: a layer the
+    server hides is no longer written (a reference series switched off keeps the sample it
+    was drawn for), and its legend entry showed it again, another sample's, over this one."""
+    handles["glyph_renderer"].visible = shown
+    item = handles.get(LEGEND_ITEM)
+    if item is not None:
+        item.visible = shown
 
 
 def axis_number(value) -> float:

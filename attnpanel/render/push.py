@@ -13,7 +13,13 @@ import holoviews as hv
 import numpy as np
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import DRAWN_EXTENT, axis_number, extents_of, fit_chart
+from attnpanel.render.axes import (
+    DRAWN_EXTENT,
+    axis_number,
+    extents_of,
+    fit_chart,
+    shown_by_server,
+)
 from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
 from attnpanel.render.figures import table_html
 
@@ -51,7 +57,7 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
                 handles[DRAWN_EXTENT] = extents_of(layer)
             figure = handles["plot"]
             if "glyph_renderer" in handles:
-                handles["glyph_renderer"].visible = True
+                shown_by_server(handles, True)
             figures[id(figure)] = figure
     # Reference curves switched off are hidden, but only by a redraw of the curves
     # themselves: the query marker shares their pane and must not hide them.
@@ -59,7 +65,7 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
     for key, found in drawn.items():
         if redrawn_sequence and key.group == "Sequence" and key not in present:
             for handles in found:
-                handles["glyph_renderer"].visible = False
+                shown_by_server(handles, False)
     every = [handles for found in drawn.values() for handles in found]
     for figure in figures.values():
         if title:
