@@ -4,7 +4,6 @@ which other views wait for, never stops; outside a worker's scope nothing change
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 
@@ -12,8 +11,8 @@ import numpy as np
 import panel as pn
 import pytest
 import torch
-from bokeh.document import Document
 from panel.io.state import set_curdoc
+from session_doc import SessionDocument
 
 from attnpanel.app.background import Background
 from attnpanel.kernels import masks, tiles
@@ -78,27 +77,8 @@ def test_a_stored_overview_is_computed_to_its_end_even_when_its_caller_is_supers
     np.testing.assert_array_equal(found.max, expected.max)
 
 
-class _ServedDocument(Document):
-    """A Document that acts as a served session's: what a worker hands back to the event
-    loop is queued here for the test to run, as Tornado would."""
-
-    def __init__(self):
-        super().__init__()
-        self.loop = queue.SimpleQueue()
-
-    @property
-    def session_context(self):
-        return self  # anything but None: a live session
-
-    def add_next_tick_callback(self, callback):
-        self.loop.put(callback)
-
-    def add_timeout_callback(self, callback, timeout_milliseconds):
-        self.loop.put(callback)
-
-
 def test_a_refinement_superseded_while_it_runs_stops_and_only_the_newest_is_drawn():
-    doc = _ServedDocument()
+    doc = SessionDocument()
     background = Background(pn.pane.HTML(visible=False), threads=2)
     started, steps, drawn, failed = threading.Event(), [], [], []
 

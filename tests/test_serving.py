@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 import xarray as xr
 from bokeh.document import Document
 from served_app import ROOT, free_port
+from session_doc import SessionDocument
 from test_explorer import make_trace
 from zoo import build_torch_transformer
 
@@ -267,28 +267,6 @@ def test_ahead_builds_again_where_the_worker_failed(caplog):
     assert calls[1] == threading.current_thread().name
 
 
-class _SessionDocument(Document):
-    """A document of a live session: what is scheduled on it is queued, never run."""
-
-    def __init__(self):
-        super().__init__()
-        self.scheduled = queue.SimpleQueue()
-
-    @property
-    def session_context(self):
-        return self  # anything but None: a live session
-
-    @property
-    def request(self):  # the request that opened it (Panel reads its URL's arguments)
-        return types.SimpleNamespace(arguments={"head": [b"5"]})
-
-    def add_next_tick_callback(self, callback):
-        self.scheduled.put(callback)
-
-    def add_timeout_callback(self, callback, timeout_milliseconds):
-        self.scheduled.put(callback)
-
-
 def test_an_explorer_built_ahead_while_another_session_runs_belongs_to_no_session():
     """Bokeh's current document is one for the whole process: while the event loop runs a
     session's callback (``patch_curdoc``, as Bokeh wraps every one), a worker thread saw
@@ -300,7 +278,7 @@ def test_an_explorer_built_ahead_while_another_session_runs_belongs_to_no_sessio
 
     from attnpanel.app.scheduler import served_doc
 
-    other = _SessionDocument()
+    other = SessionDocument(arguments={"head": [b"5"]})
     trace = make_trace()
     seen = []
 
@@ -317,7 +295,7 @@ def test_an_explorer_built_ahead_while_another_session_runs_belongs_to_no_sessio
         explorer = ahead.take()
     [(curdoc, served)] = seen
     assert served is None and curdoc is not other and curdoc.session_context is None
-    assert other.scheduled.empty()  # nothing of it went to the other session
+    assert other.loop.empty()  # nothing of it went to the other session
     assert np.isnan(explorer.drawn()[0, 1:]).all()  # the change was drawn: causal
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import holoviews as hv
 import numpy as np
-from bokeh.models import Range1d
+from bokeh.models import LegendItem, Range1d
 
 from attnpanel.render.elements import Raster
 
@@ -102,6 +102,14 @@ def fit_chart(fig, handles) -> None:
     times = [e[1] for e in shown if e[1] is not None]
     if times and "x" not in fixed:  # a new sample covers other hours: unpadded
         fit_axis(fig, "x", (min(e[0] for e in times), max(e[1] for e in times)), pad=0.0)
+
+
+def legend_entry(handles, label: str, renderers: list) -> LegendItem:
+    """A layer's entry in its figure's legend, kept in its handles (:data:`LEGEND_ITEM`),
+    shown as the layer is (:func:`shown_by_server`)."""
+    visible = handles["glyph_renderer"].visible
+    handles[LEGEND_ITEM] = item = LegendItem(label=label, renderers=renderers, visible=visible)
+    return item
 
 
 def follow_legend(fig, handles) -> None:

@@ -32,7 +32,6 @@ from bokeh.models import (
     HoverTool,
     InlineStyleSheet,
     Legend,
-    LegendItem,
     LinearColorMapper,
     PrintfTickFormatter,
     Range1d,
@@ -45,15 +44,8 @@ from bokeh.plotting import figure as bokeh_figure
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.readouts.raster import image_limits, scale_title
-from attnpanel.render.axes import (
-    DRAWN_EXTENT,
-    FIXED_AXES,
-    LEGEND_ITEM,
-    axis_number,
-    extents_of,
-    fit_chart,
-    follow_legend,
-)
+from attnpanel.render import axes
+from attnpanel.render.axes import DRAWN_EXTENT, FIXED_AXES, axis_number, extents_of, fit_chart
 from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
@@ -241,10 +233,7 @@ def draw(
             swatch = LEGEND_SWATCH.get((type(layer).__name__, layer.group))
             if swatch is not None:  # a square of no area on the plot: the legend's swatch
                 renderers.insert(0, legend_swatch(fig, swatch))
-            handles[LEGEND_ITEM] = item = LegendItem(
-                label=layer.label, renderers=renderers, visible=handles["glyph_renderer"].visible
-            )
-            legend_items.append(item)
+            legend_items.append(axes.legend_entry(handles, layer.label, renderers))
     for renderer in fig.renderers:
         # nothing here is ever selected or muted (legends hide): no glyphs for those
         renderer.nonselection_glyph = renderer.muted_glyph = None
@@ -279,7 +268,7 @@ def draw(
         handles[FIXED_AXES] = frozenset(fixed)
     fit_chart(fig, [h for _, h in found])  # the rule of every later state (push.write)
     if legend_items:
-        follow_legend(fig, [h for _, h in found])
+        axes.follow_legend(fig, [h for _, h in found])
         fig.add_layout(
             Legend(
                 items=legend_items,
