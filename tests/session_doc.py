@@ -22,10 +22,15 @@ class SessionDocument(Document):
         super().__init__()
         self.loop = queue.SimpleQueue()
         self.arguments = arguments or {}
+        self.connection_count = 1  # the browsers that hold its page (Bokeh's ServerSession)
 
     @property
     def session_context(self):
         return self  # anything but None: a live session
+
+    @property
+    def session(self):  # Bokeh's ServerSession (its connections)
+        return self
 
     @property
     def request(self):  # the request that opened it (Panel reads its URL's arguments)
