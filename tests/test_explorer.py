@@ -242,6 +242,16 @@ def test_a_curve_switched_off_leaves_the_legend_and_the_legend_refits_the_axis(e
     assert (y_range.start, y_range.end) == fitted() != with_signal
     signal["glyph_renderer"].visible = True
     assert (y_range.start, y_range.end) == pytest.approx(with_signal)
+    # hidden from the legend, a curve stays hidden in the next sample (a push brought it
+    # back), in the legend to be shown again, and out of the axis' fit
+    signal["glyph_renderer"].visible = False
+    explorer.sample = 0
+    assert not signal["glyph_renderer"].visible and signal[LEGEND_ITEM].visible
+    assert (y_range.start, y_range.end) == fitted()
+    explorer.show_reference = False  # the others switched off and on: it stays hidden
+    explorer.show_reference = True
+    assert not signal["glyph_renderer"].visible
+    assert all(h["glyph_renderer"].visible and h[LEGEND_ITEM].visible for h in reference)
 
 
 def test_player_and_colormap(explorer):

@@ -128,9 +128,14 @@ def follow_legend(fig, handles) -> None:
 def shown_by_server(handles, shown: bool) -> None:
     """Show or hide a layer the server draws, and its legend entry with it: a layer the
     server hides is no longer written (a reference series switched off keeps the sample it
-    was drawn for), and its legend entry showed it again, another sample's, over this one."""
-    handles["glyph_renderer"].visible = shown
+    was drawn for), and its legend entry showed it again, another sample's, over this one.
+
+    A layer the user hid from its legend stays hidden when the server shows it again (a
+    new sample brought every hidden curve back), and stays in the legend to be shown."""
     item = handles.get(LEGEND_ITEM)
+    renderer = handles["glyph_renderer"]
+    hidden_by_user = item is not None and item.visible and not renderer.visible
+    renderer.visible = shown and not hidden_by_user
     if item is not None:
         item.visible = shown
 
