@@ -242,9 +242,29 @@ def open_app(browser, url: str, console: list, timeout_ms: int = 180_000, before
         timeout=timeout_ms,
     )
     page.evaluate(HELPERS_JS)
-    page.wait_for_function(RENDERED_JS, timeout=timeout_ms)
+    try:
+        page.wait_for_function(RENDERED_JS, timeout=timeout_ms)
+    except Exception as err:  # say which part of "rendered" never came, and what the page said
+        raise AssertionError(f"{url} never rendered: {not_rendered(page)}; {console}") from err
     page.wait_for_timeout(1000)  # let the first WebGL frames land
     return page
+
+
+def not_rendered(page) -> dict:
+    """Which parts of :data:`RENDERED_JS` hold on ``page`` (for a failure's message)."""
+    parts = {
+        "top view laid out": "attn.plot('sample').canvas_view.bbox.width > 0",
+        "document idle": "Bokeh.documents[0].is_idle",
+        "every section in place": f"({LATER_JS})()",
+    }
+    found = {}
+    for name, js in parts.items():
+        try:
+            answer = f"() => {{ try {{ return {js}; }} catch (e) {{ return String(e); }} }}"
+            found[name] = page.evaluate(answer)
+        except Exception as err:  # noqa: BLE001 - a page that cannot answer says so
+            found[name] = f"no answer: {err}"
+    return found
 
 
 @contextlib.contextmanager
