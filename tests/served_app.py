@@ -150,9 +150,16 @@ LATER_JS = (
     " for (const c of (v.child_views || [])) walk(c); };"
     " for (const r of Object.values(Bokeh.index)) walk(r); return !left; }"
 )
+# what "rendered" is made of, by name (a page that never renders says which never came)
+RENDERED_PARTS = {
+    "top view laid out": "attn.plot('sample').canvas_view.bbox.width > 0",
+    "document idle": "Bokeh.documents[0].is_idle",
+    "every section in place": f"({LATER_JS})()",
+}
 RENDERED_JS = (
-    "() => { try { const p = attn.plot('sample'); return p.canvas_view.bbox.width > 0 "
-    f"&& Bokeh.documents[0].is_idle && ({LATER_JS})(); }} catch (e) {{ return false; }} }}"
+    "() => { try { return "
+    + " && ".join(f"({js})" for js in RENDERED_PARTS.values())
+    + "; } catch (e) { return false; } }"
 )
 
 
@@ -252,13 +259,8 @@ def open_app(browser, url: str, console: list, timeout_ms: int = 180_000, before
 
 def not_rendered(page) -> dict:
     """Which parts of :data:`RENDERED_JS` hold on ``page`` (for a failure's message)."""
-    parts = {
-        "top view laid out": "attn.plot('sample').canvas_view.bbox.width > 0",
-        "document idle": "Bokeh.documents[0].is_idle",
-        "every section in place": f"({LATER_JS})()",
-    }
     found = {}
-    for name, js in parts.items():
+    for name, js in RENDERED_PARTS.items():
         try:
             answer = f"() => {{ try {{ return {js}; }} catch (e) {{ return String(e); }} }}"
             found[name] = page.evaluate(answer)
