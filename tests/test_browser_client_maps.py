@@ -9,37 +9,14 @@ other views follow.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
+from client_cache import Frames, idle_cache, layers_js, sent_no_data
 from served_app import HELD_JS, PAGE_TEXT_JS, open_app, opened, shot
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
-# The matrix's two image layers: the server's (main) and the browser's (cached levels).
-LAYERS_JS = f"""
-() => {{
-  const pv = ({MATRIX})();
-  const images = pv.model.renderers.filter((r) => r.glyph && r.glyph.type === "Image");
-  const level = images.find((r) => r.name === "cached levels");
-  const main = images.find((r) => r !== level);
-  // what a person sees: the canvas over the page's white (its transparent edge's alpha
-  // varies with how often it was painted)
-  const {{ data }} = attn.pixels(pv);
-  let seen = 2166136261 >>> 0;
-  for (let i = 0; i < data.length; i += 4) {{
-    const alpha = data[i + 3] / 255;
-    for (let c = 0; c < 3; c++) {{
-      const value = Math.round(data[i + c] * alpha + 255 * (1 - alpha));
-      seen = Math.imul(seen ^ value, 16777619) >>> 0;
-    }}
-  }}
-  return {{ main_source: main.data_source.id, main: main.visible, level: level.visible,
-           title: pv.model.title.text, hash: attn.hash(pv), seen }};
-}}
-"""
-DATA_EVENTS = ("ColumnDataChanged", "ColumnsStreamed", "ColumnsPatched")
-CACHED_JS = f"() => ({HELD_JS})('__cached')"  # the maps the page holds
+LAYERS_JS = layers_js(MATRIX)
 ROWS_JS = f"() => ({HELD_JS})('__rows')"  # the heads' weights it holds
 # (widget title, the value a user's choice gives its page model, URL argument and value)
 CHANGES = [
@@ -48,37 +25,6 @@ CHANGES = [
     ("Mask", "causal", ("mask", "causal")),
     ("Head", "mean", ("head", "mean")),
 ]
-
-
-class Frames:
-    """Every websocket frame of a page, both ways (text frames only: a Bokeh message's
-    header and content are text, its buffers binary)."""
-
-    def __init__(self):
-        self.received: list = []
-        self.sent: list = []
-
-    def listen(self, page) -> None:
-        def on_socket(ws):
-            ws.on("framereceived", lambda f: self.received.append(f))
-            ws.on("framesent", lambda f: self.sent.append(f))
-
-        page.on("websocket", on_socket)
-
-    def mark(self) -> tuple[int, int]:
-        return len(self.received), len(self.sent)
-
-
-def idle_cache(page, least: int) -> int:
-    """Wait until the page holds at least ``least`` maps and no more arrive for 0.6 s."""
-    page.wait_for_function(f"() => ({CACHED_JS})() >= {least}", timeout=60_000)
-    count = page.evaluate(CACHED_JS)
-    while True:
-        page.wait_for_timeout(600)
-        now = page.evaluate(CACHED_JS)
-        if now == count:
-            return count
-        count = now
 
 
 def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixels(
@@ -101,19 +47,10 @@ def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixel
             after = page.evaluate(LAYERS_JS)
             assert after["level"] and not after["main"], (title, value, after)
             # no image from the server: nothing it sent names the matrix's source
-            source = f'"id":"{after["main_source"]}"'
-            replies = [f for f in frames.received[received:] if isinstance(f, str)]
-            assert not any(source in f for f in replies), (title, value)
+            assert frames.named(received, after["main_source"]) == [], (title, value)
             # the browser sent the change, and no data (Bokeh's own layout and ranges aside)
-            events = [
-                event
-                for f in frames.sent[sent:]
-                if isinstance(f, str) and f.startswith('{"events"')
-                for event in json.loads(f)["events"]
-            ]
-            changed = [event.get("attr", event["kind"]) for event in events]
-            assert changed.count("value") == 1, (title, value, events)
-            assert not {"data", *DATA_EVENTS} & set(changed), (title, value, events)
+            events = frames.events(sent)
+            assert sent_no_data(events), (title, value, events)
             # the other views follow on the server: the query's weights name the head
             bars = page.evaluate("attn.plot('weights of query').model.title.text")
             head = page.evaluate("new URLSearchParams(location.search).get('head')")

@@ -4,7 +4,10 @@ The long demo is built once into a temporary cache (one day here, L = 1,440, so 
 test stays short; the page is the same at 45 days), then served. The page must read right
 at 1280 and 1600 px, draw the stored overview, let a click pick a query (its row and top
 keys follow) and a wheel zoom re-rasterize the window from q, k and lse: the pixels the
-browser holds equal the window recomputed from the stored trace.
+browser holds equal the window recomputed from the stored trace. A head change whose map
+was sent ahead is drawn by the browser (no image from the server), with the pixels a page
+opened on that head draws from the server's image; a zoomed window's heads follow once
+sent, and a mask whose overviews are not computed goes to the server.
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ import sys
 import numerics
 import numpy as np
 import pytest
-from served_app import PAGE_TEXT_JS, free_port, image_js, opened, page_widths, serving, shot
+from client_cache import CACHED_JS, Frames, idle_cache, layers_js, sent_no_data
+from served_app import (
+    PAGE_TEXT_JS,
+    free_port,
+    image_js,
+    open_app,
+    opened,
+    page_widths,
+    serving,
+    shot,
+)
 
 from attnpanel.nilm.demo import stored_long_demo
 from attnpanel.traces import io, virtual
@@ -26,15 +39,20 @@ IMAGE_JS = image_js("sample 0, head")
 
 
 @pytest.fixture(scope="module")
-def served(browser, tmp_path_factory):
+def server(tmp_path_factory):
+    """The long demo's server: its page's URL and the demo's cache."""
     cache = tmp_path_factory.mktemp("long-demo")
     port = free_port()
     cmd = [sys.executable, "-m", "attnpanel", "serve", "--demo", "long", "--days", str(DAYS)]
     cmd += ["--cache", str(cache), "--port", str(port)]
-    with (
-        serving(cmd, port, f"http://localhost:{port}/attnpanel", timeout=400) as (url, _),
-        opened(browser, url) as page_console,
-    ):
+    with serving(cmd, port, f"http://localhost:{port}/attnpanel", timeout=400) as (url, _):
+        yield url, cache
+
+
+@pytest.fixture(scope="module")
+def served(browser, server):
+    url, cache = server
+    with opened(browser, url) as page_console:
         yield (*page_console, cache)
 
 
@@ -99,3 +117,88 @@ def test_a_click_picks_a_query_and_a_wheel_zooms_to_exact_cells(served, artifact
     logits = numerics.trace_logits(ds)
     numerics.assert_kernels_agree(drawn[~blocked], expected[~blocked], logits=logits)
     assert [m for m in console if m[0] in ("error", "pageerror", "dialog")] == []
+
+
+MATRIX = "() => attn.plot('sample 0, head')"
+LAYERS_JS = layers_js(MATRIX)
+
+
+def _browser_drew(page, frames: Frames, title: str, value: str, argument: str) -> dict:
+    """Change a widget; assert the browser drew the map from its cache (no image from the
+    server, no data sent) and the URL followed; return the map's layers as shown."""
+    received, sent = frames.mark()
+    before = page.evaluate(LAYERS_JS)
+    page.evaluate(f"attn.widget({title!r}).value = {value!r}")
+    page.evaluate(f"(h) => attn.until_changed(({MATRIX})(), h)", before["hash"])
+    page.wait_for_function(
+        f"() => new URLSearchParams(location.search).get({argument!r}) === {value!r}"
+    )
+    page.wait_for_timeout(500)  # what the server sends for the other views lands
+    after = page.evaluate(LAYERS_JS)
+    assert after["level"] and not after["main"], (title, value, after)
+    assert frames.named(received, after["main_source"]) == [], (title, value)
+    events = frames.events(sent)
+    assert sent_no_data(events), (title, value, events)
+    return after
+
+
+def test_a_head_whose_map_was_sent_ahead_is_drawn_by_the_browser_as_the_server_draws_it(
+    browser, server, artifacts
+):
+    url, _ = server
+    frames, console = Frames(), []
+    page = open_app(browser, url, console, before=frames.listen)
+    try:
+        assert idle_cache(page, 8) == 8  # every head's stored overview (the own mask's)
+        shown = {}
+        for head in ("2", "5", "3"):  # (head 0: the server's own image, shown as drawn)
+            after = _browser_drew(page, frames, "Head", head, "head")
+            assert after["title"].startswith(f"sample 0, head {head}, mask diagonal")
+            shown[head] = after
+            # the other views follow on the server: the query's row names the head
+            row = page.evaluate("attn.plot('query ').model.title.text")
+            assert f"head {head}" in row, row
+        # a mask whose overviews are not computed: the server draws it
+        received, _ = frames.mark()
+        page.evaluate("attn.widget('Mask').value = 'causal'")
+        page.wait_for_function(
+            f"() => ({MATRIX})().model.title.text.includes('mask causal')", timeout=60_000
+        )
+        page.wait_for_timeout(300)
+        drawn = page.evaluate(LAYERS_JS)
+        assert drawn["main"] and not drawn["level"]
+        assert frames.named(received, drawn["main_source"]) != []
+        page.evaluate("attn.widget('Mask').value = 'diagonal'")
+        page.wait_for_function(
+            f"() => ({MATRIX})().model.title.text.includes('mask diagonal')", timeout=60_000
+        )
+        # zoomed: the window's maps of the other heads follow once sent
+        page.set_viewport_size({"width": 1600, "height": 1300})
+        point = page.evaluate(f"attn.frame_point(({MATRIX})(), 0.5, 0.5)")
+        page.mouse.move(point["x"], point["y"])
+        for _ in range(3):
+            page.mouse.wheel(0, -240)
+            page.wait_for_timeout(60)
+        page.mouse.move(0, 0)
+        page.wait_for_function(
+            f"() => !({MATRIX})().model.title.text.includes('(overview)')", timeout=30_000
+        )
+        idle_cache(page, 8)  # the window's eight heads (a new window empties the cache)
+        window = page.evaluate(f"(({MATRIX})().model.x_range.start)")
+        zoomed = _browser_drew(page, frames, "Head", "1", "head")
+        assert zoomed["title"].startswith("sample 0, head 1, mask diagonal")
+        assert "(this window)" in zoomed["title"] or "every cell" in zoomed["title"]
+        assert page.evaluate(f"(({MATRIX})().model.x_range.start)") == window
+        shot(page, artifacts, "long_demo_head_in_browser_1600")
+        assert [m for m in console if m[0] in ("error", "pageerror", "dialog")] == []
+    finally:
+        page.close()
+    # the same heads opened from their links: drawn from the server's own images
+    for head, seen in shown.items():
+        with opened(browser, f"{url}?head={head}") as (fresh, fresh_console):
+            exact = fresh.evaluate(LAYERS_JS)
+            assert exact["main"] and not exact["level"]
+            assert exact["title"] == seen["title"]
+            assert exact["seen"] == seen["seen"], head
+            assert fresh.evaluate(CACHED_JS) >= 0
+            assert [m for m in fresh_console if m[0] in ("error", "pageerror")] == []

@@ -114,3 +114,50 @@ def test_a_refinement_superseded_while_it_runs_stops_and_only_the_newest_is_draw
     # the first stopped at its next check instead of running its 2000 steps (10 s)
     assert len(steps) < 2000
     assert took < 5, took
+
+
+def test_work_done_ahead_never_shows_the_busy_indicator_and_a_dropped_job_is_not_drawn():
+    """A map sent ahead (quiet) is not work the user waits for: the busy indicator stays
+    hidden however long it takes. A job dropped while it runs (the browser drew that change
+    itself) hands back nothing to draw."""
+    doc = SessionDocument()
+    indicator = pn.pane.HTML(visible=False)
+    background = Background(indicator, threads=2)
+    drawn, failed = [], []
+
+    def slow(name: str, release: threading.Event):
+        def compute():
+            release.wait(10)
+            return name
+
+        return compute
+
+    def run_loop(arrivals: int) -> None:
+        while arrivals:
+            callback = doc.loop.get(timeout=10)
+            arrivals -= getattr(callback, "func", callback).__name__ == "_arrived"
+            callback()
+
+    try:
+        ahead, matrix = threading.Event(), threading.Event()
+        with set_curdoc(doc):
+            background.run(
+                [("ahead", slow("ahead", ahead), drawn.append)], failed.append, quiet=True
+            )
+        time.sleep(0.4)  # longer than IN_FLIGHT_BUSY_S
+        assert background.in_flight == 0 and doc.loop.empty()  # no indicator is due
+        ahead.set()
+        run_loop(1)
+        assert drawn == ["ahead"] and indicator.visible is False
+        with set_curdoc(doc):
+            background.run([("matrix", slow("matrix", matrix), drawn.append)], failed.append)
+            assert background.in_flight == 1
+            background.drop("matrix")  # the browser drew the change itself
+        matrix.set()
+        run_loop(1)
+    finally:
+        background.close()
+    assert drawn == ["ahead"]  # the dropped one is not drawn
+    assert failed == []
+    assert background.in_flight == 0
+    assert indicator.visible is False

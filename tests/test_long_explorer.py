@@ -26,7 +26,8 @@ from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import build_mask
 from attnpanel.readouts import windows
 from attnpanel.readouts.raster import raster_values
-from attnpanel.render.elements import PlotKey
+from attnpanel.render.client_maps import palette_index
+from attnpanel.render.elements import MAP_KEY, PlotKey
 from attnpanel.traces import overviews, virtual
 from attnpanel.traces.build import trace
 from attnpanel.traces.stages import masked_cells, recompute_weights
@@ -419,3 +420,63 @@ def test_the_long_page_saves_what_it_shows_from_the_overviews_it_drew(pair, tmp_
     assert path.stat().st_size <= 5_000_000
     text = path.read_text("utf-8")
     assert "sample 1" in text and '"value":345' in text.replace(" ", "")
+
+
+def _levels(values: np.ndarray, explorer) -> np.ndarray:
+    """The palette index each cell is painted with, on ``explorer``'s matrix's scale."""
+    mapper = explorer.engine.handles("matrix", MAP_KEY)[0]["color_mapper"]
+    return palette_index(values, mapper.low, mapper.high, len(mapper.palette))
+
+
+def _bar_title(explorer) -> str:
+    return explorer.engine.handles("matrix", MAP_KEY)[0]["colorbar"].title
+
+
+def test_a_heads_map_sent_ahead_is_drawn_by_the_browser_in_the_servers_colours(pair):
+    """Once idle, every head's map of the shown window goes ahead (its overview at hand);
+    a head change then writes no image, and the browser paints each cell the colour the
+    server's own image of that head gets; a mask whose overviews are not computed waits
+    for the user, and the server draws it."""
+    _, lazy = pair
+    explorer = LongExplorer(lazy)
+    explorer.__panel__()
+    prefetch = explorer.sections["matrix"].prefetch
+    main = explorer.engine.handles("matrix", MAP_KEY)[0]["source"]
+    first_bar = _bar_title(explorer)
+    explorer.engine.finish_idle()
+    assert prefetch.sent == 4  # the four heads under the trace's own mask
+    image = main.data["image"][0]
+    explorer.head = 2
+    assert main.data["image"][0] is image  # no image written: the browser draws it
+    served = LongExplorer(lazy, head=2)
+    served.__panel__()
+    assert explorer.engine.title("matrix") == served.engine.title("matrix")
+    assert _bar_title(explorer) == _bar_title(served) == first_bar  # the same words
+    exact = served.drawn()
+    np.testing.assert_array_equal(_levels(explorer.drawn(), served), _levels(exact, served))
+    np.testing.assert_array_equal(np.isnan(explorer.drawn()), np.isnan(exact))
+    # another mask: its overviews are not at hand, nothing went ahead; the server draws it
+    explorer.mask = "causal"
+    assert main.data["image"][0] is not image
+    assert "mask causal" in explorer.engine.title("matrix")
+
+
+def test_a_refined_windows_heads_go_ahead_as_the_server_draws_them_last(pair, monkeypatch):
+    """Zoomed over EXACT_CELLS, the server draws the overview's blocks, then the window's
+    own pixels: what goes ahead for the other heads is the latter."""
+    monkeypatch.setattr(windows, "EXACT_CELLS", 100 * 100)
+    _, lazy = pair
+    window = ((-0.5, 349.5), (-0.5, 349.5))
+    explorer = LongExplorer(lazy)
+    explorer.__panel__()
+    explorer.linked.zoom(*window)
+    explorer.engine.finish_idle()
+    assert explorer.sections["matrix"].prefetch.sent == 4
+    explorer.head = 3
+    served = LongExplorer(lazy, head=3)
+    served.__panel__()
+    served.linked.zoom(*window)
+    assert "every cell" in served.engine.title("matrix")
+    assert explorer.engine.title("matrix") == served.engine.title("matrix")
+    exact = served.drawn()
+    np.testing.assert_array_equal(_levels(explorer.drawn(), served), _levels(exact, served))

@@ -75,6 +75,7 @@ class Background:
         jobs: Sequence[tuple[Hashable, Callable, Callable]],
         failed: Callable[[Hashable, BaseException], None],
         refine: bool = False,
+        quiet: bool = False,
     ) -> None:
         """Compute each job's ``compute()`` on the workers and call its ``draw(result)``.
 
@@ -89,6 +90,9 @@ class Background:
         refine : bool
             Slow refinements of views already drawn: one at a time on a worker of their
             own, skipped if their view changed before their turn.
+        quiet : bool
+            Work done ahead of the user (maps sent to the browser while the page is idle):
+            it never shows the busy indicator, which tells of the views the user waits for.
         """
         if not jobs:
             return
@@ -100,9 +104,16 @@ class Background:
         for key, compute, draw in jobs:
             ticket = next(self._tickets)
             self._latest[key] = ticket
-            self._started(doc)
+            if not quiet:
+                self._started(doc)
             future = pool.submit(self._unless_superseded, key, ticket, compute)
-            future.add_done_callback(partial(self._hand_back, doc, key, ticket, draw, failed))
+            arrived = partial(self._arrived, doc, key, ticket, draw, failed, quiet)
+            future.add_done_callback(partial(self._hand_back, doc, arrived))
+
+    def drop(self, key: Hashable) -> None:
+        """The computation of ``key`` in flight, if any, is not drawn (stopped at its next
+        step): what it would draw is no longer what the page shows."""
+        self._latest.pop(key, None)
 
     def _unless_superseded(self, key, ticket, compute):
         """On a worker: ``compute()``, stopped at its next :func:`cancel.check` once a
@@ -148,18 +159,16 @@ class Background:
         views = f"{self._in_flight} view{'s' if self._in_flight != 1 else ''}"
         return f"⏳ computing {views} from q and k …"
 
-    def _hand_back(self, doc, key, ticket, draw, failed, future: Future) -> None:
+    def _hand_back(self, doc, arrived, future: Future) -> None:
         """On the worker thread: queue the result on the session's event loop."""
         try:
-            doc.add_next_tick_callback(
-                partial(self._arrived, doc, key, ticket, draw, failed, future)
-            )
+            doc.add_next_tick_callback(partial(arrived, future))
         except Exception:  # noqa: BLE001 - the session is gone: nothing to draw into
             log.debug("a view computed for a closed session was dropped", exc_info=True)
 
-    def _arrived(self, doc, key, ticket, draw, failed, future: Future) -> None:
+    def _arrived(self, doc, key, ticket, draw, failed, quiet, future: Future) -> None:
         """On the event loop: draw the result if it is the newest of its key."""
-        self._in_flight -= 1
+        self._in_flight -= 0 if quiet else 1
         with set_curdoc(doc):
             if self._latest.get(key) == ticket:
                 try:

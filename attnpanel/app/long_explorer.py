@@ -120,6 +120,7 @@ class LongExplorer(LayerExplorer):
         ]
 
     def laid_out(self) -> None:
+        self.sections["matrix"].switch_in_browser(self.widgets)
         if served(pn.state.curdoc):
             pn.state.on_session_destroyed(self._closed)
 

@@ -18,10 +18,19 @@ it is answering; a map still on its way is drawn by the browser when it lands.
 With the query's weights bars (:mod:`attnpanel.render.client_bars`), the shown head's
 weights for every query go first: a query change then redraws the bars in the browser too
 (the server draws them as well, with the same numbers).
+
+A background engine's map (a virtual trace's: from a stored overview, or a window computed
+from ``q`` and ``k``) is made on its workers, one at a time and never shown as work the
+user waits for, and sent when it comes back if the page still shows its context. What
+goes is the map the server would draw last for that state (a window's own pixels, not the
+overview's blocks drawn before them), and only where it is quick to make: a map whose
+overview is not computed yet (seconds a head at L = 65,536) waits until the user goes
+there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from attnpanel.app.engine import LiveEngine
@@ -29,8 +38,10 @@ from attnpanel.readouts.core import Selection, query_weights, stages_cached
 from attnpanel.readouts.raster import image_limits
 from attnpanel.render.client_bars import ClientBars
 from attnpanel.render.client_maps import CachedMap, ClientLayer
-from attnpanel.render.elements import CENTRED_GROUPS
+from attnpanel.render.elements import CENTRED_GROUPS, MAP_KEY, PlotKey
 from attnpanel.render.views import weights_title
+
+SWITCHED = ("head", "stage", "mask")  # the selection's parts a map's key names
 
 MOST_MAPS = 200  # per context: every head x stage x mask of the demo is 9 x 5 x 3 = 135
 # a map whose stages must be recomputed is sent ahead only if a change that recomputes
@@ -46,19 +57,33 @@ class MatrixPrefetch:
     Parameters
     ----------
     engine : attnpanel.app.engine.LiveEngine
-        The explorer's engine (not a background one: its maps are drawn on the page's loop).
+        The explorer's engine (a background one's maps are made on its workers).
     pane : str
         The map's pane (``"matrix"``).
     layer : attnpanel.render.client_maps.ClientLayer
         The models on the page the maps go to.
+    bars : attnpanel.render.client_bars.ClientBars, optional
+        The query's weights bars the browser redraws too.
+    switched : tuple of str
+        The parts of the selection the page's widgets switch (of :data:`SWITCHED`): the
+        neighbours vary those only.
+    ready : callable, optional
+        ``ready(sel)``: whether a background engine's map of ``sel`` is quick to make (a
+        virtual trace's: its overview is stored); by default every map is.
     """
 
     def __init__(
-        self, engine: LiveEngine, pane: str, layer: ClientLayer, bars: ClientBars | None = None
+        self,
+        engine: LiveEngine,
+        pane: str,
+        layer: ClientLayer,
+        bars: ClientBars | None = None,
+        switched: tuple[str, ...] = SWITCHED,
+        ready: Callable[[Selection], bool] | None = None,
     ):
-        if engine.background is not None:
-            raise ValueError("the maps of a background engine are not sent ahead")
         self.engine, self.pane, self.layer, self.bars = engine, pane, layer, bars
+        self.switched, self.ready = switched, ready
+        self._making: str | None = None  # the key a background worker is making now
         self._rows: set[str] = set()  # the heads' weights the browser holds (the bars')
         self.view = next(v for v in engine.views if v.pane == pane and v.raster is not None)
         self._sent: dict[str, CachedMap] = {}  # what the browser's cache holds (words only)
@@ -128,10 +153,16 @@ class MatrixPrefetch:
 
     def neighbours(self, sel: Selection) -> list[Selection]:
         """The maps a change from ``sel`` shows next, nearest first: the other heads, then
-        the head's other stages, then its other masks (each at every stage)."""
-        heads = [sel.with_(head=head) for head in self.state.param.head.objects]
-        stages = list(self.state.param.stage.objects)
-        masks = [sel.mask, *(m for m in self.state.param.mask.objects if m != sel.mask)]
+        the head's other stages, then its other masks (each at every stage); only the parts
+        the page switches (:attr:`switched`)."""
+
+        def options(part: str) -> list:
+            shown = getattr(sel, part)
+            found = self.state.param[part].objects if part in self.switched else []
+            return [shown, *(value for value in found if value != shown)]
+
+        heads = [sel.with_(head=head) for head in options("head")]
+        stages, masks = options("stage"), options("mask")
         others = [sel.with_(mask=mask, stage=stage) for mask in masks for stage in stages]
         return [sel, *heads, *others]
 
@@ -147,27 +178,61 @@ class MatrixPrefetch:
             return True
         if len(self._sent) >= MOST_MAPS:
             return False
+        if self._making is not None:
+            return False  # a worker is making one: the next step follows its arrival
         for near in self.neighbours(sel):
             key = self.key(near)
             if key not in self._sent and key not in self._skipped and self._cheap(near):
                 break
         else:
             return False
+        if self.engine.background is not None:
+            self._make_on_worker(near, key)
+            return self._making is None  # made at once (outside a server): the next one
         try:
             with self.state.cache.passing():  # the browser holds it: the server keeps no copy
                 cached = self._cached(near)
         except Exception:  # noqa: BLE001 - no such map (a missing variable), no 8-bit copy ...
             self._skipped.add(key)  # the server draws it (and says why) if the user goes there
             return True
-        self.layer.send(cached)
-        # the server keeps the words, not the levels: it can make them again (shown)
-        self._sent[key] = replace(cached, blob=b"")
+        self._send(cached)
         return True
 
+    def _send(self, cached: CachedMap) -> None:
+        self.layer.send(cached)
+        # the server keeps the words, not the levels: it can make them again (shown)
+        self._sent[cached.key] = replace(cached, blob=b"")
+
+    def _make_on_worker(self, sel: Selection, key: str) -> None:
+        """A background engine's map: made on its workers, sent once it is back if the page
+        still shows its context; then the next one."""
+        self._making = key
+
+        def make() -> CachedMap:
+            with self.state.cache.passing():
+                return self._cached(sel)
+
+        def arrived(cached: CachedMap) -> None:
+            self._making = None
+            if key.startswith(f"{self._context}|") and key not in self._sent:
+                self._send(cached)
+            self.engine.when_idle(self.step)
+
+        def failed(_key, _err) -> None:
+            self._making = None
+            self._skipped.add(key)
+            self.engine.when_idle(self.step)
+
+        job = (("maps ahead", self.pane), make, arrived)
+        self.engine.background.run([job], failed, quiet=True)
+
     def _cheap(self, sel: Selection) -> bool:
-        """Whether ``sel``'s map is quick to make on the page's loop: its stages are
-        cached, or an uncached change is expected within :data:`STEP_BUDGET_S` (the demo's
-        other masks; a trace several times its size waits until the user goes there)."""
+        """Whether ``sel``'s map is quick to make: a background engine's where
+        :attr:`ready` says so; on the page's loop, where its stages are cached, or an
+        uncached change is expected within :data:`STEP_BUDGET_S` (the demo's other masks;
+        a trace several times its size waits until the user goes there)."""
+        if self.engine.background is not None:
+            return self.ready is None or self.ready(sel)
         cached = stages_cached(self.state.trace, sel, self.state.cache)
         return cached or self.engine.expected_seconds() <= STEP_BUDGET_S
 
@@ -192,10 +257,68 @@ class MatrixPrefetch:
         return True
 
     def _cached(self, sel: Selection) -> CachedMap:
-        """A map as the browser's cache holds it."""
-        raster = self.engine.element(self.view, sel)
+        """A map as the browser's cache holds it: the one the server draws last for
+        ``sel`` (a refined view's refinement, where it has one)."""
+        view = self.view
+        built = None if view.refine is None else view.refine(sel)
+        raster = self.engine.element(view, sel, built)
         limits = image_limits(raster.values, raster.group in CENTRED_GROUPS)
         words = (raster.label, raster.value_label)  # the title, the value's name
         return CachedMap.of(
             self.key(sel), raster.values, raster.bounds, limits, self.layer.colours, *words
         )
+
+
+def _parts(widget) -> dict[str, str]:
+    """A select's value on the page (Panel sends an option's value as text, or its label
+    where two values read alike) to the value as a map's key names it."""
+    options = widget.options
+    pairs = list(options.items()) if isinstance(options, dict) else [(o, o) for o in options]
+    return {text: str(value) for label, value in pairs for text in (str(value), str(label))}
+
+
+def switch_in_browser(
+    engine: LiveEngine,
+    widgets: dict,
+    pane: str = "matrix",
+    bars: str | None = None,
+    ready: Callable[[Selection], bool] | None = None,
+) -> MatrixPrefetch | None:
+    """Let the page's head, stage and mask widgets redraw ``pane``'s map in the browser from
+    maps sent ahead while the page is idle, and the query widget the query's weights bars
+    drawn in pane ``bars``. Returns the :class:`MatrixPrefetch` (None where the map is not
+    drawn, or the page has no head and mask widgets to tell the browser which map to draw).
+
+    A part of the selection without a widget (a virtual trace's page has no stage) keeps
+    the shown value in every key; ``ready``: see :class:`MatrixPrefetch`.
+    """
+    found = engine.handles(pane, MAP_KEY)
+    if not found or not {"head", "mask"} <= set(widgets):
+        return None
+    layer = ClientLayer(found[0])
+    drawn = engine.plots(bars) if bars else {}
+    bar_handles = [h for key, hs in drawn.items() if key.group == "Vector" for h in hs]
+    client_bars = None
+    if bar_handles and "query" in widgets:
+        markers = [h for key, hs in drawn.items() if key.kind == "VLine" for h in hs]
+        boxes = engine.handles(pane, PlotKey("HSpan", "Marker"))
+        client_bars = ClientBars(
+            layer.state, bar_handles[0], (markers or [None])[0], (boxes or [None])[0]
+        )
+    switched = tuple(part for part in SWITCHED if part in widgets)
+    prefetch = MatrixPrefetch(engine, pane, layer, client_bars, switched, ready)
+    prefetch.drawn(engine.state.selection)  # the image the page opens with
+    args = dict(layer.args, **(client_bars.args if client_bars else {}))
+    if client_bars is not None:
+        args["query"] = widgets["query"]
+    shown = engine.state.selection
+    for part in SWITCHED:  # a widget and its labels, or no widget and the shown value
+        widget = widgets.get(part)
+        args[part] = widget
+        args[f"{part}s"] = _parts(widget) if widget is not None else str(getattr(shown, part))
+    code = layer.widget_code() + (client_bars.widget_code() if client_bars else "")
+    for part in switched:
+        widgets[part].jscallback(args=args, value=code)
+    if client_bars is not None:
+        widgets["query"].jscallback(args=args, value=client_bars.widget_code())
+    return prefetch

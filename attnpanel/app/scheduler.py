@@ -335,11 +335,16 @@ class Scheduler:
             return
         shown = [view for view in views if view.shown]
         element, draw = self.registry.element, self._draw_then_refine
-        jobs = [
-            (id(view), partial(element, view, sel), partial(draw, view, sel))
-            for view in shown
-            if view.offloadable
-        ]
+        jobs = []
+        for view in shown:
+            if not view.offloadable:
+                continue
+            client = self.registry.client(view)
+            if client is not None and client.draws(sel):  # the browser draws it: no job
+                self.background.drop(id(view))  # nor the one in flight for another map
+                client.follow(sel)
+                continue
+            jobs.append((id(view), partial(element, view, sel), partial(draw, view, sel)))
         self.background.run(jobs, self._failed)
         for view in shown:
             if not view.offloadable:
@@ -347,12 +352,20 @@ class Scheduler:
 
     def _draw_then_refine(self, view: LiveView, sel, element) -> None:
         """Draw a background view, then ask for its refinement (if it has one now)."""
-        self.registry.draw(view, element)
+        self._draw_background(view, sel, element)
         built = None if view.refine is None else view.refine(sel)
         if built is not None:
             refined = partial(self.registry.element, view, sel, built)
-            job = (id(view), refined, partial(self.registry.draw, view))
+            job = (id(view), refined, partial(self._draw_background, view, sel))
             self.background.run([job], self._failed, refine=True)
+
+    def _draw_background(self, view: LiveView, sel, element) -> None:
+        """Draw a background view's element; a map the browser may draw itself tells its
+        client which map the page's own image now holds."""
+        self.registry.draw(view, element)
+        client = self.registry.client(view)
+        if client is not None:
+            client.drawn(sel)
 
     def _failed(self, key: int, err: BaseException) -> None:
         view = next(view for view in self.registry.views if id(view) == key)

@@ -54,3 +54,8 @@ class VirtualSource:
             None if state.layers is None else sel.layer,
             self.qk(sel),
         )
+
+    def ready(self, sel) -> bool:
+        """Whether the selection's map is quick to make: its overview is at hand (one not
+        computed yet takes seconds a head at L = 65,536)."""
+        return self.overviews.has(self.virtual_map(sel).entry)

@@ -232,8 +232,10 @@ async function inflate(i) {
 """
 
 # A widget of the map's selection changed (the user's, or the server's echo of its own).
+# A part without a widget (``null``) is named by its one value (a string).
 WIDGET_JS = """
-store.parts = [heads[head.value], stages[stage.value], masks[mask.value]];
+const part = (widget, names) => widget === null ? names : names[widget.value];
+store.parts = [part(head, heads), part(stage, stages), part(mask, masks)];
 show();
 """
 # New rows in the cache (streamed) or a new cache (its context changed): inflate them.
@@ -342,7 +344,8 @@ class ClientLayer:
     def widget_code(self) -> str:
         """The script a widget of the map's selection runs on a change; its own arguments
         are :attr:`args` plus ``head``, ``stage``, ``mask`` (the widgets) and ``heads``,
-        ``stages``, ``masks`` (each widget's labels to the key's parts)."""
+        ``stages``, ``masks`` (each widget's labels to the key's parts); a part the page
+        has no widget for is ``None``, and its names the one value every key holds."""
         return _code(WIDGET_JS)
 
     def reset(self, context: str) -> None:

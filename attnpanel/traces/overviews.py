@@ -177,6 +177,10 @@ class Overviews:
         """Whether a complete store of this trace holds the entry (its data is not read)."""
         return self._open(entry) is not None
 
+    def has(self, entry: Entry) -> bool:
+        """Whether the entry is at hand, in memory or stored: :meth:`get` computes nothing."""
+        return entry in self._memory or self.stored(entry)
+
     def task(self, entry: Entry) -> Task:
         """What computing ``entry`` needs, cut from the trace.
 

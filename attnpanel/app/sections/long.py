@@ -28,6 +28,7 @@ from bokeh.models import BasicTickFormatter, CustomJSHover, CustomJSTickFormatte
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.app import linked
+from attnpanel.app.prefetch import MatrixPrefetch, switch_in_browser
 from attnpanel.app.sections.base import Section
 from attnpanel.app.sections.controls import (
     ImmediateIntSlider,
@@ -326,7 +327,15 @@ class WindowedMatrix(Section):
     def __init__(self, **params):
         super().__init__(**params)
         self.clock = Clock(self.state)
+        self.prefetch: MatrixPrefetch | None = None  # the map's neighbours sent ahead
         self.state.param.watch(self._on_colormap, "colormap")
+
+    def switch_in_browser(self, widgets: dict) -> None:
+        """Let the head and mask widgets redraw the map in the browser from the maps of the
+        shown window sent ahead while the page is idle, those quick to make (their overview
+        at hand); any other change goes to the server (:mod:`attnpanel.app.prefetch`)."""
+        if self.prefetch is None:
+            self.prefetch = switch_in_browser(self.engine, widgets, ready=self.source.ready)
 
     def values(self, sel):
         """``(map, title, colour-bar label)`` of the selected head for the engine."""
@@ -357,7 +366,8 @@ class WindowedMatrix(Section):
             first=True,
             refine=self.exact_values,
         )
-        image = raster.element(hv.Dimension("weight"))
+        # the words every redraw writes (colour bar, hover): what a pixel holds
+        image = raster.element(hv.Dimension("weight", label=raster.value_label))
         plot = self.marked(image, "query marker", "matrix", first=True)
         style = matrix_style(self.state.colormap, title_size="10pt")
         pane = self.engine.render(plot, "matrix", style=style, linked=True, on_tap=self.click)
@@ -375,6 +385,8 @@ class WindowedMatrix(Section):
         palette = process_cmap(event.new, 256)
         for handles in self.engine.handles("matrix", MAP_KEY):
             handles["color_mapper"].palette = palette
+        if self.prefetch is not None:
+            self.prefetch.layer.recolour(palette)
 
 
 class LongHeads(HeadComparison):

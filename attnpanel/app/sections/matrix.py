@@ -12,13 +12,11 @@ import panel as pn
 from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
-from attnpanel.app.prefetch import MatrixPrefetch
+from attnpanel.app.prefetch import MatrixPrefetch, switch_in_browser
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
-from attnpanel.render.client_bars import ClientBars
-from attnpanel.render.client_maps import ClientLayer
 from attnpanel.render.elements import MAP_KEY, PlotKey
 
 MATRIX_SIZE = 480  # one pixel per cell at the demo length
@@ -80,14 +78,6 @@ def matrix_style(
         title_size=title_size,
         **more,
     )
-
-
-def _parts(widget) -> dict[str, str]:
-    """A select's value on the page (Panel sends an option's value as text, or its label
-    where two values read alike) to the value as a map's key names it."""
-    options = widget.options
-    pairs = list(options.items()) if isinstance(options, dict) else [(o, o) for o in options]
-    return {text: str(value) for label, value in pairs for text in (str(value), str(label))}
 
 
 class PositionMap(Section):
@@ -193,37 +183,10 @@ class AttentionMatrix(PositionMap):
 
     def switch_in_browser(self, widgets: dict, bars: str | None = None) -> None:
         """Let the head, stage and mask widgets redraw the matrix in the browser from maps
-        sent ahead while the page is idle (:mod:`attnpanel.app.prefetch`), and the query
-        widget the query's weights bars drawn in pane ``bars``.
-
-        Only with those widgets on the page (they tell the browser which map to draw) and
-        a matrix drawn on the page's own loop (not a background engine's)."""
-        found = self.engine.handles("matrix", MAP_KEY)
-        wired = {"head", "stage", "mask", "query"} <= set(widgets)
-        if self.prefetch is not None or not found or not wired or self.engine.background:
-            return
-        layer = ClientLayer(found[0])
-        drawn = self.engine.plots(bars) if bars else {}
-        bar_handles = [h for key, hs in drawn.items() if key.group == "Vector" for h in hs]
-        markers = [h for key, hs in drawn.items() if key.kind == "VLine" for h in hs]
-        boxes = self.engine.handles("matrix", PlotKey("HSpan", "Marker"))
-        client_bars = None
-        if bar_handles:
-            client_bars = ClientBars(
-                layer.state, bar_handles[0], (markers or [None])[0], (boxes or [None])[0]
-            )
-        self.prefetch = MatrixPrefetch(self.engine, "matrix", layer, client_bars)
-        self.prefetch.drawn(self.state.selection)  # the image the page opens with
-        args = dict(layer.args, **(client_bars.args if client_bars else {}))
-        for name in ("query", "head", "stage", "mask"):
-            args[name] = widgets[name]
-        for name in ("head", "stage", "mask"):
-            args[f"{name}s"] = _parts(widgets[name])
-        for name in ("head", "stage", "mask"):
-            code = layer.widget_code() + (client_bars.widget_code() if client_bars else "")
-            widgets[name].jscallback(args=args, value=code)
-        if client_bars is not None:
-            widgets["query"].jscallback(args=args, value=client_bars.widget_code())
+        sent ahead while the page is idle, and the query widget the query's weights bars
+        drawn in pane ``bars`` (:func:`attnpanel.app.prefetch.switch_in_browser`)."""
+        if self.prefetch is None:
+            self.prefetch = switch_in_browser(self.engine, widgets, bars=bars)
 
     def _ticks(self) -> dict:
         ticks = model_views.token_ticks(self.trace, self.state.sample)
