@@ -17,6 +17,10 @@ Run: ``python benchmarks/long_explorer.py [--days 45] [--pages 5] [--repeats 7]`
 4. Zoom again while the last zoom's refinement runs: the newest window's own pixels, with
    the superseded refinement stopped at its next step, beside the same with it run to its
    end (the baseline: how the page refined before ``attnpanel.util.cancel``).
+5. In Chromium, a head change on the served long page to its repainted map, ``--repeats``
+   x 3 changes: once the page holds every head's map of the window (sent ahead while
+   idle; the browser draws the change), beside the same page opened with ``?ahead=false``
+   (every change a round trip: the map cut from its overview on a worker and sent).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from served_app import free_port, launch_chromium, serving  # noqa: E402
+from served_app import HELD_JS, free_port, launch_chromium, open_app, serving  # noqa: E402
 
 IDLE_JS = "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].is_idle"
 
@@ -54,6 +58,45 @@ def first_paints(browser, cmd: list[str], port: int, pages: int) -> list[float]:
             times.append(time.perf_counter() - start)
             page.close()
     return times
+
+
+MATRIX = "() => attn.plot('sample 0, head')"
+# a head change timed to the repainted map; ``browser``: no new image came from the server
+TIMED_HEAD_JS = f"""
+async (value) => {{
+  const matrix = ({MATRIX})();
+  const main = matrix.model.renderers.find((r) => r.glyph && r.glyph.type === "Image"
+                                                  && r.name !== "cached levels");
+  const image = main.data_source.data.image[0];
+  const timing = await attn.timed_change("Head", value, () => matrix);
+  return {{ total: timing.total, browser: main.data_source.data.image[0] === image }};
+}}
+"""
+
+
+def head_changes(browser, cmd: list[str], port: int, repeats: int) -> dict[str, list]:
+    """Milliseconds from a head change to the repainted map on the served long page, with
+    the maps sent ahead and with ``?ahead=false``; and how many the browser drew."""
+    found: dict[str, list] = {}
+    heads = [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)]
+    with serving(cmd, port, f"http://localhost:{port}/attnpanel", timeout=900) as (url, _):
+        for name, query in (("maps sent ahead", ""), ("round trip (?ahead=false)", "?ahead=false")):
+            console: list = []
+            page = open_app(browser, url + query, console)
+            if not query:  # every head's map of the window, sent while the page is idle
+                page.wait_for_function(f"() => ({HELD_JS})('__cached') >= 8", timeout=120_000)
+            times, drawn = [], 0
+            for i in range(3 * repeats):
+                timing = page.evaluate(TIMED_HEAD_JS, heads[i % len(heads)])
+                times.append(timing["total"])
+                page.wait_for_timeout(200)  # the other views land before the next change
+                drawn += page.evaluate(
+                    f"() => ({MATRIX})().model.renderers.some("
+                    "(r) => r.name === 'cached levels' && r.visible)"
+                )
+            found[name] = [times, drawn]
+            page.close()
+    return found
 
 
 def long_explorer(path: Path):
@@ -202,6 +245,20 @@ def main() -> None:
         f"own pixels computed, {args.repeats} rounds (ms)"
     )
     print_ms("the first refinement", zoom_during_refinement(explorer, args.repeats))
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        port = free_port()
+        changes = head_changes(browser, [*long_cmd, "--port", str(port)], port, args.repeats)
+        browser.close()
+    print("\nhead change -> repainted map on the served long page, Chromium (ms)")
+    print("| page | median | p95 | drawn by the browser |")
+    print("| --- | --- | --- | --- |")
+    for name, (times, drawn) in changes.items():
+        print(
+            f"| {name} | {statistics.median(times):.0f} | {p95(times):.0f} | "
+            f"{drawn} of {len(times)} |"
+        )
 
 
 def print_ms(what: str, rows: dict[str, list[float]]) -> None:

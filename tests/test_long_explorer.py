@@ -480,3 +480,16 @@ def test_a_refined_windows_heads_go_ahead_as_the_server_draws_them_last(pair, mo
     assert explorer.engine.title("matrix") == served.engine.title("matrix")
     exact = served.drawn()
     np.testing.assert_array_equal(_levels(explorer.drawn(), served), _levels(exact, served))
+
+
+def test_without_maps_ahead_the_long_page_sends_none_and_its_link_says_so(pair):
+    _, lazy = pair
+    assert LongExplorer.URL_PARAMS["maps_ahead"] == "ahead"  # ?ahead=false
+    explorer = LongExplorer(lazy, maps_ahead=False)
+    explorer.__panel__()
+    explorer.engine.finish_idle()
+    assert explorer.sections["matrix"].prefetch.sent == 0
+    main = explorer.engine.handles("matrix", MAP_KEY)[0]["source"]
+    image = main.data["image"][0]
+    explorer.head = 1
+    assert main.data["image"][0] is not image  # the server drew it

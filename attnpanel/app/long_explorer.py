@@ -53,7 +53,10 @@ class LongExplorer(LayerExplorer):
         Initial values of the state's parameters (``sample``, ``head``, ``query``, ``mask``).
     """
 
-    URL_PARAMS = {name: name for name in ("sample", "head", "query", "mask")}
+    URL_PARAMS = {
+        **{name: name for name in ("sample", "head", "query", "mask")},
+        "maps_ahead": "ahead",
+    }
     BACKGROUND = True  # maps never block the server
 
     def __init__(
