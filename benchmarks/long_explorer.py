@@ -167,7 +167,7 @@ def zoom_during_refinement(explorer, repeats: int, side: int = 8192) -> dict[str
 
     from attnpanel.util import cancel
 
-    found = explorer.virtual_map(explorer.selection)
+    found = explorer.source.virtual_map(explorer.selection)
     n = explorer.trace.sizes["query"]
     rng = np.random.default_rng(1)
 

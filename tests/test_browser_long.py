@@ -73,6 +73,7 @@ def test_the_long_page_reads_right_at_both_widths(served, artifacts):
     assert f"all {LENGTH:,} keys" in row
     text = page.evaluate(PAGE_TEXT_JS)
     assert "virtual trace" in text and "rank" in text
+    assert "1 held-out day at one minute" in text  # the heading, whole and in the singular
     # clock times on the map's and the curves' axes (positions stay the coordinates)
     for prefix in ("sample 0, head", "sample 0: aggregate", "query 0"):
         kind = page.evaluate(f"attn.plot({prefix!r}).model.below[0].formatter.type")

@@ -631,3 +631,24 @@ def test_a_links_refused_value_leaves_the_url_and_is_named_once():
     assert location.query_params == {"sample": 0, "head": 3, "stage": "raw"}
     assert told == ["show_in_url", "report", "show_in_url"]  # named once, shown each time
     assert explorer.last_error == "reading the link failed: sample=99: outside 0 to 2"
+
+
+@pytest.mark.parametrize(
+    ("source", "title"),
+    [
+        ("a short source\nits second line", "a short source"),
+        # the long demo's own (107 characters): whole, not cut in a word
+        (
+            "NILMFormer demo (nilmformer.pt), layer encoder.2.attention of 3 encoder layers, "
+            "1 held-out day at one minute",
+            "NILMFormer demo (nilmformer.pt), layer encoder.2.attention of 3 encoder layers, "
+            "1 held-out day at one minute",
+        ),
+        ("word " * 60, ("word " * 32).strip() + " …"),  # cut after a whole word
+        ("", "trace"),
+    ],
+)
+def test_the_heading_is_the_sources_first_line_cut_only_after_a_whole_word(trace, source, title):
+    explorer = AttentionExplorer(trace.assign_attrs(source=source))
+    assert explorer.title == title
+    assert len(explorer.title) <= 162

@@ -8,6 +8,9 @@ each row's lse. Maps show each pixel's maximum, blocked cells NaN.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
 
 import numerics
 import numpy as np
@@ -493,3 +496,19 @@ def test_without_maps_ahead_the_long_page_sends_none_and_its_link_says_so(pair):
     image = main.data["image"][0]
     explorer.head = 1
     assert main.data["image"][0] is not image  # the server drew it
+
+
+def test_the_long_pages_benchmark_runs_on_the_page_as_it_is(pair, monkeypatch):
+    """``benchmarks/long_explorer.py``'s server-side steps on a small page: a benchmark is
+    not run by the suite, and one broke unseen when the page's sources moved."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "long_explorer.py"
+    spec = importlib.util.spec_from_file_location("attnpanel_long_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(windows, "EXACT_CELLS", 100 * 100)  # 300^2 windows are refined
+    explorer = LongExplorer(pair[1])
+    explorer.__panel__()
+    times = bench.zoom_during_refinement(explorer, repeats=1, side=300)
+    assert set(times) == {"stopped (cancel)", "run to its end (baseline)"}
+    assert all(len(found) == 1 and found[0] > 0 for found in times.values())

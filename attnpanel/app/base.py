@@ -28,6 +28,8 @@ from attnpanel.app.state import ExplorerState
 from attnpanel.app.url import apply_each, once_loaded
 from attnpanel.util import untrusted
 
+TITLE_CHARS = 160  # the page's heading: a trace's source line, at most this long
+
 
 class Explorer(pn.viewable.Viewer):
     """A page of a capture: shown by Panel (served, in a notebook), saved as offline HTML."""
@@ -110,9 +112,13 @@ class LayerExplorer(ExplorerState, Explorer):
 
     @property
     def title(self) -> str:
-        """The first line of the trace's ``source``, as the page's heading shows it."""
+        """The first line of the trace's ``source``, as the page's heading shows it: one
+        longer than :data:`TITLE_CHARS` cut after a whole word, with an ellipsis."""
         source = str(self.trace.attrs.get("source", "")).strip() or "trace"
-        return source.splitlines()[0][:100]
+        first = source.splitlines()[0]
+        if len(first) <= TITLE_CHARS:
+            return first
+        return first[:TITLE_CHARS].rsplit(" ", 1)[0].rstrip(" ,;:") + " …"
 
     def drawn(self, pane: str = "matrix", group: str = "Attention"):
         """The image a pane's map holds now, as the browser draws it (see ``LiveEngine.drawn``)."""

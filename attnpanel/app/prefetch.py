@@ -209,8 +209,9 @@ class MatrixPrefetch:
         self._making = key
 
         def make() -> CachedMap:
-            with self.state.cache.passing():
-                return self._cached(sel)
+            # (kept in the cache: what a virtual map reads there is the sample's q, k and
+            # each row's lse, a few MB that every head of that mask reads again)
+            return self._cached(sel)
 
         def arrived(cached: CachedMap) -> None:
             self._making = None
