@@ -429,3 +429,24 @@ def test_the_demo_as_a_file_is_small_and_opens_on_the_same_page(tmp_path, capsys
     assert "--windows 0: at least one window" in capsys.readouterr().err
     assert main(["trace", "--demo", "--model", "m", "-o", str(tmp_path / "y.nc")]) == 2
     assert "give one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("procs", "warm"), [("1", True), ("2", False)])
+def test_serve_builds_a_page_before_it_listens_unless_it_forks(tmp_path, monkeypatch, procs, warm):
+    """``attnpanel serve`` warms as ``panel serve --warm`` does (the first visitor's page is
+    not the one that compiles the kernels; the explorer built ahead for it starts then),
+    except before forking workers: a thread building ahead does not survive a fork."""
+    import panel as pn
+
+    from attnpanel.app import serving
+
+    torch.manual_seed(0)
+    layer = attnpanel.MultiHeadSelfAttention(16, 2, "causal").eval()
+    path = attnpanel.save(attnpanel.trace(layer, torch.randn(1, 12, 16)), tmp_path / "t.nc")
+    served = {}
+    monkeypatch.setattr(pn, "serve", lambda panels, **options: served.update(options))
+    monkeypatch.setattr(serving, "settle", lambda capture: capture)  # no gc.freeze here
+    monkeypatch.setattr(serving, "workers_die_with_parent", lambda: None)
+    assert main(["serve", str(path), "--num-procs", procs]) == 0
+    assert served["warm"] is warm
+    assert served["num_procs"] == int(procs)

@@ -118,6 +118,11 @@ def run(args: argparse.Namespace) -> None:
         show=False,
         title="attnpanel",
         num_procs=args.num_procs,
+        # one page built before the server listens (as ``panel serve --warm``): the first
+        # visitor's page is not the one that compiles the kernels and opens the stores,
+        # and the explorer built ahead for it is started then. Not before forking workers:
+        # a thread building ahead does not survive the fork, and its explorer would never come
+        warm=args.num_procs == 1,
     )
 
 

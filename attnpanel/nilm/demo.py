@@ -215,7 +215,8 @@ def demo_long(
         raise ValueError(f"days must be a positive integer, got {days!r}")
     series = generate(int(days), seed=seed, config=PowerConfig(start=HELDOUT_START))
     held = windows(series, length=int(days) * 24 * 60)
-    return _traced(held, layer, weights, f"{days} held-out day{'s' if days != 1 else ''} at one minute", dense)
+    what = f"{days} held-out day{'s' if days != 1 else ''} at one minute"
+    return _traced(held, layer, weights, what, dense)
 
 
 def layer_module_name(layer: int) -> str:
