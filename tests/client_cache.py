@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from served_app import HELD_JS
+from served_app import HELD_JS, opened
 
 DATA_EVENTS = ("ColumnDataChanged", "ColumnsStreamed", "ColumnsPatched")
 CACHED_JS = f"() => ({HELD_JS})('__cached')"  # the maps the page holds
@@ -92,3 +92,15 @@ def idle_cache(page, least: int) -> int:
         if now == count:
             return count
         count = now
+
+
+def assert_a_link_draws_the_same(browser, url: str, layers: str, shown: dict, what) -> None:
+    """A page opened on ``url`` (the state a change reached) shows the server's own image:
+    the same title, and the same pixels as ``shown``, the browser's copy drawn after the
+    change (``layers``: a :func:`layers_js` function)."""
+    with opened(browser, url) as (page, console):
+        exact = page.evaluate(layers)
+        assert exact["main"] and not exact["level"], what
+        assert exact["title"] == shown["title"], what
+        assert exact["seen"] == shown["seen"], what
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []

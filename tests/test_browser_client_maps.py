@@ -12,7 +12,13 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
-from client_cache import Frames, idle_cache, layers_js, sent_no_data
+from client_cache import (
+    Frames,
+    assert_a_link_draws_the_same,
+    idle_cache,
+    layers_js,
+    sent_no_data,
+)
 from served_app import HELD_JS, PAGE_TEXT_JS, open_app, opened, shot
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
@@ -83,12 +89,8 @@ def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixel
         page.close()
     # the same states, opened from their links: drawn from the server's exact images
     for query, drawn in shown.items():
-        with opened(browser, f"{demo_url}?{query}") as (fresh, console):
-            exact = fresh.evaluate(LAYERS_JS)
-            assert exact["main"] and not exact["level"]
-            assert exact["title"] == drawn["title"]
-            assert exact["seen"] == drawn["seen"], parse_qs(urlparse("?" + query).query)
-            assert [m for m in console if m[0] in ("error", "pageerror")] == []
+        state = parse_qs(urlparse("?" + query).query)
+        assert_a_link_draws_the_same(browser, f"{demo_url}?{query}", LAYERS_JS, drawn, state)
 
 
 # The weights bars and the matrix's row box as they stand (columns as lists).

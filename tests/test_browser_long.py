@@ -17,7 +17,13 @@ import sys
 import numerics
 import numpy as np
 import pytest
-from client_cache import CACHED_JS, Frames, idle_cache, layers_js, sent_no_data
+from client_cache import (
+    Frames,
+    assert_a_link_draws_the_same,
+    idle_cache,
+    layers_js,
+    sent_no_data,
+)
 from served_app import (
     PAGE_TEXT_JS,
     free_port,
@@ -196,10 +202,4 @@ def test_a_head_whose_map_was_sent_ahead_is_drawn_by_the_browser_as_the_server_d
         page.close()
     # the same heads opened from their links: drawn from the server's own images
     for head, seen in shown.items():
-        with opened(browser, f"{url}?head={head}") as (fresh, fresh_console):
-            exact = fresh.evaluate(LAYERS_JS)
-            assert exact["main"] and not exact["level"]
-            assert exact["title"] == seen["title"]
-            assert exact["seen"] == seen["seen"], head
-            assert fresh.evaluate(CACHED_JS) >= 0
-            assert [m for m in fresh_console if m[0] in ("error", "pageerror")] == []
+        assert_a_link_draws_the_same(browser, f"{url}?head={head}", LAYERS_JS, seen, head)
