@@ -116,7 +116,7 @@ def percentile(values, q):
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def browser_latencies(repeats: int):
+def browser_latencies(repeats: int, gap_ms: int = 150):
     """Per change type: lists of total and to-patch milliseconds and how many changes the
     browser drew itself, for the page as served and for the same page without maps sent
     ahead (``?ahead=false``: every change a round trip), plus memory figures."""
@@ -131,10 +131,10 @@ def browser_latencies(repeats: int):
         # is done before the changes are timed: it would compete with them for the CPU
         waited = wait_idle(proc.pid)
         page.wait_for_function(f"() => {CACHED} >= 20", timeout=60_000)  # the first maps
-        results = _changes(page, repeats)
+        results = _changes(page, repeats, gap_ms)
         page.close()
         page = open_app(browser, url + "?ahead=false", console)
-        round_trips = _changes(page, repeats)
+        round_trips = _changes(page, repeats, gap_ms)
         page.wait_for_timeout(1000)
         memory = dict(loaded=rss_loaded, now=rss_mb(proc.pid), peak=peak_rss_mb(proc.pid))
         memory["waited"] = waited
@@ -143,7 +143,7 @@ def browser_latencies(repeats: int):
     return results, round_trips, memory, errors
 
 
-def _changes(page, repeats: int) -> dict:
+def _changes(page, repeats: int, gap_ms: int) -> dict:
     results = {}
     for name, (title, values, _) in CHANGES.items():
         totals, patches, aggregation, in_browser = [], [], [], 0
@@ -156,7 +156,7 @@ def _changes(page, repeats: int) -> dict:
                 # the query's weights bars, timed from the same change (the browser may
                 # draw them before the matrix's box)
                 aggregation.append(timing["bars"])
-            page.wait_for_timeout(150)  # let the deferred views land before the next change
+            page.wait_for_timeout(gap_ms)  # the deferred views land before the next change
             in_browser += page.evaluate(DRAWN_BY_BROWSER)  # no image came meanwhile
         results[name] = dict(
             total=totals, patch=patches, aggregation=aggregation, in_browser=in_browser
@@ -245,12 +245,19 @@ def server_times(repeats: int):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="changes per type")
+    parser.add_argument(
+        "--gap",
+        type=int,
+        default=150,
+        help="ms from one change's repaint to the next change (default 150: a mask change's "
+        "head tiles, redrawn by the server 120 ms after it, can then meet the next change)",
+    )
     args = parser.parse_args(argv)
 
     print("measuring server callbacks in process ...", flush=True)
     server = server_times(args.repeats)
     print("measuring the served app in Chromium ...", flush=True)
-    browser, round_trips, memory, errors = browser_latencies(args.repeats)
+    browser, round_trips, memory, errors = browser_latencies(args.repeats, args.gap)
 
     def ms(values, q=50):
         return percentile(values, q) if values else float("nan")
