@@ -104,3 +104,29 @@ def assert_a_link_draws_the_same(browser, url: str, layers: str, shown: dict, wh
         assert exact["title"] == shown["title"], what
         assert exact["seen"] == shown["seen"], what
         assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+def browser_drew(page, frames: Frames, matrix_js: str, change: tuple, url: tuple) -> dict:
+    """Make ``change`` (a widget's title, the value its page model takes); assert the
+    browser drew the map from its cache (no frame from the server names the map's source,
+    no data sent) and the URL followed (``url``: its argument and value). Returns the map's
+    layers as shown (:func:`layers_js`)."""
+    layers = layers_js(matrix_js)
+    received, sent = frames.mark()
+    before = page.evaluate(layers)
+    title, value = change
+    page.evaluate(f"attn.widget({title!r}).value = {value!r}")
+    page.evaluate(f"(h) => attn.until_changed(({matrix_js})(), h)", before["hash"])
+    argument, wanted = url
+    page.wait_for_function(
+        f"() => new URLSearchParams(location.search).get({argument!r}) === {wanted!r}"
+    )
+    page.wait_for_timeout(500)  # what the server sends for the other views lands
+    after = page.evaluate(layers)
+    assert after["level"] and not after["main"], (change, after)
+    # no image from the server: nothing it sent names the map's source
+    assert frames.named(received, after["main_source"]) == [], change
+    # the browser sent the change, and no data (Bokeh's own layout and ranges aside)
+    events = frames.events(sent)
+    assert sent_no_data(events), (change, events)
+    return after

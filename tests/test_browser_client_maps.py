@@ -15,9 +15,9 @@ import numpy as np
 from client_cache import (
     Frames,
     assert_a_link_draws_the_same,
+    browser_drew,
     idle_cache,
     layers_js,
-    sent_no_data,
 )
 from served_app import HELD_JS, PAGE_TEXT_JS, open_app, opened, shot
 
@@ -42,21 +42,7 @@ def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixel
         assert idle_cache(page, 23) >= 23  # every head, and the head's stages and masks
         shown = {}
         for title, value, (argument, wanted) in CHANGES:
-            received, sent = frames.mark()
-            before = page.evaluate(LAYERS_JS)
-            page.evaluate(f"attn.widget({title!r}).value = {value!r}")
-            page.evaluate(f"(h) => attn.until_changed(({MATRIX})(), h)", before["hash"])
-            page.wait_for_function(
-                f"() => new URLSearchParams(location.search).get({argument!r}) === {wanted!r}"
-            )
-            page.wait_for_timeout(400)  # the deferred views land
-            after = page.evaluate(LAYERS_JS)
-            assert after["level"] and not after["main"], (title, value, after)
-            # no image from the server: nothing it sent names the matrix's source
-            assert frames.named(received, after["main_source"]) == [], (title, value)
-            # the browser sent the change, and no data (Bokeh's own layout and ranges aside)
-            events = frames.events(sent)
-            assert sent_no_data(events), (title, value, events)
+            after = browser_drew(page, frames, MATRIX, (title, value), (argument, wanted))
             # the other views follow on the server: the query's weights name the head
             bars = page.evaluate("attn.plot('weights of query').model.title.text")
             head = page.evaluate("new URLSearchParams(location.search).get('head')")

@@ -20,9 +20,9 @@ import pytest
 from client_cache import (
     Frames,
     assert_a_link_draws_the_same,
+    browser_drew,
     idle_cache,
     layers_js,
-    sent_no_data,
 )
 from served_app import (
     PAGE_TEXT_JS,
@@ -130,25 +130,6 @@ MATRIX = "() => attn.plot('sample 0, head')"
 LAYERS_JS = layers_js(MATRIX)
 
 
-def _browser_drew(page, frames: Frames, title: str, value: str, argument: str) -> dict:
-    """Change a widget; assert the browser drew the map from its cache (no image from the
-    server, no data sent) and the URL followed; return the map's layers as shown."""
-    received, sent = frames.mark()
-    before = page.evaluate(LAYERS_JS)
-    page.evaluate(f"attn.widget({title!r}).value = {value!r}")
-    page.evaluate(f"(h) => attn.until_changed(({MATRIX})(), h)", before["hash"])
-    page.wait_for_function(
-        f"() => new URLSearchParams(location.search).get({argument!r}) === {value!r}"
-    )
-    page.wait_for_timeout(500)  # what the server sends for the other views lands
-    after = page.evaluate(LAYERS_JS)
-    assert after["level"] and not after["main"], (title, value, after)
-    assert frames.named(received, after["main_source"]) == [], (title, value)
-    events = frames.events(sent)
-    assert sent_no_data(events), (title, value, events)
-    return after
-
-
 def test_a_head_whose_map_was_sent_ahead_is_drawn_by_the_browser_as_the_server_draws_it(
     browser, server, artifacts
 ):
@@ -159,7 +140,7 @@ def test_a_head_whose_map_was_sent_ahead_is_drawn_by_the_browser_as_the_server_d
         assert idle_cache(page, 8) == 8  # every head's stored overview (the own mask's)
         shown = {}
         for head in ("2", "5", "3"):  # (head 0: the server's own image, shown as drawn)
-            after = _browser_drew(page, frames, "Head", head, "head")
+            after = browser_drew(page, frames, MATRIX, ("Head", head), ("head", head))
             assert after["title"].startswith(f"sample 0, head {head}, mask diagonal")
             shown[head] = after
             # the other views follow on the server: the query's row names the head
@@ -192,7 +173,7 @@ def test_a_head_whose_map_was_sent_ahead_is_drawn_by_the_browser_as_the_server_d
         )
         idle_cache(page, 8)  # the window's eight heads (a new window empties the cache)
         window = page.evaluate(f"(({MATRIX})().model.x_range.start)")
-        zoomed = _browser_drew(page, frames, "Head", "1", "head")
+        zoomed = browser_drew(page, frames, MATRIX, ("Head", "1"), ("head", "1"))
         assert zoomed["title"].startswith("sample 0, head 1, mask diagonal")
         assert "(this window)" in zoomed["title"] or "every cell" in zoomed["title"]
         assert page.evaluate(f"(({MATRIX})().model.x_range.start)") == window

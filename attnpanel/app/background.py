@@ -168,7 +168,8 @@ class Background:
 
     def _arrived(self, doc, key, ticket, draw, failed, quiet, future: Future) -> None:
         """On the event loop: draw the result if it is the newest of its key."""
-        self._in_flight -= 0 if quiet else 1
+        if not quiet:  # (quiet work was never counted)
+            self._in_flight -= 1
         with set_curdoc(doc):
             if self._latest.get(key) == ticket:
                 try:
