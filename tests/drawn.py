@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from attnpanel.render.tables import shown_html
+
 
 def handles(explorer, pane: str, kind: str, group: str = "") -> dict:
     """The Bokeh models of the first layer of ``kind`` (and ``group``) drawn in ``pane``."""
@@ -42,6 +44,6 @@ def table_rows(explorer, pane: str) -> list[dict]:
     found = explorer.engine.plots(pane)
     key = next(k for k in found if k.kind == "Table")
     parser = Cells()
-    parser.feed(found[key][0]["table"].text)
+    parser.feed(shown_html(found[key][0]["table"]))
     header, *rows = parser.rows
     return [dict(zip(header, row, strict=True)) for row in rows]

@@ -9,10 +9,11 @@ import pytest
 import xarray as xr
 from bokeh.models import DataRange1d, Range1d
 
-from attnpanel.render.axes import axis_number, chart_extent
+from attnpanel.render.axes import STEADY_CHARS, axis_number, chart_extent
 from attnpanel.render.elements import PlotKey
-from attnpanel.render.figures import draw, table_html
+from attnpanel.render.figures import draw
 from attnpanel.render.push import write
+from attnpanel.render.tables import shown_html, table_html, table_model, write_table
 from attnpanel.render.views import lanes, vector_bars
 
 
@@ -161,3 +162,31 @@ def test_the_widest_column_of_a_table_wraps_its_long_cells_only():
     )
     assert f'<td class="prose">{sentence}</td>' in html
     assert f"<td>{shape}</td>" in html  # a shape stays on one line
+
+
+def test_a_bar_charts_value_axis_keeps_one_width_whatever_its_scale():
+    """Its labels are Bokeh's plain decimals, right-aligned in a fixed-width font to one
+    number of characters: a new scale never changes the axis's width (BokehJS would lay
+    the whole page out again, in the frame that repaints the map; the browser test counts
+    those layouts)."""
+    figure, _ = drawn_of(vector_bars(np.linspace(0, 0.3, 12), ["k"] * 12, "key", "weight"))
+    formatter = figure.yaxis[0].formatter
+    assert formatter.args["chars"] == STEADY_CHARS >= len("0.0005")
+    assert formatter.args["plain"].use_scientific is False  # 0.007, not 7.000e-3
+    assert "padStart(chars)" in formatter.code
+    assert figure.yaxis[0].major_label_text_font == "monospace"
+    assert figure.xaxis[0].major_label_text_font != "monospace"  # the keys keep the page's
+
+
+def test_a_tables_model_holds_its_html_escaped_once_more_and_runs_nothing():
+    """Panel's HTML model decodes its text once: the table's own escaping must survive it
+    (a cell's markup stays text), and neither scripts nor maths run."""
+    hostile = '<img src=x onerror="alert(1)"> $x$'
+    element = hv.Table({"name": [hostile], "value": [0.5]}, kdims=["name"], vdims=["value"])
+    model = table_model(element, 300, 100)
+    assert shown_html(model) == table_html(element)
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; $x$" in shown_html(model)
+    assert "<img" not in shown_html(model)
+    assert model.run_scripts is False and model.disable_math is True
+    write_table(model, hv.Table({"name": ["b"], "value": [1.0]}, kdims=["name"], vdims=["value"]))
+    assert "<td>b</td><td>1.0</td>" in shown_html(model)

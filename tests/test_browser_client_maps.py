@@ -118,3 +118,62 @@ def test_a_query_change_redraws_its_weights_in_the_browser_with_the_servers_numb
         weights = np.asarray(served["value"])
         assert weights[0] == 1.0 and not weights[1:].any()  # causal: query 0 sees itself
         assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+# Every root of the page counts its layouts: BokehJS lays the whole page out again (~50 ms
+# on a 2-core machine) when a view's size may have changed: an axis whose labels widen, a
+# ``Div``'s new text. None of a selection change's redraws should.
+COUNT_LAYOUTS_JS = """() => {
+  window.attn_layouts = 0;
+  for (const root of Object.values(Bokeh.index).filter((view) => view.compute_layout)) {
+    const layout = root.compute_layout.bind(root);
+    root.compute_layout = () => { window.attn_layouts += 1; return layout(); };
+  }
+}"""
+
+
+def test_no_change_of_head_mask_query_or_colours_lays_the_page_out_again(browser, demo_url):
+    """The weights bars take a new scale in the frame that repaints the map: their labels
+    keep one width (a mask change's frame took 55-70 ms more while they widened), and the
+    head summary's new rows are written in place (a ``Div`` laid the page out again)."""
+    changes = [("Mask", "causal"), ("Mask", "none"), ("Head", "5"), ("Query", 402)]
+    changes += [("Query", 3), ("Mask", "diagonal"), ("Colormap", "viridis")]
+    with opened(browser, demo_url) as (page, console):
+        page.evaluate(COUNT_LAYOUTS_JS)
+        bars, summaries = set(), set()
+        for title, value in changes:
+            page.evaluate(
+                "([title, value]) => { attn.widget(title).value = value; }", [title, value]
+            )
+            if title != "Colormap":  # (not in the link)
+                page.wait_for_function(
+                    f"() => new URLSearchParams(location.search).get('{title.lower()}')"
+                    f" === '{value}'"
+                )
+            page.wait_for_timeout(700)  # the server's deferred views land
+            bars.add(page.evaluate("attn.hash(attn.plot('weights of query'))"))
+            summaries.add(page.evaluate(f"({SUMMARY_TEXT_JS})()"))
+        assert page.evaluate("window.attn_layouts") == 0
+        assert len(bars) >= 5 and len(summaries) >= 3  # they were redrawn, in place
+        palette = page.evaluate(
+            f"({MATRIX})().model.renderers.find((r) => r.glyph"
+            " && r.glyph.type === 'Image').glyph.color_mapper.palette[0]"
+        )
+        assert palette.lower() == "#440154"  # viridis's first colour: the last change landed
+        # one width for each scale's labels (as the browser writes them)
+        labels = page.evaluate(
+            "[[0, 0.05, 0.1, 0.15], [0, 0.0005, 0.001, 0.0015], [0, 0.5, 1]].map((ticks) =>"
+            " attn.plot('weights of query').model.left[0].formatter.doFormat(ticks, {}))"
+        )
+        assert labels == [
+            ["     0", "  0.05", "   0.1", "  0.15"],
+            ["     0", "0.0005", " 0.001", "0.0015"],
+            ["     0", "   0.5", "     1"],
+        ]
+        assert [m for m in console if m[0] in ("error", "pageerror")] == []
+
+
+SUMMARY_TEXT_JS = """() => attn.views().find((v) => v.model
+  && v.model.type === "panel.models.markup.HTML" && v.model.text.startsWith("&lt;table") &&
+  v.model.text.includes("entropy"))
+  .el.shadowRoot.textContent"""

@@ -18,6 +18,7 @@ from attnpanel.app.sections.rollout import ROLLOUT_SIZE as SIZE
 from attnpanel.nilm.demo import DEMO_LAYER, demo_model_run, demo_windows
 from attnpanel.nilm.nilmformer import time_features
 from attnpanel.render.elements import PlotKey
+from attnpanel.render.tables import shown_html
 
 LAYER = f"encoder.{DEMO_LAYER}.attention"
 
@@ -89,7 +90,7 @@ def test_the_page_draws_the_models_prediction_with_heads_switched_off(page, run)
     page.param.update(enabled_heads=[0, 1, 2, 4, 6, 7])
     assert "heads 3, 5 switched off in this layer" in page.engine.title("prediction")
     page.param.update(enabled_heads=[0, 1, 2, 4, 5, 6, 7])
-    table = page.engine.plots("metrics")[PlotKey("Table", "Metrics")][0]["table"].text
+    table = shown_html(page.engine.plots("metrics")[PlotKey("Table", "Metrics")][0]["table"])
     truth = page.trace["truth"].isel(batch=0).values
     mae = np.abs(without[0] - truth[0]).mean()
     assert f"{mae:.4g}" in table  # the fridge's MAE with head 3 off
@@ -272,8 +273,8 @@ def test_an_f1_with_nothing_on_is_not_available_with_its_reason_not_zero():
     0 / 0, undefined; the table reads "n/a" with the reason on hover, and no change."""
     from attnpanel.nilm.demo import demo_model_run
     from attnpanel.nilm.training import f1_score
-    from attnpanel.render.figures import table_html
     from attnpanel.render.importance_views import F1_UNDEFINED, metric_table
+    from attnpanel.render.tables import table_html
 
     off = np.zeros(480, dtype=bool)
     assert np.isnan(f1_score(off, off))

@@ -164,10 +164,15 @@ def test_value_aggregation_is_the_trace_context(trace):
     top = views.top_values(trace, sel)
     assert len(set(top.dimension_values("key"))) == views.TOP_VALUES
     best = int(np.argmax(weights))
-    assert top.dimension_values("key")[0].startswith(f"{best}: ")
+    assert top.dimension_values("key")[0].lstrip(views.FIGURE_SPACE).startswith(f"{best}: ")
     first = views.top_values(trace, Selection(sample=2, head=4, query=1, mask="causal"))
     keys = list(dict.fromkeys(first.dimension_values("key")))  # 2 keys allowed, 0 and 1
-    assert [key.split(":")[0] for key in sorted(keys)] == ["0", "1"]
+    assert sorted(key.split(":")[0].lstrip(views.FIGURE_SPACE) for key in keys) == ["0", "1"]
+    # every key's label at one width: its number right-aligned in figure spaces
+    digits = len(str(trace.sizes["key"] - 1))
+    assert digits >= 2
+    assert {len(key) for key in [*keys, *top.dimension_values("key")]} == {digits + 9}
+    assert keys[0].startswith(views.FIGURE_SPACE * (digits - 1))
     assert first.label == "value vectors of the top 2 keys"
 
 

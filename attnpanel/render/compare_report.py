@@ -41,7 +41,7 @@ from attnpanel.readouts.raster import scale_title, window_raster
 from attnpanel.render.compare_views import head_name
 from attnpanel.render.export_maps import LEVELS, MASKED, encode_map, map_palette
 from attnpanel.render.export_page import SelfContained
-from attnpanel.render.figures import TABLE_CSS
+from attnpanel.render.tables import TABLE_CSS
 from attnpanel.util.files import check_target, write_safely
 
 REPORT_HEADS = 8  # the most different heads whose maps the report draws

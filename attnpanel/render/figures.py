@@ -12,7 +12,6 @@ HoloViews (``DynamicMap``s in a notebook).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
 
 import holoviews as hv
 import numpy as np
@@ -24,13 +23,11 @@ from bokeh.models import (
     ColorBar,
     ColumnDataSource,
     CustomJSHover,
-    Div,
     FactorRange,
     FixedTicker,
     GlyphRenderer,
     Grid,
     HoverTool,
-    InlineStyleSheet,
     Legend,
     LinearColorMapper,
     PrintfTickFormatter,
@@ -49,6 +46,7 @@ from attnpanel.render.axes import DRAWN_EXTENT, FIXED_AXES, axis_number, extents
 from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
+from attnpanel.render.tables import table_model
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
@@ -166,8 +164,8 @@ def draw(
 
     Returns
     -------
-    figure : bokeh.plotting.figure or bokeh.models.Div
-        A table is an HTML table in a ``Div`` (handle ``table``).
+    figure : bokeh.plotting.figure or panel.models.HTML
+        A table is an HTML table (:mod:`attnpanel.render.tables`, handle ``table``).
     layers : list of (PlotKey, dict)
         Each layer's handles: ``plot``, ``source``, ``glyph``, ``glyph_renderer`` and for
         maps ``color_mapper``, ``colorbar``, ``x_range``, ``y_range``, ``xaxis`` and
@@ -471,7 +469,7 @@ def _axes(x_axis, y_axis, first, xticks, yticks, xrotation) -> None:
     if xrotation and x_axis is not None:
         x_axis.major_label_orientation = np.deg2rad(xrotation)
     if isinstance(first, hv.Rectangles) and first.group == "Vector" and y_axis is not None:
-        y_axis.formatter = BasicTickFormatter(use_scientific=False)  # 0.007, not 7.000e-3
+        axes.steady_labels(y_axis)  # 0.007, not 7.000e-3; at one width whatever the scale
     if isinstance(first, hv.Rectangles) and first.group == "Ranking" and x_axis is not None:
         x_axis.formatter = BasicTickFormatter(use_scientific=False)  # 0.0001, not 1.000e-4
 
@@ -531,66 +529,7 @@ def _hover(found, layers) -> HoverTool:
     return HoverTool(tooltips=[])
 
 
-# A table is a plain HTML table in a Bokeh ``Div``: a ``DataTable`` (SlickGrid) cost the
-# demo page ~85 ms of the browser's first paint for two small tables, and ~35 models.
-TABLE_CSS = """
-:host { overflow-y: auto; }
-table { border-collapse: collapse; font-size: 13px; }
-th { text-align: left; font-weight: 600; border-bottom: 1px solid #bbb; padding: 4px 14px 4px 6px; }
-td { padding: 3px 14px 3px 6px; white-space: nowrap; }
-td.prose { white-space: normal; min-width: 18em; }
-tbody tr:nth-child(odd) { background: #f3f3f3; }
-"""
-
-
-def _cell(value) -> str:
-    """A table cell's text: floats with one to three decimals (160.0, 13.6, 0.035)."""
-    if isinstance(value, float | np.floating):
-        if not np.isfinite(value):
-            return "–"
-        text = f"{value:.3f}".rstrip("0")
-        return text + "0" if text.endswith(".") else text
-    return str(value)
-
-
-NOT_AVAILABLE = "n/a"  # a table cell with no value; its row's WHY column says why
-WHY = "why"  # a table column not drawn: the hover (title) of its row's "n/a" cells
-
-
-PROSE = 48  # a cell of the widest column longer than this wraps (the rest stay on one line)
-
-
-def _td(value, why: str, wraps: bool = False) -> str:
-    if value == NOT_AVAILABLE and why:
-        return f'<td title="{escape(why)}">{NOT_AVAILABLE}</td>'
-    text = _cell(value)
-    if wraps and len(text) > PROSE and " " in text:  # a sentence, within the table's width
-        return f'<td class="prose">{escape(text)}</td>'
-    return f"<td>{escape(text)}</td>"
-
-
-def table_html(element: hv.Table) -> str:
-    """An ``hv.Table`` as an HTML table; every header and cell escaped (untrusted text); an
-    "n/a" cell has its row's :data:`WHY` (a column not drawn) on hover; the long cells of
-    the widest column wrap, so that the table keeps to its frame."""
-    dims = [d for d in element.dimensions() if d.name != WHY]
-    columns = {d.name: element.dimension_values(d) for d in element.dimensions()}
-    whys = columns.get(WHY, [""] * len(element))
-    widest = max(dims, key=lambda d: max((len(_cell(v)) for v in columns[d.name]), default=0))
-    head = "".join(f"<th>{escape(d.pprint_label)}</th>" for d in dims)
-    rows = "".join(
-        "<tr>" + "".join(_td(columns[d.name][i], str(whys[i]), d is widest) for d in dims) + "</tr>"
-        for i in range(len(element))
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-
-
 def _table(element: hv.Table, width, height):
-    table = Div(
-        text=table_html(element),
-        width=width,
-        height=height,
-        stylesheets=[InlineStyleSheet(css=TABLE_CSS)],
-    )
+    table = table_model(element, width, height)
     handles = {"plot": table, "table": table}
     return table, [(_key(element), handles)]

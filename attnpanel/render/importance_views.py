@@ -14,7 +14,7 @@ import xarray as xr
 
 from attnpanel.readouts import core
 from attnpanel.render.elements import Raster
-from attnpanel.render.figures import NOT_AVAILABLE, WHY
+from attnpanel.render.tables import NOT_AVAILABLE, WHY
 from attnpanel.render.views import FAST_DATATYPE
 
 OFF_SUFFIX = " (heads off)"

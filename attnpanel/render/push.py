@@ -21,7 +21,7 @@ from attnpanel.render.axes import (
     shown_by_server,
 )
 from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
-from attnpanel.render.figures import table_html
+from attnpanel.render.tables import write_table
 
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
 
@@ -90,7 +90,7 @@ def name_map(handles: dict, value_label: str, low: float, hovers=()) -> None:
 def push(handles: dict, element) -> None:
     """Write one element's data into its rendered Bokeh models (their axes: :func:`write`)."""
     if isinstance(element, hv.Table):
-        handles["table"].text = table_html(element)
+        write_table(handles["table"], element)
         return
     glyph = handles.get("glyph")
     if isinstance(element, hv.HSpan):

@@ -49,6 +49,7 @@ from attnpanel.render.styling import (
 )
 
 TOP_VALUES = 5  # the values listed beside the context vector
+FIGURE_SPACE = "\u2007"  # a space as wide as a digit (U+2007)
 
 
 # Columns as a plain dict: building an element this way takes ~1.5 ms instead of ~8 ms
@@ -311,7 +312,11 @@ def top_values(
     seen = order[weights[order] > 0]  # a blocked key (query 0, causal) is no top key
     order = seen if len(seen) else order[:1]
     n_dims = values.shape[1]
-    labels = np.repeat([f"{key}: w {weights[key]:.3f}" for key in order], n_dims)
+    # each key's label at one width (its number right-aligned in figure spaces, a digit's
+    # width): a new query's labels never widen the axis (BokehJS then lays the page out again)
+    digits = len(str(len(weights) - 1))
+    labels = [f"{key:{FIGURE_SPACE}>{digits}}: w {weights[key]:.3f}" for key in order]
+    labels = np.repeat(labels, n_dims)
     table = pd.DataFrame(
         {
             "dim": np.tile(np.arange(n_dims), len(order)),
