@@ -12,7 +12,10 @@ page's HTML) and the time until every section is in its place and the page idle 
 first page of each server is left out of the figures (it builds the shared demo trace) and
 printed apart; the row of a server started with ``--warm`` (the README's command: the demo
 and the first explorer are built as the server starts) shows the cold start the first
-visitor meets, requested as soon as the server listens. A last row,
+visitor meets, requested as soon as the server listens. The row of
+``benchmarks/skeleton_app.py`` is the README's page with every figure's data cut to two
+points: what the page's structure costs whatever its data (its "every section" column is
+its first paint: its later sections are not waited for). A last row,
 ``benchmarks/one_map_app.py`` (a Panel page with one 480 x 480 map), is this machine's
 floor in the same run.
 
@@ -59,11 +62,13 @@ def check_rendered(page, app: Path) -> None:
 
 
 def first_paints(
-    browser, app: Path, pages: int, gap: float, extra=()
+    browser, app: Path, pages: int, gap: float, extra=(), every_section: bool = True
 ) -> tuple[list[float], list[float], list[float]]:
     """Seconds from the request to an idle document, to the server's answer and to every
     section in its place, for ``pages`` pages in a row, ``gap`` seconds apart (``extra``:
-    ``panel serve``'s options; the first page is requested as soon as the server listens)."""
+    ``panel serve``'s options; the first page is requested as soon as the server listens;
+    ``every_section=False``: the first paint only, for a page whose later sections are not
+    drawn)."""
     times, answers, complete = [], [], []
     with serve(app, extra_args=extra) as (url, _proc):
         for _ in range(pages):
@@ -77,7 +82,8 @@ def first_paints(
                 with contextlib.suppress(PlaywrightTimeout):
                     page.wait_for_function(DRAWN_JS, timeout=240_000, polling=20)
             times.append(time.perf_counter() - start)
-            page.wait_for_function(COMPLETE_JS, timeout=300_000, polling=20)
+            if every_section:
+                page.wait_for_function(COMPLETE_JS, timeout=300_000, polling=20)
             complete.append(time.perf_counter() - start)
             answers.append(page.evaluate(ANSWER_JS) / 1000)
             check_rendered(page, app)
@@ -108,6 +114,14 @@ def main() -> None:
             ),
             "naive DynamicMaps (baseline)": first_paints(
                 browser, ROOT / "benchmarks" / "naive_app.py", args.pages, args.gap
+            ),
+            "the README's page with its data cut away (structure only)": first_paints(
+                browser,
+                ROOT / "benchmarks" / "skeleton_app.py",
+                args.pages,
+                args.gap,
+                extra=("--warm",),
+                every_section=False,
             ),
             "floor: one 480 x 480 map alone": first_paints(
                 browser, ROOT / "benchmarks" / "one_map_app.py", args.pages, args.gap
