@@ -24,7 +24,9 @@ type, the median and 95th percentile of:
 
 For the query it also times the query's weights bars, from the same change (drawn by the
 browser from the shown head's weights sent ahead, or by the server). Finally
-it reports the server process's resident memory with one session.
+it reports the server process's resident memory with one session: as the page has loaded,
+and once settled (``TRIM_DELAY_S`` after the load the server gives back what building the
+page freed, :func:`attnpanel.app.serving.release_memory`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from served_app import (  # noqa: E402
     wait_idle,
 )
 
+from attnpanel.app.serving import TRIM_DELAY_S  # noqa: E402
 from attnpanel.readouts import core  # noqa: E402
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
@@ -126,10 +129,13 @@ def browser_latencies(repeats: int, gap_ms: int = 150):
         browser = launch_chromium(p)
         console: list = []
         page = open_app(browser, url, console)
-        rss_loaded = rss_mb(proc.pid)
+        rss_loaded, loaded_at = rss_mb(proc.pid), time.monotonic()
         # the server's one-time work (the demo's survey, warmed after the first page)
         # is done before the changes are timed: it would compete with them for the CPU
         waited = wait_idle(proc.pid)
+        # what it holds once settled: the page's memory goes back TRIM_DELAY_S after it loads
+        time.sleep(max(0.0, TRIM_DELAY_S + 1 - (time.monotonic() - loaded_at)))
+        rss_settled = rss_mb(proc.pid)
         page.wait_for_function(f"() => {CACHED} >= 20", timeout=60_000)  # the first maps
         results = _changes(page, repeats, gap_ms)
         page.close()
@@ -137,7 +143,7 @@ def browser_latencies(repeats: int, gap_ms: int = 150):
         round_trips = _changes(page, repeats, gap_ms)
         page.wait_for_timeout(1000)
         memory = dict(loaded=rss_loaded, now=rss_mb(proc.pid), peak=peak_rss_mb(proc.pid))
-        memory["waited"] = waited
+        memory.update(waited=waited, settled=rss_settled)
         errors = [m for m in console if m[0] in ("error", "pageerror")]
         browser.close()
     return results, round_trips, memory, errors
@@ -292,8 +298,10 @@ def main(argv=None) -> None:
         f"(round trip: median {ms(trip):.0f} ms, p95 {ms(trip, 95):.0f} ms)"
     )
     print(
-        f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['now']:.0f} MiB after "
-        f"the run, peak {memory['peak']:.0f} MiB (one session); the server's one-time work "
+        f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['settled']:.0f} MiB "
+        f"{TRIM_DELAY_S + 1:.0f} s after it (freed memory given back), "
+        f"{memory['now']:.0f} MiB after the run, peak {memory['peak']:.0f} MiB (one session); "
+        "the server's one-time work "
         f"after the first page took {memory['waited']:.0f} s before the changes"
     )
     if errors:
