@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import panel as pn
+import pytest
 from bokeh.models import ColumnDataSource, Plot
+from bokeh.settings import settings
 
 from attnpanel.app.explorer import AttentionExplorer
 
@@ -27,7 +29,20 @@ def sources_and_titles(explorer):
     return list(sources.values()), sorted(titles)
 
 
-def test_the_skeleton_page_is_the_readmes_page_with_its_data_cut_to_two_points():
+@pytest.fixture
+def app_settings(monkeypatch):
+    """What an app file sets for its server (``pn.extension``'s options, Bokeh's document
+    validation), put back after the test: an exception handler left set would swallow the
+    errors of every later test's callbacks."""
+    for name in ("exception_handler", "notifications", "inline"):
+        monkeypatch.setattr(pn.config, name, getattr(pn.config, name))
+    validation = settings.perform_document_validation
+    before = validation()
+    yield
+    validation.set_value(before)
+
+
+def test_the_skeleton_page_is_the_readmes_page_with_its_data_cut_to_two_points(app_settings):
     """``benchmarks/skeleton_app.py``: the same sections and figures as the explorer it
     is built from, every column of every figure's source two entries long at most."""
     found = runpy.run_path(str(BENCHMARKS / "skeleton_app.py"))

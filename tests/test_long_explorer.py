@@ -226,6 +226,10 @@ def test_a_query_click_draws_its_row_and_heaviest_keys(pair, explorer):
     assert [int(r["key"]) for r in listed] == expected.tolist()
     assert float(listed[0]["weight"]) == pytest.approx(row[expected[0]], abs=1e-5)
     assert f"heaviest key {expected[0]}" in explorer.engine.title("query row")
+    # its weight axis keeps one width for any query (0.000015 fits): no page layout
+    plot = next(h[0]["plot"] for k, h in curve.items() if k.group == "QueryRow")
+    formatter = plot.yaxis[0].formatter
+    assert formatter.args["chars"] == 8 and plot.yaxis[0].major_label_text_font == "monospace"
 
 
 def test_a_box_compares_the_heads_attention_mass(pair, explorer):

@@ -26,7 +26,8 @@ NEVER_RESCALE = (
 # that repaints the chart), and the query's weights bars take a new scale in the very
 # frame that repaints the map after a head, mask or query change. Its labels are written
 # as Bokeh writes them (plain decimals, never 7.000e-3) in a fixed-width font, right-aligned
-# to STEADY_CHARS characters (-0.0005 and longer still fit: the axis then widens).
+# to STEADY_CHARS characters (a query's weights over up to ~2,000 keys always fit: their
+# largest is 1/2000 or more; a longer label, -0.0015 say, is shown whole and widens the axis).
 STEADY_CHARS = 6
 STEADY_JS = """
 this.labels ??= plain.doFormat(ticks, {loc: 0});

@@ -24,7 +24,7 @@ import holoviews as hv
 import numpy as np
 import panel as pn
 import param
-from bokeh.models import BasicTickFormatter, CustomJSHover, CustomJSTickFormatter, HoverTool
+from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.app import linked
@@ -43,6 +43,7 @@ from attnpanel.app.sections.sequence import sequence_styles
 from attnpanel.app.sources import VirtualSource
 from attnpanel.readouts import core, windows
 from attnpanel.readouts.windows import CURVE_BINS
+from attnpanel.render import axes
 from attnpanel.render.elements import MAP_KEY
 
 SEQUENCE_HEIGHT = 220
@@ -298,7 +299,8 @@ class QueryRow(Section):
         plot = self.engine.render(
             overlay, "query row", style=style, sizing_mode="stretch_width", height=ROW_HEIGHT
         )
-        plot.object.yaxis.formatter = BasicTickFormatter(use_scientific=False)
+        # one width (0.000015: a weight over 65,536 keys): a new query lays nothing out
+        axes.steady_labels(plot.object.yaxis[0], chars=8)
         self.clock.label(plot.object)
         table = self.engine.add(
             "top keys",
