@@ -134,8 +134,17 @@ HELPERS_JS = r"""
     doc.remove_on_change(listener);
     return { total: t1 - t0, to_patch: first_patch === null ? null : first_patch - t0 };
   };
-  window.attn = { views, plots, plot, widget, hash, pixels, frame_point, tile_point, rgba_at,
-                  until_changed, timed_change };
+  // A view's table (attnpanel/render/tables.py: Panel's HTML model, its text the table's
+  // HTML escaped once more) by words in it: the <table> the page shows.
+  const table = (words) => {
+    const found = views().find((v) => v.model && v.model.type === "panel.models.markup.HTML"
+                                      && v.model.text.startsWith("&lt;table")
+                                      && v.model.text.includes(words));
+    if (found === undefined) throw new Error(`no table with ${words}`);
+    return found.el.shadowRoot.querySelector("table");
+  };
+  window.attn = { views, plots, plot, widget, table, hash, pixels, frame_point, tile_point,
+                  rgba_at, until_changed, timed_change };
 })();
 """
 

@@ -227,11 +227,7 @@ def test_switching_a_head_off_re_runs_the_model(app, artifacts):
         np.testing.assert_allclose(drawn, without[i], rtol=1e-5, atol=1e-3)
         drawn = page.evaluate(PREDICTION_JS, f"{name} (predicted)")
         np.testing.assert_allclose(drawn, every[i], rtol=1e-5, atol=1e-3)
-    table = page.evaluate(
-        "attn.views().find((v) => v.model && v.model.type === 'panel.models.markup.HTML' && "
-        "v.model.text.startsWith('&lt;table') && v.model.text.includes('every head'))"
-        ".el.shadowRoot.querySelector('table').textContent"
-    )
+    table = page.evaluate("attn.table('every head').textContent")
     assert "heads off" in table and "F1 kettle" in table
     page.get_by_text("Which heads the prediction needs").scroll_into_view_if_needed()
     shot(page, artifacts, "head_off_prediction")
@@ -381,10 +377,7 @@ def test_the_survey_shows_every_sample_of_the_models_own_statistics(app, artifac
 
 
 SUMMARY_JS = """() => {
-  const table = attn.views().find((v) => v.model && v.model.type === "panel.models.markup.HTML" &&
-                                   v.model.text.startsWith("&lt;table") &&
-  v.model.text.includes("entropy"));
-  return [...table.el.shadowRoot.querySelectorAll("tbody tr")].map(
+  return [...attn.table("entropy").querySelectorAll("tbody tr")].map(
     (row) => [...row.querySelectorAll("td")].map((c) => c.textContent.trim()));
 }"""
 

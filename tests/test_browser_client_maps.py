@@ -180,7 +180,4 @@ def test_no_change_of_head_mask_query_or_colours_lays_the_page_out_again(browser
         assert [m for m in console if m[0] in ("error", "pageerror")] == []
 
 
-SUMMARY_TEXT_JS = """() => attn.views().find((v) => v.model
-  && v.model.type === "panel.models.markup.HTML" && v.model.text.startsWith("&lt;table") &&
-  v.model.text.includes("entropy"))
-  .el.shadowRoot.textContent"""
+SUMMARY_TEXT_JS = """() => attn.table("entropy").textContent"""

@@ -72,14 +72,15 @@ def table_html(element: hv.Table) -> str:
 
 def table_model(element: hv.Table, width, height) -> HTML:
     """The page's model of a table (see the module)."""
-    return HTML(
-        text=escape(table_html(element)),
+    model = HTML(
         width=width,
         height=height,
         disable_math=True,
         run_scripts=False,
         stylesheets=[InlineStyleSheet(css=TABLE_CSS)],
     )
+    write_table(model, element)
+    return model
 
 
 def write_table(model: HTML, element: hv.Table) -> None:
