@@ -25,6 +25,7 @@ LAYERS = (
     "capturing",
     "surveys",
     "interventions",
+    "series",
     "readouts",
     "render",
     "app",
@@ -177,11 +178,18 @@ def test_classes_stay_small():
     assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"
 
 
+# Files that read a format whose own schema has the word, and why.
+FORMAT_WORDS = {
+    "attnpanel/series/readers/nilmtk.py": "NILMTK's building metadata key 'appliances'",
+}
+
+
 def test_appliances_are_the_demos_word():
     naming = {
         str(path.relative_to(ROOT))
         for path in modules().values()
         if not path.is_relative_to(PACKAGE / "nilm")
+        and str(path.relative_to(ROOT)) not in FORMAT_WORDS
         and re.search("appliance", path.read_text(), flags=re.I)
     }
     assert naming == set()

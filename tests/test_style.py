@@ -41,6 +41,7 @@ FOREIGN_PRIVATE = {
     "_forward_pre_hooks": "as _forward_hooks",
     "_version": "torch has no public version counter of a tensor (changed in place since?)",
     "_repr_mimebundle_": "IPython's display protocol, public despite its underscore",
+    "_v_attrs": "PyTables' node attributes: its _v_ prefix names public node members",
 }
 CHECKED = ("attnpanel", "apps", "tests", "benchmarks")
 

@@ -8,6 +8,7 @@ import sys
 
 from attnpanel.cli import (
     compare,
+    evaluate,
     export,
     figure,
     importance,
@@ -29,6 +30,7 @@ COMMANDS = (
     trace,
     importance,
     patch,
+    evaluate,
     compare,
     survey,
     overviews,

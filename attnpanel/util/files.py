@@ -64,7 +64,13 @@ def _is_png(path: Path) -> bool:
     return path.is_file() and _head(path, 8) == b"\x89PNG\r\n\x1a\n"
 
 
+def _is_csv(path: Path) -> bool:
+    head = _head(path)
+    return path.is_file() and b"," in head.split(b"\n", 1)[0] and b"\0" not in head
+
+
 KINDS: dict[str, tuple[str, Callable[[Path], bool]]] = {
+    "csv": ("a CSV table", _is_csv),
     "netcdf": ("a netCDF (HDF5) file", _is_netcdf),
     "zarr": ("a zarr store", _is_zarr),
     "html": ("an HTML page", _is_html),
