@@ -75,7 +75,9 @@ def write_nilmtk(path: Path, houses: dict[str, pd.DataFrame], metadata: bool = T
                 table.columns = pd.MultiIndex.from_tuples(
                     table.columns, names=["physical_quantity", "type"]
                 )
-                store.put(f"/building{house}/elec/meter{j}", table, format="table")
+                store.put(
+                    f"/building{house}/elec/meter{j}", table, format="table", track_times=False
+                )
             if metadata:
                 node = store.get_node(f"/building{house}")
                 node._v_attrs.metadata = {

@@ -119,7 +119,7 @@ def _recipe(args: argparse.Namespace):
         recipe = series.read_recipe(args.recipe)
         if args.scale is not None:
             recipe.scale = args.scale
-        recipe.targets = list(args.target)
+        recipe.targets = tuple(args.target)
         return recipe
     options = {"targets": list(args.target)}
     if args.scale is not None:

@@ -28,6 +28,7 @@ come from that command with its defaults.
 from __future__ import annotations
 
 import importlib.resources
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -271,9 +272,21 @@ def load_model(path: str | Path | None = None) -> NILMFormer:
         raise FileNotFoundError(
             f"no NILMFormer weights at {path}; train them with `python -m attnpanel.nilm.training`"
         )
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    own = "a checkpoint of a model of your own goes with --model FILE.py:FUNCTION"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch's UnpicklingError, RuntimeError of a broken zip ...
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        held = f"it holds {found.group(1)}" if found else str(error).strip().splitlines()[0]
+        raise ValueError(f"{path} is not the demo's NILMFormer file: {held}; {own}") from None
     if not isinstance(saved, dict) or not {"config", "state_dict"} <= saved.keys():
-        raise ValueError(f"{path} is not a NILMFormer file (expected 'config' and 'state_dict')")
-    model = NILMFormer(NILMFormerConfig(**saved["config"]))
-    model.load_state_dict(saved["state_dict"])
+        raise ValueError(
+            f"{path} is not the demo's NILMFormer file (expected 'config' and 'state_dict'); {own}"
+        )
+    try:
+        model = NILMFormer(NILMFormerConfig(**saved["config"]))
+        model.load_state_dict(saved["state_dict"])
+    except (TypeError, RuntimeError) as error:
+        first = str(error).strip().splitlines()[0]
+        raise ValueError(f"{path} does not fit the demo's NILMFormer: {first}; {own}") from None
     return model.eval()

@@ -42,7 +42,7 @@ def clock_values(times: pd.DatetimeIndex, feature: str, subtract_one: bool = Fal
     if feature == "hour":
         return times.hour.to_numpy()
     if feature == "dow":
-        return times.dayofweek.to_numpy() - (1 if subtract_one else 0)
+        return times.day_of_week.to_numpy() - (1 if subtract_one else 0)
     if feature == "month":
         return times.month.to_numpy() - (1 if subtract_one else 0)
     if feature == "dom":
@@ -79,6 +79,7 @@ class NILMFormerRecipe(Recipe):
     tokens_after: tuple[str, ...] = field(default=(STATISTICS_TOKEN,), init=False)
 
     def __post_init__(self):
+        self.targets, self.features = tuple(self.targets), tuple(self.features)
         if self.scale is None:
             raise RecipeError(
                 "the nilmformer recipe needs the scale the model was trained with "

@@ -152,6 +152,7 @@ class GenericRecipe(Recipe):
     scale: float = 1.0  # readings are divided by it on the way in, multiplied on the way out
 
     def __post_init__(self):
+        self.targets, self.channels = tuple(self.targets), tuple(self.channels)
         if self.layout not in ("BLC", "BCL"):
             raise RecipeError(f"layout is BLC or BCL, not {self.layout!r}")
         if not self.scale or not np.isfinite(self.scale):

@@ -61,6 +61,8 @@ def _labels(path: Path, labels) -> dict[int, str]:
 @reader("refit", claims=_claims, words="REFIT's CLEAN_House<N>.csv (a file or a folder)")
 def read_refit(path: Path, houses=None, labels=None) -> list[Recording]:
     files = sorted(path.glob("*.csv")) if path.is_dir() else [path]
+    if not files:
+        raise RecordingError(f"{path} holds no REFIT CSV (CLEAN_House<N>.csv)")
     named = {_house(f): f for f in files}
     found = []
     for house in pick_houses(list(named), houses, str(path)):
