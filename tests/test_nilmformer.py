@@ -98,7 +98,7 @@ def test_load_errors(tmp_path):
         load_model(tmp_path / "missing.pt")
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(3)}, other)
-    with pytest.raises(ValueError, match="not a NILMFormer file"):
+    with pytest.raises(ValueError, match="not the demo's NILMFormer file"):
         load_model(other)
 
 

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
+CONDA_NAMES = {"torch": "pytorch", "tables": "pytables"}  # PyPI name -> conda-forge name
 
 
 def _requirement(spec: str) -> tuple[str, str]:

@@ -1,0 +1,129 @@
+"""Reading a recording and evaluating a model on it, beside the plain route of the same run.
+
+1. A year of one house at 6 s in UK-DALE's layout (5.3 M lines x 7 channels, written once
+   into ``--cache``): ``attnpanel.series.read_recordings`` + ``windows_of`` (1 min, L 480)
+   against ``pandas.read_csv`` + ``resample("1min").mean()`` of the same files alone
+   (target <= 1.5x).
+2. ``RecordingModel.evaluate()`` over the windows against the plain forwards of the same
+   windows (target <= 1.2x), the reference NILMFormer of the tests.
+
+Medians and p95 over ``--repeats`` rounds, each round timing both routes in turn::
+
+    python benchmarks/recordings.py [--days 365] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+CHANNELS = ("aggregate", "kettle", "fridge", "washer", "dishwasher", "microwave", "lights")
+
+
+def write_house(folder: Path, days: int, step_s: int = 6) -> Path:
+    """One UK-DALE house of ``days`` days at ``step_s`` seconds (written once)."""
+    house = folder / "house_1"
+    if (house / "labels.dat").exists():
+        return folder
+    house.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    n = days * 86400 // step_s
+    unix = 1_388_534_400 + np.arange(n, dtype=np.int64) * step_s  # 2014-01-01
+    for i, name in enumerate(CHANNELS, 1):
+        watts = rng.integers(0, 3000 if name == "aggregate" else 300, size=n)
+        table = pd.DataFrame({"t": unix + (0 if i == 1 else 1), "w": watts})
+        table.to_csv(house / f"channel_{i}.dat", sep=" ", header=False, index=False)
+    (house / "labels.dat").write_text("".join(f"{i} {n}\n" for i, n in enumerate(CHANNELS, 1)))
+    return folder
+
+
+def plain_read(folder: Path) -> pd.DataFrame:
+    """The baseline: each channel read and resampled with pandas alone."""
+    columns = {}
+    for i, name in enumerate(CHANNELS, 1):
+        table = pd.read_csv(
+            folder / "house_1" / f"channel_{i}.dat", sep=" ", header=None,
+            names=["t", "w"], engine="pyarrow",
+        )  # fmt: skip
+        series = pd.Series(
+            table["w"].to_numpy(float), index=pd.to_datetime(table["t"], unit="s", utc=True)
+        )
+        columns[name] = series.resample("1min").mean()
+    return pd.DataFrame(columns)
+
+
+def ours(folder: Path):
+    from attnpanel import series
+
+    return series.windows_of(series.read_recordings(folder), length=480, freq="1min")
+
+
+def summary(times: list[float]) -> str:
+    median = statistics.median(times)
+    p95 = float(np.percentile(times, 95))
+    return f"median {median:.3f} s, p95 {p95:.3f} s"
+
+
+def evaluate_case(repeats: int) -> None:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from recordings import house_power
+    from reference_nilmformer import reference_nilmformer
+
+    from attnpanel import series
+
+    windows = series.windows_of(series.read_recordings(house_power(hours=24 * 8)), 480)
+    recipe = series.make_recipe("nilmformer", scale=6000.0, targets=["kettle"])
+    model = reference_nilmformer()
+    plain, full = [], []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        with torch.no_grad():
+            for first in range(0, windows.sizes["window"], 64):
+                (x,), _ = recipe.inputs(windows.isel(window=slice(first, first + 64)))
+                model(x)
+        plain.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        series.RecordingModel(model, recipe, windows, {"kettle": 2000.0}).evaluate()
+        full.append(time.perf_counter() - start)
+    plain, full = plain[1:], full[1:]  # the first round warms up
+    ratio = statistics.median(full) / statistics.median(plain)
+    print(f"evaluate, {windows.sizes['window']} windows: {summary(full)}")
+    print(f"plain forwards:             {summary(plain)}")
+    print(f"ratio (target <= 1.2): {ratio:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=365)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "attnpanel"))
+    args = parser.parse_args()
+    folder = write_house(Path(args.cache) / f"bench-ukdale-{args.days}d", args.days)
+    base, found = [], []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        plain_read(folder)
+        base.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        cut = ours(folder)
+        found.append(time.perf_counter() - start)
+    lines = args.days * 86400 // 6
+    print(f"read + 1 min + windows, {lines:,} lines x {len(CHANNELS)} channels, "
+          f"{cut.sizes['window']} windows")  # fmt: skip
+    print(f"attnpanel.series:          {summary(found)}")
+    print(f"pandas read_csv + resample: {summary(base)}")
+    print(f"ratio (target <= 1.5): {statistics.median(found) / statistics.median(base):.2f}")
+    evaluate_case(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
