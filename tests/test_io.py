@@ -261,3 +261,33 @@ def test_a_zarr_v3_store_loads_as_one_trace(tmp_path):
         back = attnpanel.load(path)
     assert isinstance(back, xr.Dataset)
     np.testing.assert_array_equal(back["weights"].values, ds["weights"].values)
+
+
+def test_a_reference_series_with_no_reading_saves_as_explore_shows_it(tmp_path):
+    """NaN in ``signal`` / ``truth`` / ``prediction`` is "no reading here" (a gap, a
+    token's place): ``save`` and ``load`` keep it as ``explore`` draws it; Inf is refused."""
+    ds = make_trace()
+    signal = np.random.default_rng(0).random((ds.sizes["batch"], ds.sizes["position"]))
+    signal[:, -1] = np.nan
+    ds = ds.assign(signal=(("batch", "position"), signal))
+    save(ds, tmp_path / "gap.nc")
+    back = load(tmp_path / "gap.nc")
+    np.testing.assert_array_equal(np.isnan(back["signal"].values), np.isnan(signal))
+    signal[1, 2] = np.inf
+    with pytest.raises(ValueError, match="signal contains Inf at batch=1, position=2"):
+        save(ds.assign(signal=(("batch", "position"), signal)), tmp_path / "inf.nc")
+
+
+def test_info_of_a_trace_with_a_position_without_time(tmp_path, capsys):
+    """A position without a time (NaT) is shown by its index; ``attnpanel info`` exits 0."""
+    from attnpanel.cli.main import main
+
+    ds = make_trace().drop_vars("token")
+    time = np.arange(ds.sizes["position"]).astype("datetime64[m]").astype("datetime64[ns]")
+    time[-1] = np.datetime64("NaT")
+    save(ds.assign_coords(time=("position", time)), tmp_path / "nat.nc")
+    assert main(["info", str(tmp_path / "nat.nc")]) == 0
+    last = ds.sizes["position"] - 1
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:1] == [str(last)] for line in lines)  # its row: no time
+    assert any(line.split()[:1] == [f"{last - 1}@00:{last - 1:02d}"] for line in lines)

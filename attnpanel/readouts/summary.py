@@ -128,7 +128,9 @@ def _labels(ds: xr.Dataset, batch: int) -> list[str]:
     if "time" in ds.coords:
         time = ds["time"]
         time = time.isel(batch=batch) if "batch" in time.dims else time
-        return [f"{i}@{pd.Timestamp(t):%H:%M}" for i, t in enumerate(time.values)]
+        # a position without a time (NaT: a token, a padded place) keeps its index alone
+        return [f"{i}@{pd.Timestamp(t):%H:%M}" if not pd.isna(t) else str(i)
+                for i, t in enumerate(time.values)]  # fmt: skip
     return [str(i) for i in range(length)]
 
 

@@ -18,6 +18,7 @@ from attnpanel.traces.schema import (
     CROSS_DIMS,
     EXPECTED_DIMS,
     MASK_TRUTH,
+    REFERENCE_SERIES,
     ROW_SUM_TOLERANCE,
 )
 from attnpanel.traces.stages import blocked_cells
@@ -171,6 +172,11 @@ def _check_finite(ds: xr.Dataset, floats: list[str], reductions: dict) -> dict:
     that holds NaN or Inf, naming where; returns the computed values."""
     values = dict(zip(reductions, dask.compute(*reductions.values()), strict=True))
     for name in floats:
+        if name in REFERENCE_SERIES:  # NaN there is "no reading" (a gap, a token's place)
+            infinite = np.isinf(ds[name])
+            if bool(infinite.any()):
+                raise ValueError(f"{name} contains Inf at {_where(_first_bad(infinite))}")
+            continue
         low, high = float(values[(name, "min")]), float(values[(name, "max")])
         if np.isnan(low) or np.isnan(high):
             where = _where(_first_bad(np.isnan(ds[name])))
