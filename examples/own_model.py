@@ -54,7 +54,7 @@ def explore(traces):
     return attnpanel.AttentionExplorer(traces, head="mean", mask="causal")
 
 
-def main(path: str = "own_model_trace.nc", serve: bool = False):
+def main(path: str = "own_model_trace.nc", serve: bool = False, port: int = 5006):
     """Capture the forecaster's attention, save its last layer; serve the explorer if asked."""
     torch.manual_seed(0)
     model = Forecaster()
@@ -71,7 +71,8 @@ def main(path: str = "own_model_trace.nc", serve: bool = False):
     if serve:
         import panel as pn
 
-        pn.serve(explore(traces), title="attnpanel · own model", show=False)
+        # one explorer object; every further page gets an explorer of its own
+        pn.serve(explore(traces), title="attnpanel · own model", show=False, port=port)
     return traces
 
 
@@ -79,5 +80,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", nargs="?", default="own_model_trace.nc", help="trace file")
     parser.add_argument("--serve", action="store_true", help="serve the explorer on it")
+    parser.add_argument("--port", type=int, default=5006, help="port to serve on (5006)")
     args = parser.parse_args()
-    main(args.path, serve=args.serve)
+    main(args.path, serve=args.serve, port=args.port)

@@ -34,6 +34,17 @@ TITLE_CHARS = 160  # the page's heading: a trace's source line, at most this lon
 class Explorer(pn.viewable.Viewer):
     """A page of a capture: shown by Panel (served, in a notebook), saved as offline HTML."""
 
+    def __new__(cls, *args, **kwargs):
+        explorer = super().__new__(cls)
+        # what it was made of: ``pn.serve(explorer)`` gives each further page its own
+        explorer._made_with = (args, kwargs)
+        return explorer
+
+    def another(self) -> Explorer:
+        """A new explorer made of what this one was made of (its own state and page)."""
+        args, kwargs = self._made_with
+        return type(self)(*args, **kwargs)
+
     def save(self, path, sample: int | None = None, overwrite: bool = False, **options):
         """Write a standalone HTML file that works offline; returns its path."""
         raise NotImplementedError(f"{type(self).__name__} has no offline export")
@@ -91,6 +102,7 @@ class LayerExplorer(ExplorerState, Explorer):
         self.later = LaterSections()  # what page() puts in place after the first paint
         self._layout = None
         self._url_synced = False
+        self._shown_in = None  # the served document whose page this explorer is
 
     def make_sections(self, parts: dict) -> dict:
         """The kind's sections by name, each built from ``parts`` (the state and engine)."""
@@ -173,6 +185,13 @@ class LayerExplorer(ExplorerState, Explorer):
         return self._layout
 
     def __panel__(self):
+        doc = served_doc()
+        if doc is not None and self._shown_in not in (None, doc):
+            # one explorer object served to a second page (pn.serve(explorer)): a page's
+            # Bokeh models belong to one document, so this page gets an explorer of its own
+            return self.another().__panel__()
+        if doc is not None:
+            self._shown_in = doc
         first = not self._url_synced
         if first:
             self._url_synced = True
