@@ -13,6 +13,7 @@ from recordings import START, house_power, write_nilmtk, write_refit, write_ukda
 from reference_nilmformer import small_nilmformer, trainer_checkpoint
 
 from attnpanel import series
+from attnpanel.interventions.model_run import Patching
 from attnpanel.series import RecipeError, RecordingError
 from attnpanel.util.plain_pickle import PlainPickleError, plain_loads
 
@@ -212,6 +213,9 @@ def test_a_recipe_is_written_and_read_back_as_json(tmp_path, house):
     fitted.save(tmp_path / "recipe.json")
     again = series.read_recipe(tmp_path / "recipe.json")
     assert again == fitted
+    assert series.read_recipe(tmp_path / "recipe.json", scale=5000.0).scale == 5000.0
+    with pytest.raises(RecipeError, match="predicts one target"):
+        series.read_recipe(tmp_path / "recipe.json", targets=["kettle", "fridge"])
     with pytest.raises(RecipeError, match="needs the scale"):
         series.make_recipe("nilmformer", targets=["kettle"])
     with pytest.raises(RecipeError, match="no recipe 'bert'"):
@@ -299,3 +303,20 @@ def test_energy_per_day_and_forecast_metrics():
     assert fc["MAE"] == 0.5 and fc["RMSE"] == pytest.approx(np.sqrt(0.5))
     assert fc["sMAPE"] == pytest.approx(100 * (2 * 1 / 3 + 0) / 2)
     assert fc["MASE"] == pytest.approx(0.5 / 1.5)
+
+
+def test_a_recording_models_page_run_predicts_in_units_and_takes_a_submeter_out(house):
+    """The ModelRun a page gets: its prediction of a window equals the recording model's;
+    "without fridge" is the same window with the fridge's readings taken out of the mains."""
+    cut = series.windows_of(series.read_recordings(house), length=480, freq="1min")
+    recipe = series.make_recipe("nilmformer", scale=6000.0, targets=["kettle"])
+    run = series.RecordingModel(small_nilmformer(), recipe, cut, {"kettle": 2000.0})
+    page = run.model_run()
+    assert page.corruption_names()[:2] == ["without kettle", "without fridge"]
+    np.testing.assert_allclose(page.prediction(1), run.predictions()[1], rtol=1e-6)
+    (x,), _, _ = page.corrupted(1, Patching(how="without fridge"))
+    readings = cut["readings"].isel(window=1)
+    mains = (readings.sel(channel="aggregate") - readings.sel(channel="fridge")).clip(min=0)
+    np.testing.assert_allclose(x[0, 0].numpy(), mains.values / 6000.0, rtol=1e-6)
+    with pytest.raises(RecipeError, match="no submeter 'oven'"):
+        run.without("oven")

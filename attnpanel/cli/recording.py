@@ -115,15 +115,11 @@ def _channels(recordings, targets: list[str]) -> list[str]:
 def _recipe(args: argparse.Namespace):
     from attnpanel import series
 
-    if args.recipe.endswith(".json") or Path(args.recipe).is_file():
-        recipe = series.read_recipe(args.recipe)
-        if args.scale is not None:
-            recipe.scale = args.scale
-        recipe.targets = tuple(args.target)
-        return recipe
     options = {"targets": list(args.target)}
     if args.scale is not None:
         options["scale"] = args.scale
     if args.clip is not None:
         options["clip"] = args.clip
+    if args.recipe.endswith(".json") or Path(args.recipe).is_file():
+        return series.read_recipe(args.recipe, **options)  # the flags over the file's own
     return series.make_recipe(args.recipe, **options)

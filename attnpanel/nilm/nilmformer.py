@@ -28,7 +28,6 @@ come from that command with its defaults.
 from __future__ import annotations
 
 import importlib.resources
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.nilm.power import (
     APPLIANCES,
 )
+from attnpanel.series.models import ModelError, load_weights_only
 from attnpanel.util.files import write_safely
 
 TIME_PERIODS = (1440, 720, 360, 180, 60, 30, 15)  # minutes; sine/cosine pairs of the day
@@ -274,11 +274,9 @@ def load_model(path: str | Path | None = None) -> NILMFormer:
         )
     own = "a checkpoint of a model of your own goes with --model FILE.py:FUNCTION"
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch's UnpicklingError, RuntimeError of a broken zip ...
-        found = re.search(r"GLOBAL ([\w.]+)", str(error))
-        held = f"it holds {found.group(1)}" if found else str(error).strip().splitlines()[0]
-        raise ValueError(f"{path} is not the demo's NILMFormer file: {held}; {own}") from None
+        saved = load_weights_only(path, numpy=False)  # its files: tensors and a plain config
+    except ModelError as error:
+        raise ValueError(f"{error}; it is not the demo's NILMFormer file: {own}") from None
     if not isinstance(saved, dict) or not {"config", "state_dict"} <= saved.keys():
         raise ValueError(
             f"{path} is not the demo's NILMFormer file (expected 'config' and 'state_dict'); {own}"

@@ -92,23 +92,28 @@ def _safe_globals() -> list:
     return found
 
 
-def read_state(path: str | Path) -> dict:
-    """The state dict in a checkpoint file (module docstring)."""
+def load_weights_only(path: str | Path, numpy: bool = True):
+    """What a ``torch.save`` file holds, read with ``weights_only=True`` (and numpy's arrays
+    allowed where ``numpy``); a file that needs any other global is refused naming it."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"no checkpoint at {path}")
     try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            found = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_safe_globals() if numpy else []):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        text = str(error)
-        unsafe = re.search(r"GLOBAL ([\w.]+)", text)
+        unsafe = re.search(r"GLOBAL ([\w.]+)", str(error))
         if unsafe:
             raise ModelError(
                 f"{path} holds {unsafe.group(1)}, which a checkpoint is not allowed to load "
                 "(weights, numbers and numpy arrays only)"
             ) from None
         raise ModelError(f"cannot read {path} as a torch checkpoint: {_one_line(error)}") from None
+
+
+def read_state(path: str | Path) -> dict:
+    """The state dict in a checkpoint file (module docstring)."""
+    found = load_weights_only(path)
     if isinstance(found, dict) and not all(torch.is_tensor(v) for v in found.values()):
         for key in STATE_KEYS:
             if isinstance(found.get(key), dict):

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from attnpanel.series.recipes import Recipe, RecipeError, output_array, recipe
+from attnpanel.series.recipes import Recipe, RecipeError, output_values, recipe
 from attnpanel.series.windows import READINGS
 
 PERIODS = {"minute": 60.0, "hour": 24.0, "dow": 7.0, "month": 12.0, "dom": 31.0}
@@ -122,7 +122,7 @@ class NILMFormerRecipe(Recipe):
         return (torch.from_numpy(np.ascontiguousarray(x)),), {}  # (B, 1 + 2E, L)
 
     def outputs(self, output, windows: xr.Dataset) -> np.ndarray:
-        found = output_array(output).detach().double().cpu().numpy()
+        found = output_values(output)
         expected = (windows.sizes["window"], 1, windows.sizes["position"])
         if found.shape[1:] != expected[1:]:
             raise RecipeError(

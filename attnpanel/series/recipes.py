@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from attnpanel.interventions.importance import output_tensor
 from attnpanel.series.windows import READINGS
 
 _RECIPES: dict[str, type[Recipe]] = {}
@@ -57,8 +58,9 @@ def make_recipe(name: str, **options) -> Recipe:
     return cls(**options)
 
 
-def read_recipe(path: str | Path) -> Recipe:
-    """A recipe from the JSON :meth:`Recipe.save` wrote (plain data: JSON, never code)."""
+def read_recipe(path: str | Path, **overrides) -> Recipe:
+    """A recipe from the JSON :meth:`Recipe.save` wrote (plain data: JSON, never code),
+    with ``overrides`` of its options (checked as :func:`make_recipe` checks them)."""
     try:
         found = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
@@ -66,7 +68,7 @@ def read_recipe(path: str | Path) -> Recipe:
     if not isinstance(found, dict) or "recipe" not in found:
         raise RecipeError(f"{path} is not a recipe file (no 'recipe' key)")
     name = found.pop("recipe")
-    return make_recipe(name, **found)
+    return make_recipe(name, **{**found, **overrides})
 
 
 @dataclass
@@ -84,10 +86,15 @@ class Recipe:
     tokens_before: tuple[str, ...] = field(default=(), init=False)  # named positions first
     tokens_after: tuple[str, ...] = field(default=(), init=False)  # ... and last
 
+    def reads(self, windows: xr.Dataset) -> list[str]:
+        """The channels of the windows the model's inputs are made of (the input)."""
+        return [windows.attrs["input"]]
+
     def check(self, windows: xr.Dataset) -> None:
         """Refuse windows that lack a channel the recipe reads or predicts."""
         present = [str(c) for c in windows["channel"].values]
-        missing = [c for c in (windows.attrs["input"], *self.targets) if c not in present]
+        wanted = dict.fromkeys([*self.reads(windows), *self.targets])
+        missing = [c for c in wanted if c not in present]
         if missing:
             raise RecipeError(
                 f"the windows have no channel {', '.join(map(repr, missing))}; they have "
@@ -127,17 +134,12 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def output_array(output) -> torch.Tensor:
-    """A model's output tensor (the first tensor of a tuple, ``logits`` of a model output)."""
-    if torch.is_tensor(output):
-        return output
-    if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
-        return output[0]
-    for key in ("prediction_outputs", "logits", "last_hidden_state"):
-        found = getattr(output, key, None)
-        if torch.is_tensor(found):
-            return found
-    raise RecipeError(f"the model's output is a {type(output).__name__}, not a tensor")
+def output_values(output) -> np.ndarray:
+    """A model's output tensor (its first, as the interventions read it) as float64 numbers."""
+    try:
+        return output_tensor(output).detach().double().cpu().numpy()
+    except TypeError as error:
+        raise RecipeError(str(error)) from None
 
 
 @recipe("generic")
@@ -158,7 +160,7 @@ class GenericRecipe(Recipe):
         if not self.scale or not np.isfinite(self.scale):
             raise RecipeError(f"scale must be a finite non-zero number, got {self.scale}")
 
-    def _channels(self, windows: xr.Dataset) -> list[str]:
+    def reads(self, windows: xr.Dataset) -> list[str]:
         return list(self.channels) or [windows.attrs["input"]]
 
     def input_channels(self) -> list[str]:
@@ -166,16 +168,12 @@ class GenericRecipe(Recipe):
 
     def inputs(self, windows: xr.Dataset) -> tuple[tuple, dict]:
         self.check(windows)
-        names = self._channels(windows)
-        missing = [c for c in names if c not in windows["channel"].values]
-        if missing:
-            raise RecipeError(f"the windows have no channel {', '.join(missing)}")
-        values = windows[READINGS].sel(channel=names).values / self.scale  # (W, C, L)
+        values = windows[READINGS].sel(channel=self.reads(windows)).values / self.scale  # (W, C, L)
         values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
         return ((values if self.layout == "BCL" else values.transpose(1, 2).contiguous()),), {}
 
     def outputs(self, output, windows: xr.Dataset) -> np.ndarray:
-        found = output_array(output).detach().double().cpu().numpy() * self.scale
+        found = output_values(output) * self.scale
         length = windows.sizes["position"]
         if found.ndim == 2:
             found = found[:, None, :]

@@ -19,6 +19,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from attnpanel.interventions.importance import output_tensor
 from attnpanel.interventions.model_run import Corruption, ModelRun
 from attnpanel.series import metrics as scores
 from attnpanel.series.recipes import Recipe, RecipeError
@@ -135,13 +136,14 @@ class RecordingModel:
 
     def without(self, channel: str) -> Corruption:
         """The corrupted input "without <channel>", scored by the predicted targets' sum."""
-        windows = without_channel(self.windows, channel)
+        without_channel(self.windows.isel(window=[0]), channel)  # a channel not there: now
 
         def make(sample: int) -> tuple[tuple, dict]:
-            return self.recipe.inputs(windows.isel(window=[sample]))
+            one = without_channel(self.windows.isel(window=[sample]), channel)
+            return self.recipe.inputs(one)
 
         def score(output) -> torch.Tensor:
-            return _output_tensor(output).double().sum()
+            return output_tensor(output).double().sum()
 
         return Corruption(f"without {channel}", make, score, "the predicted targets' sum")
 
@@ -168,9 +170,3 @@ class RecordingModel:
             self.model, args, kwargs, layers=list(layers), predict=predict, metrics=metrics,
             series=self.targets, corruptions=[self.without(c) for c in self.submeters()],
         )  # fmt: skip
-
-
-def _output_tensor(output) -> torch.Tensor:
-    from attnpanel.series.recipes import output_array
-
-    return output_array(output)
