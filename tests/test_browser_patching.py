@@ -15,6 +15,7 @@ from test_patching_page import kettle_window
 
 from attnpanel.nilm.demo import demo_model_run, demo_windows, without_appliance
 from attnpanel.nilm.nilmformer import time_features
+from attnpanel.readouts.core import MAP_TITLE_LINE
 
 WINDOWS = 32  # the served demo's
 MAP_JS = """() => { const pv = attn.plot("output patched into");
@@ -77,7 +78,8 @@ def test_the_painted_map_is_each_head_patched_by_a_hook(app, artifacts):
         timeout=120_000,
     )
     title, image = page.evaluate(MAP_JS)
-    assert title == f"output patched into sample {sample} without the kettle"
+    assert " ".join(title.split()) == f"output patched into sample {sample} without the kettle"
+    assert max(len(line) for line in title.splitlines()) <= MAP_TITLE_LINE  # wrapped, not cut
     drawn = np.array(image, dtype=float).reshape(3, 8)  # rows by layer, as the page paints them
     run = demo_model_run()
     low, high, _ = hooked(run, sample, "encoder.0.attention", None)

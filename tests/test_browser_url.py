@@ -278,8 +278,8 @@ def test_a_link_with_a_refused_value_opens_with_the_rest_and_says_so(browser, de
     link = "?sample=3&corrupted=another+sample&other=5&patching=true"
     with opened(browser, demo_url + link) as (page, _console):
         page.wait_for_function(
-            "() => attn.plots().some((v) => v.model.title.text.startsWith("
-            "'output patched into sample 5'))",
+            "() => attn.plots().some((v) => v.model.title.text.replace(/\\s+/g, ' ')"
+            ".startsWith('output patched into sample 5'))",
             timeout=120_000,
         )
         assert page.evaluate("attn.widget('corrupted input').value") == "another sample"

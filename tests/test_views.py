@@ -213,6 +213,7 @@ def test_shape_table_lists_every_step_with_real_shapes(trace):
     table = views.shape_view(trace)
     steps = list(table.dimension_values("step"))
     assert steps == [
+        "positions",
         "input",
         "projections",
         "split",
@@ -225,6 +226,7 @@ def test_shape_table_lists_every_step_with_real_shapes(trace):
         "output",
     ]
     shapes = dict(zip(steps, table.dimension_values("shape"), strict=True))
+    assert shapes["positions"] == f"(position={LENGTH})"
     assert shapes["weights"] == f"(batch=3, head=8, query={LENGTH}, key={LENGTH})"
     assert shapes["split"] == f"(batch=3, head=8, position={LENGTH}, head_dim=12)"
     assert shapes["merged"] == f"(batch=3, position={LENGTH}, feature=96)"

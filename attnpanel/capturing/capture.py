@@ -37,6 +37,7 @@ from attnpanel.capturing.recorder import AttentionCall, AttentionRecorder, Captu
 from attnpanel.capturing.stacking import assemble, layer_sizes
 from attnpanel.kernels.masks import cached_mask
 from attnpanel.traces.build import TraceParts, trace_parts
+from attnpanel.traces.positions import Layout
 from attnpanel.watching.modules import own_name
 
 
@@ -62,6 +63,7 @@ def capture(
     fused: Mapping[str, str | FusedQKV] | None = None,
     tokens=None,
     time=None,
+    layout: Layout | None = None,
     dense: bool | None = None,
     **kwargs,
 ) -> xr.Dataset | xr.DataTree:
@@ -80,7 +82,13 @@ def capture(
         Token labels of the positions: a Hugging Face tokenizer (the tokens are read from
         ``input_ids``), one sequence of strings, or one sequence per batch item.
     time : array-like, optional
-        Timestamps of the positions, ``(position,)`` or ``(batch, position)``.
+        Timestamps of the positions, ``(position,)`` or ``(batch, position)``; with
+        ``layout``, the input's own (``T`` steps), laid out over the positions.
+    layout : attnpanel.Layout, optional
+        What the positions are beyond one per time step: named tokens before or after the
+        steps (NILMFormer's ``Layout(after=("statistics",))``), spans of steps (PatchTST's
+        ``Layout(patch=16, stride=8)``); see :mod:`attnpanel.traces.positions`. By
+        default what a Hugging Face config says (PatchTST's patches and CLS token).
     dense : bool, optional
         Record each attention's weights (True), or each row's log-sum-exp instead, from
         which every cell is recomputed on demand (False: a virtual trace, see
@@ -118,6 +126,7 @@ def capture(
     calls = recorder.calls
     _check_hints(hints, calls, names)
     labels = _token_labels(tokens, inputs, kwargs)
+    layout = layout or Layout.of_model(model)
     first = next((t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
     source = _describe(model)
     traces = []
@@ -126,7 +135,9 @@ def capture(
         try:
             with torch.no_grad():
                 consumer = recorder.consumers.get(id(call))
-                parts = _trace(call, module_call, labels, time, f"{source}: {name}", consumer)
+                parts = _trace(
+                    call, module_call, labels, (time, layout), f"{source}: {name}", consumer
+                )
                 traces.append(parts)
         except ValueError as error:
             raise CaptureError(f"module {name!r}: {error}") from error
@@ -352,8 +363,10 @@ def _four_dims(call: AttentionCall, batch_hint: int | None) -> AttentionCall:
 
 
 def _trace(
-    call: AttentionCall, module_call, tokens, time, source: str, consumer=None
+    call: AttentionCall, module_call, tokens, clock, source: str, consumer=None
 ) -> TraceParts:
+    """One call's trace parts; ``clock``: the caller's ``(time, layout)``."""
+    time, layout = clock
     hint = None
     if module_call is not None:
         first = next(iter(call_tensors(module_call[1], module_call[2])), None)
@@ -366,8 +379,12 @@ def _trace(
     if tokens is not None and np.shape(tokens) != (batch, length):
         note.append(f"tokens left out: {np.shape(tokens)} labels for {batch} x {length} positions")
         tokens = None
-    if time is not None and np.shape(time)[-1] != length:
-        note.append(f"time left out: {np.shape(time)[-1]} timestamps for {length} positions")
+    steps = None if time is None else np.shape(time)[-1]
+    if steps is not None and (layout or Layout()).length(steps) != length:
+        note.append(
+            f"time left out: {steps} timestamps for {length} positions"
+            + ("" if layout else "; say what the other positions are with layout=")
+        )
         time = None
     if projections.get("projected_by"):
         note.append(
@@ -395,6 +412,7 @@ def _trace(
         bias=call.bias,
         scale=call.scale,
         time=time,
+        layout=layout,
         tokens=tokens,
         source=source,
         cross=call.cross,

@@ -9,20 +9,24 @@ from pathlib import Path
 
 from attnpanel.cli.common import CommandError, first_line, positive
 
+SHARED = ("--model", "--checkpoint")  # flags some commands had before, with other meanings
 
-def add_recording_options(parser: argparse.ArgumentParser) -> None:
-    """The flags of a model of one's own on a recording (their names are the contract)."""
+
+def add_recording_options(parser: argparse.ArgumentParser, shared: bool = False) -> None:
+    """The flags of a model of one's own on a recording (their names are the contract);
+    ``shared``: the command already has :data:`SHARED` (its help says both meanings)."""
     group = parser.add_argument_group("your model on your recordings")
-    group.add_argument(
-        "--model",
-        metavar="SPEC",
-        help="FILE.py:FUNCTION or package.module:FUNCTION returning the model",
-    )
-    group.add_argument(
-        "--checkpoint",
-        help="its weights: a state dict, or a dict holding one "
-        "(model_state_dict, state_dict, model); read with weights_only=True",
-    )
+    if not shared:
+        group.add_argument(
+            "--model",
+            metavar="SPEC",
+            help="FILE.py:FUNCTION or package.module:FUNCTION returning the model",
+        )
+        group.add_argument(
+            "--checkpoint",
+            help="its weights: a state dict, or a dict holding one "
+            "(model_state_dict, state_dict, model); read with weights_only=True",
+        )
     group.add_argument(
         "--recording",
         help="a UK-DALE folder, a REFIT or plain CSV, a Parquet file or a NILMTK HDF5 file",
@@ -50,6 +54,16 @@ def add_recording_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--clip", type=float, help="clip the mains at this many W before scaling")
     group.add_argument("--threshold", action="append", metavar="NAME=W",
                        help="a target's on-state threshold in units (repeat)")  # fmt: skip
+
+
+def wants_recording(args: argparse.Namespace) -> bool:
+    """Whether the command is asked about a model of one's own on a recording."""
+    if getattr(args, "recording", None):
+        return True
+    spec = getattr(args, "model", None) or ""
+    if ":" in spec and not Path(spec).is_dir():  # FILE.py:FUNCTION, package.module:FUNCTION
+        raise CommandError(f"--model {spec} is a model of your own: give --recording PATH too")
+    return False
 
 
 def thresholds(values: list[str] | None) -> dict[str, float]:

@@ -16,6 +16,7 @@ from attnpanel.cli.common import (
     say,
     stored_overviews,
 )
+from attnpanel.cli.recording import add_recording_options, recording_model, wants_recording
 
 
 def served_capture(args: argparse.Namespace) -> tuple:
@@ -24,6 +25,8 @@ def served_capture(args: argparse.Namespace) -> tuple:
     the demo (with its model)."""
     from attnpanel.nilm.demo import demo, demo_model_run
 
+    if wants_recording(args):
+        return None, *recording_page(args)
     given = [name for name in ("trace", "demo", "checkpoint") if getattr(args, name, None)]
     if len(given) > 1:
         raise CommandError(
@@ -47,6 +50,22 @@ def served_capture(args: argparse.Namespace) -> tuple:
             f"cannot read {weights} as a NILMFormer model: {first_line(error)}"
         ) from error
     return None, capture, {"model": model}
+
+
+def recording_page(args: argparse.Namespace) -> tuple:
+    """``(capture, explorer options)`` of a model of one's own on a recording: the trace of
+    the first ``--windows`` windows (every attention, the times in the house's zone,
+    the named tokens named, the reference series in units) and the model at hand."""
+    run_model = recording_model(args)
+    count = min(args.windows, run_model.windows.sizes["window"])
+    say(f"tracing {count} windows of {run_model.windows.sizes['window']} ...")
+    try:
+        capture = run_model.trace(slice(0, count))
+    except ValueError as error:  # CaptureError: a model whose attention cannot be traced
+        raise CommandError(f"--model {args.model}: {first_line(error)}") from error
+    layers = [str(n) for n in capture["layer"].values] if "layer" in capture.coords else []
+    shown = run_model.subset(slice(0, count))
+    return capture, {"model": shown.model_run(layers)}
 
 
 def compared_page(args: argparse.Namespace, capture):
@@ -158,11 +177,26 @@ def add_parser(sub) -> None:
     serve.add_argument(
         "--checkpoint",
         help="a NILMFormer model file (as `attnpanel train` writes): its layer on the demo's "
-        "held-out windows, with the model at hand (head toggles re-run it)",
+        "held-out windows, with the model at hand (head toggles re-run it); with --model "
+        "SPEC, that model's weights",
+    )
+    serve.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="FILE.py:FUNCTION or package.module:FUNCTION returning your model: the page "
+        "of it on --recording's windows",
     )
     serve.add_argument(
         "--cache",
         default=None,
         help="folder of the stored long demo (default $ATTNPANEL_CACHE or ~/.cache/attnpanel)",
     )
+    serve.add_argument(
+        "--windows",
+        type=positive,
+        default=8,
+        help="with --recording: the windows the page shows, the first of the houses read "
+        "(default 8)",
+    )
+    add_recording_options(serve, shared=True)
     serve.set_defaults(func=run)

@@ -50,10 +50,21 @@ class RoleSums:
         ``(B,)`` each sample's first real key.
     real : torch.Tensor
         ``(B, L)`` bool, True at each sample's real queries.
+    named : torch.Tensor, optional
+        ``(S,)`` bool, True at keys that are named tokens: their columns are left out of
+        every sum (their queries are not real).
     """
 
-    def __init__(self, inputs: RoleInputs, heads: int, first: torch.Tensor, real: torch.Tensor):
+    def __init__(
+        self,
+        inputs: RoleInputs,
+        heads: int,
+        first: torch.Tensor,
+        real: torch.Tensor,
+        named: torch.Tensor | None = None,
+    ):
         self.inputs, self.heads, self.first, self.real = inputs, heads, first, real
+        self.steps_only = None if named is None else ~named  # (S,) the keys that are steps
         self.every_query_real = bool(real.all())  # asked once, not per block
         self._buffer: torch.Tensor | None = None  # the diagonal sums' padded block, reused
         self.parts: dict[str, list[torch.Tensor]] = {}
@@ -76,6 +87,8 @@ class RoleSums:
             sample = self._samples(part, a.device)
             real = self.real.to(a.device)[sample]  # (n, L)
             a = a * real[..., None].to(a.dtype)  # padded queries carry nothing
+        if self.steps_only is not None:
+            a = a * self.steps_only.to(a.device, a.dtype)  # nor do named keys
         if (
             self._buffer is None
             or self._buffer.shape[0] < a.shape[0]

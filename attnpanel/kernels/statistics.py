@@ -13,6 +13,13 @@ padded keys carry no weight), with ``a_ij`` the softmax weights:
 ``max_weight``     mean of ``max_j a_ij``
 =================  ========================================================================
 
+Where some keys are named tokens rather than time steps (``named``: NILMFormer's statistics
+token, a CLS token; :mod:`attnpanel.traces.positions`), their queries are left out as
+padded ones are, the sink is the first real key that is a step, a named key's weight adds no
+distance (``|i - j|`` between a step and a token means nothing), and ``token_share`` is the
+mean weight on the named keys (``distance / (1 - token_share)``: the distance of the weight
+that lands on steps).
+
 The same on the value-weighted rows (Kobayashi et al. 2020): ``w_ij = a_ij || v_j W_o^h ||``
 renormalised to sum to 1 per row (``|| v_j ||`` where ``w_o`` is unknown), prefixed
 ``vw_``. The renormalisation is folded in (``-sum w~ ln w~ = ln Z - sum w ln w / Z`` with
@@ -60,25 +67,45 @@ def _block(
     return found
 
 
+def _steps(length: int, keys: int, named: torch.Tensor | None, device, dtype) -> torch.Tensor:
+    """``|i - j|`` ``(L, S)``, 0 in the columns of named keys (no distance to a token)."""
+    rows = torch.arange(length, device=device)
+    steps = (rows[:, None] - torch.arange(keys, device=device)[None, :]).abs().to(dtype)
+    return steps if named is None else steps * (~named.to(device)).to(dtype)
+
+
+def _token_share(a: torch.Tensor, named: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Per row of ``a`` ``(n, L, S)``: the weight on named keys (none without them)."""
+    if named is None:
+        return {}
+    return {"token_share": torch.linalg.vecdot(a, named.to(a.device, a.dtype))}
+
+
 def _row_statistics(
-    weights: torch.Tensor, first: torch.Tensor, norms: torch.Tensor | None, roles=None
+    weights: torch.Tensor,
+    first: torch.Tensor,
+    norms: torch.Tensor | None,
+    roles=None,
+    named: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Each statistic per row, ``(B, H, L)``; ``first``: each sample's first real key;
-    ``roles``: a :class:`~attnpanel.kernels.roles.RoleSums` given each block too."""
+    ``roles``: a :class:`~attnpanel.kernels.roles.RoleSums` given each block too;
+    ``named``: ``(S,)`` True at named keys."""
     batch, heads, length, keys = weights.shape
     flat = weights.reshape(batch * heads, length, keys)
     scale = None if norms is None else norms.reshape(batch * heads, keys).to(weights.dtype)
     rows = torch.arange(length, device=weights.device)
-    steps = (rows[:, None] - torch.arange(keys, device=weights.device)[None, :]).abs()
-    steps = steps.to(weights.dtype)  # (L, S)
+    steps = _steps(length, keys, named, weights.device, weights.dtype)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
     derived = roles is not None and length == keys  # the distance from the role sums
     found: dict[str, list[torch.Tensor]] = {}
     for start in range(0, batch * heads, per):
         part = slice(start, start + per)
-        for name, value in _block(
+        block = _block(
             flat[part], steps, None if scale is None else scale[part], distance=not derived
-        ).items():
+        )
+        block.update(_token_share(flat[part], named))
+        for name, value in block.items():
             found.setdefault(name, []).append(value)
         if roles is not None:
             roles.add(slice(start, min(start + per, batch * heads)), flat[part])
@@ -97,6 +124,7 @@ def head_statistics_of(
     padding: torch.Tensor | None = None,
     norms: torch.Tensor | None = None,
     roles: RoleInputs | None = None,
+    named: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every statistic of :data:`NAMES` per sample and head, ``(B, H)`` float64.
 
@@ -113,17 +141,19 @@ def head_statistics_of(
         value-weighted rows, prefixed ``vw_``, too.
     roles : RoleInputs, optional
         The role statistics of :mod:`attnpanel.kernels.roles` too.
+    named : torch.Tensor, optional
+        ``(S,)`` bool, True at keys that are named tokens, not time steps (see the module
+        docstring); ``token_share`` too.
     """
     batch, heads, length, keys = weights.shape
     if not weights.is_floating_point() or weights.dtype in (torch.float16, torch.bfloat16):
         weights = weights.float()
-    first = torch.zeros(batch, dtype=torch.long)
-    if padding is not None:
-        padding = padding.to(torch.bool)
-        first = (~padding).to(torch.int8).argmax(dim=1)  # the first real key
-    sums = _role_sums(roles, heads, first, padding, batch, length, keys, weights.device)
-    rows = _row_statistics(weights, first, norms, sums)
-    found = _row_means(rows, padding, length, keys)
+    padding, named = _positions(padding, named, batch, length, keys, weights.device)
+    first = _first(padding, named, batch, weights.device)
+    real = _real(padding, named, batch, length, keys, weights.device)
+    sums = None if roles is None else RoleSums(roles, heads, first, real, named)
+    rows = _row_statistics(weights, first, norms, sums, named)
+    found = _row_means(rows, padding if named is None else ~real, length, keys)
     _with_roles(found, sums, batch, heads)
     return found
 
@@ -138,13 +168,35 @@ def _with_roles(found: dict, sums: RoleSums | None, batch: int, heads: int) -> N
         found["distance"] = distance
 
 
-def _role_sums(roles, heads, first, padding, batch, length, keys, device) -> RoleSums | None:
-    if roles is None:
-        return None
+def _positions(padding, named, batch, length, keys, device):
+    """``padding`` as bool (or None) and ``named`` as ``(S,)`` bool (None where no key is
+    named, or the attention is not over the named positions: a cross-attention)."""
+    padding = None if padding is None else padding.to(device, torch.bool)
+    if named is not None:
+        named = named.to(device, torch.bool).reshape(-1)
+        if named.shape[0] != keys or length != keys or not bool(named.any()):
+            named = None
+    return padding, named
+
+
+def _first(padding, named, batch: int, device) -> torch.Tensor:
+    """Each sample's first real key that is a step: its sink."""
+    kept = None if padding is None else ~padding
+    if named is not None:
+        kept = (~named).expand(batch, -1) if kept is None else kept & ~named
+    if kept is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    return kept.to(torch.int8).argmax(dim=1)
+
+
+def _real(padding, named, batch, length, keys, device) -> torch.Tensor:
+    """``(B, L)`` True at each sample's real queries: not padded, not named."""
     real = torch.ones(batch, length, dtype=torch.bool, device=device)
     if padding is not None and length == keys:
         real = ~padding.to(device)
-    return RoleSums(roles, heads, first, real)
+    if named is not None:
+        real = real & ~named
+    return real
 
 
 def _row_means(
@@ -269,6 +321,7 @@ def head_statistics_of_scores(
     context: torch.Tensor | None = None,
     checked: torch.Tensor | None = None,
     roles: RoleInputs | None = None,
+    named: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], float]:
     """:func:`head_statistics_of` from ``q``, ``k``, the scale and the mask, the weights
     recomputed block by block in cache and never kept whole (for a fused kernel, SDPA,
@@ -291,6 +344,8 @@ def head_statistics_of_scores(
         The query rows that check covers (every row by default).
     roles : RoleInputs, optional
         The role statistics of :mod:`attnpanel.kernels.roles` too.
+    named : torch.Tensor, optional
+        ``(S,)`` True at named keys, as in :func:`head_statistics_of`.
 
     Returns
     -------
@@ -314,18 +369,16 @@ def head_statistics_of_scores(
     scale_n = None if norms is None else norms.float().reshape(batch * heads, keys)
     device = q.device
     rows = torch.arange(length, device=device)
-    steps = (rows[:, None] - torch.arange(keys, device=device)[None, :]).abs().float()
     padding = None
     if blocked is not None:  # keys no query of any head may see, from the mask as it is
         full = blocked[(None,) * (4 - blocked.dim())]
         padding = full.all(dim=-2).all(dim=1).expand(batch, keys)  # (B, S)
-    first = (
-        torch.zeros(batch, dtype=torch.long, device=device)
-        if padding is None
-        else (~padding).to(torch.int8).argmax(dim=1)
-    )
+    padding, named = _positions(padding, named, batch, length, keys, device)
+    steps = _steps(length, keys, named, device, torch.float32)
+    first = _first(padding, named, batch, device)
+    real = _real(padding, named, batch, length, keys, device)
     sinks = _sinks(first, heads)
-    sums = _role_sums(roles, heads, first, padding, batch, length, keys, device)
+    sums = None if roles is None else RoleSums(roles, heads, first, real, named)
     own, before = rows.clamp_max(keys - 1), (rows - 1).clamp(0, keys - 1)
     checked = (rows if checked is None else checked).to(device)
     per = max(1, CHUNK_CELLS // max(1, length * keys))
@@ -351,6 +404,7 @@ def head_statistics_of_scores(
         block_sinks = None if sinks is None else sinks[part]
         cells = _single_cells(a, block_sinks, rows, own, before, square)
         values.update(cells)
+        values.update(_token_share(a, named))
         if n is not None:
             total = values.pop("vw_total")
             values.update(_weighted_cells(cells, n, block_sinks, own, before, total))
@@ -359,6 +413,6 @@ def head_statistics_of_scores(
     rows_found = {
         name: torch.cat(parts).reshape(batch, heads, length) for name, parts in found.items()
     }
-    found_means = _row_means(rows_found, padding, length, keys)
+    found_means = _row_means(rows_found, padding if named is None else ~real, length, keys)
     _with_roles(found_means, sums, batch, heads)
     return found_means, float(error)

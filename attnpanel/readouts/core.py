@@ -23,6 +23,7 @@ import xarray as xr
 
 from attnpanel.kernels.statistics import head_statistics_of
 from attnpanel.traces import virtual
+from attnpanel.traces.positions import Positions
 from attnpanel.traces.schema import STAGES
 from attnpanel.traces.stages import attention_stage, masked_cells
 from attnpanel.util.locks import KeyLocks
@@ -278,6 +279,7 @@ def layer_label(name) -> str:
 
 
 TITLE_LINE = 64  # characters of a map's title line (a 500 px map at Bokeh's title font)
+MAP_TITLE_LINE = 28  # ... of a (layer, head) map's title line, beside long layer names
 
 
 def fitted_title(first: str, joint: str, second: str, line: int = TITLE_LINE) -> str:
@@ -286,6 +288,14 @@ def fitted_title(first: str, joint: str, second: str, line: int = TITLE_LINE) ->
     if len(first) + len(joint) + 1 + len(second) > line:
         return f"{first}{joint}\n{second}"
     return f"{first}{joint} {second}"
+
+
+def wrapped_title(text: str, line: int = MAP_TITLE_LINE) -> str:
+    """``text`` broken between words into lines of at most ``line`` characters (a word
+    longer than a line keeps its own line): a small map's title wraps, it is never cut."""
+    import textwrap
+
+    return textwrap.fill(text, width=line, break_long_words=False, break_on_hyphens=False)
 
 
 def head_words(head) -> str:
@@ -341,11 +351,28 @@ def reference_name(ds: xr.Dataset) -> str:
     return "reference series"
 
 
-def _both(name: str, reference: str) -> str:
+def common_quantity(name: str, reference: str) -> str:
     """The value axis of a signal drawn with its reference series: their common quantity
     ("total power" and "device power": "power"), else both names."""
     last = name.split()[-1] if name.split() else name
     return last if reference.split()[-1:] == [last] else f"{name}, {reference}"
+
+
+def prediction_axis(
+    ds: xr.Dataset, found: SequenceSeries, with_signal: bool
+) -> tuple[str, str | None]:
+    """``(label, unit)`` of the value axis of predicted series (``with_signal``: drawn over
+    the input signal): the reference series' own quantity and unit, never the input's alone
+    ("aggregate power" over kettle curves)."""
+    reference = reference_name(ds)
+    name = found.ylabel if found.yname == "signal" else "prediction"
+    label = common_quantity(name, reference) if with_signal else reference
+    unit = found.unit
+    for variable in ("prediction", "truth"):
+        if variable in ds and "units" in ds[variable].attrs:
+            unit = ds[variable].attrs["units"]
+            break
+    return label, unit
 
 
 def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True):
@@ -371,7 +398,7 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True)
                 series.append((f"{channel}{suffix}", channels.isel(series=i).values))
         title = f"sample {sel.sample}: {name} (click to pick the query)"
         unit = signal.attrs.get("units")
-        ylabel = name if len(series) == 1 else _both(name, reference_name(ds))
+        ylabel = name if len(series) == 1 else common_quantity(name, reference_name(ds))
         return SequenceSeries(xs, xname, "signal", ylabel, unit, series, title)
     if "x" in ds:
         norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)
@@ -397,26 +424,9 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True)
 
 
 def clock_labels(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
-    """The clock time of each position of a sample as text, or None without ``time``.
-
-    ``HH:MM`` within one calendar day, ``MM-DD HH:MM`` across days, with seconds when the
-    steps are shorter than a minute.
-    """
-    if "time" not in ds.coords:
-        return None
-    time = ds["time"]
-    if "batch" in time.dims:
-        time = time.isel(batch=sample)
-    values = np.asarray(time.values).astype("datetime64[s]")
-    if values.size == 0 or np.isnat(values).any():
-        return None
-    days = values.astype("datetime64[D]")
-    steps = np.diff(values)
-    fine = steps.size and np.min(np.abs(steps)) < np.timedelta64(60, "s")
-    text = np.datetime_as_string(values, unit="s")  # YYYY-MM-DDTHH:MM:SS
-    start = 5 if days.min() != days.max() else 11
-    stop = 19 if fine else 16
-    return [s[start:stop].replace("T", " ") for s in text]
+    """Each position of a sample as text (:meth:`Positions.labels`: clock times, spans,
+    named tokens), or None where the trace has neither a clock nor named tokens."""
+    return Positions.of(ds, sample).labels()
 
 
 def selected_weights(ds: xr.Dataset, sel: Selection, cache: StageCache | None) -> np.ndarray:
@@ -519,7 +529,7 @@ def uses_sinusoidal(ds: xr.Dataset) -> bool:
     return str(ds.attrs.get(POSITIONAL_ATTR, "")).lower() == "sinusoidal"
 
 
-def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
+def head_patterns(weights: np.ndarray, named: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Where each head looks, over the queries of one sample.
 
     Parameters
@@ -527,6 +537,10 @@ def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
     weights : numpy.ndarray
         ``(head, query, key)`` softmax weights of one sample (query and key on the same
         positions; blocked cells 0).
+    named : numpy.ndarray, optional
+        ``(key,)`` True at named tokens (:class:`~attnpanel.traces.positions.Positions`):
+        their rows are left out, their weight adds no distance and is ``token_share``, and
+        the lag is each row's top step.
 
     Returns
     -------
@@ -538,10 +552,17 @@ def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
     """
     weights = np.asarray(weights, dtype=np.float32)
     n_heads, n_query, n_key = weights.shape
+    named = None if named is None or not np.any(named) else np.asarray(named, dtype=bool)
     # distance and entropy: the survey's own statistics (one implementation of each)
-    stats = head_statistics_of(torch.from_numpy(np.ascontiguousarray(weights))[None])
+    stats = head_statistics_of(
+        torch.from_numpy(np.ascontiguousarray(weights))[None],
+        named=None if named is None else torch.from_numpy(named),
+    )
     mean_distance = stats["distance"][0].numpy()
-    offsets = weights.argmax(axis=2) - np.arange(n_query)[None, :]  # (H, Q)
+    steps = weights if named is None else np.where(named, 0.0, weights)[:, ~named[:n_query]]
+    rows = np.arange(n_query) if named is None else np.flatnonzero(~named[:n_query])
+    offsets = steps.argmax(axis=2) - rows[None, :]  # (H, Q)
+    n_query = len(rows)
     lag = np.empty(n_heads, dtype=np.int64)
     share = np.empty(n_heads, dtype=np.float64)
     for head in range(n_heads):
@@ -550,22 +571,17 @@ def head_patterns(weights: np.ndarray) -> dict[str, np.ndarray]:
         share[head] = counts.max() / n_query
     entropy = stats["entropy"][0].numpy()
     uniform = np.log(n_key) if n_key > 1 else 1.0
-    return {
+    found = {
         "distance": mean_distance,
         "lag": lag,
         "lag_share": share,
         "entropy": entropy / uniform,
     }
+    if "token_share" in stats:
+        found["token_share"] = stats["token_share"][0].numpy()
+    return found
 
 
 def time_step(ds: xr.Dataset, sample: int = 0) -> np.timedelta64 | None:
-    """The regular step between positions of a sample with ``time``, else None."""
-    if "time" not in ds.coords or ds.sizes.get("position", ds.sizes["query"]) < 2:
-        return None
-    time = ds["time"]
-    if "batch" in time.dims:
-        time = time.isel(batch=sample)
-    steps = np.diff(np.asarray(time.values).astype("datetime64[s]"))
-    if steps.size == 0 or np.isnat(steps).any() or not (steps == steps[0]).all():
-        return None
-    return steps[0]
+    """The regular step between the positions of a sample that have a time, else None."""
+    return Positions.of(ds, sample).step()

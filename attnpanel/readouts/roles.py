@@ -17,6 +17,7 @@ from attnpanel.kernels.roles import RoleInputs
 from attnpanel.kernels.statistics import head_statistics_of
 from attnpanel.readouts.core import time_step
 from attnpanel.surveys.roles import head_roles
+from attnpanel.traces.positions import Positions
 
 
 def trace_roles(ds: xr.Dataset, sample: int = 0) -> xr.Dataset | None:
@@ -30,13 +31,15 @@ def trace_roles(ds: xr.Dataset, sample: int = 0) -> xr.Dataset | None:
         [str(v) for v in np.atleast_1d(ds["layer"].values)] if "layer" in ds.coords else ["layer"]
     )
     found: dict[str, list] = {}
+    positions = Positions.of(ds, sample)
+    named = torch.from_numpy(positions.named.astype(bool)) if positions.named.any() else None
     for layer in layers:
         weights = torch.from_numpy(np.asarray(layer["weights"].isel(batch=[sample]).values))
         padding = None
         if "padding" in layer:
             padding = torch.from_numpy(np.asarray(layer["padding"].isel(batch=[sample]).values))
         stats = head_statistics_of(
-            weights.float(), padding, roles=RoleInputs(_token_ids(layer, sample))
+            weights.float(), padding, roles=RoleInputs(_token_ids(layer, sample)), named=named
         )
         for name, values in stats.items():
             found.setdefault(name, []).append(values.numpy())
@@ -45,6 +48,8 @@ def trace_roles(ds: xr.Dataset, sample: int = 0) -> xr.Dataset | None:
         for name, values in found.items()
     }
     survey = xr.Dataset(data, coords={"layer": np.array(names, dtype=object)})
+    if named is not None:
+        survey.attrs["named_tokens"] = [str(n) for n in positions.names if n]
     if "token" not in ds.coords:
         survey.attrs["token_roles"] = "no tokens in the trace: duplicate and induction are NaN"
     step = time_step(ds, sample)

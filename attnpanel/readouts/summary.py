@@ -11,6 +11,7 @@ import xarray as xr
 
 from attnpanel.kernels.masks import MASK_FILL, fill_words
 from attnpanel.readouts.core import head_patterns
+from attnpanel.traces.positions import Positions
 
 
 def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
@@ -53,6 +54,7 @@ def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
     attn = computed(dict(batch=batch, head=n_heads, query=length, key=length))
     from_qk = " (from q, k)" if "q" in ds else " (needs q, k)"
     rows = [
+        ("positions", Positions.of(ds).words(), f"(position={length})"),
         ("input", "x", shape_of("x")),
         (
             "projections",
@@ -100,7 +102,7 @@ def head_summary(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
         and the three keys that receive the most attention overall.
     """
     weights = np.asarray(ds["weights"].isel(batch=batch).values, dtype=np.float32)
-    stats = head_patterns(weights)
+    stats = head_patterns(weights, Positions.of(ds, batch).named)
     labels = _labels(ds, batch)
     records = []
     for head in range(weights.shape[0]):
@@ -120,18 +122,21 @@ def head_summary(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:
 
 
 def _labels(ds: xr.Dataset, batch: int) -> list[str]:
-    """Readable labels of the positions of one sample: tokens, times or indices."""
-    length = ds.sizes["query"]
+    """Readable labels of the positions of one sample: tokens, else the index with its
+    time (``3@08:03``), span or name (``480@statistics``); a position without a time (NaT:
+    a padded place) keeps its index alone."""
     if "token" in ds.coords:
         tokens = ds["token"].isel(batch=batch).values
         return [f"{i}:{t}" for i, t in enumerate(tokens)]
-    if "time" in ds.coords:
-        time = ds["time"]
-        time = time.isel(batch=batch) if "batch" in time.dims else time
-        # a position without a time (NaT: a token, a padded place) keeps its index alone
-        return [f"{i}@{pd.Timestamp(t):%H:%M}" if not pd.isna(t) else str(i)
-                for i, t in enumerate(time.values)]  # fmt: skip
-    return [str(i) for i in range(length)]
+    found = Positions.of(ds, batch)
+    labels = found.labels()
+    if labels is None and found.times is not None:  # a clock with holes: times where known
+        labels = [pd.Timestamp(t).strftime("%H:%M") if not pd.isna(t) else ""
+                  for t in found.times]  # fmt: skip
+    if labels is None:
+        return [str(i) for i in range(ds.sizes["query"])]
+    return [f"{i}@{label}" if label and label != str(i) else str(i)
+            for i, label in enumerate(labels)]  # fmt: skip
 
 
 def top_key_table(ds: xr.Dataset, batch: int = 0) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from attnpanel.render.tables import NOT_AVAILABLE, WHY
 from attnpanel.render.views import FAST_DATATYPE
 
 OFF_SUFFIX = " (heads off)"
+CLICK_WORDS = "(click opens a head)"
 
 
 def importance_map(importance: xr.DataArray) -> Raster:
@@ -31,7 +32,7 @@ def importance_map(importance: xr.DataArray) -> Raster:
         values,  # rows by ascending y: layer i at y = i, drawn top down
         (-0.5, -0.5, cols - 0.5, rows - 0.5),
         "Importance",
-        f"head importance{where} (click opens a head)",
+        core.wrapped_title(f"head importance{where} {CLICK_WORDS}"),
         "‖Δ output‖ / ‖output‖",
     )
 
@@ -66,7 +67,8 @@ def prediction_curves(
     over_positions = len(found.xs) == length  # else a prediction of its own length
     xs = found.xs if over_positions else np.arange(length)
     xdim = hv.Dimension(found.xname)
-    ydim = hv.Dimension("value", label=found.ylabel, unit=found.unit)
+    label, unit = core.prediction_axis(ds, found, with_signal=over_positions)
+    ydim = hv.Dimension("value", label=label, unit=unit)
     curves = [
         hv.Curve((xs, values), xdim, ydim, group="Prediction", label=label, datatype=FAST_DATATYPE)
         for label, values in (found.series[:1] if over_positions else [])

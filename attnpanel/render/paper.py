@@ -29,6 +29,7 @@ import xarray as xr
 
 from attnpanel.readouts import core
 from attnpanel.render import importance_views, model_views
+from attnpanel.render.importance_views import CLICK_WORDS
 from attnpanel.traces.schema import FIGURE_VIEWS
 from attnpanel.util.files import write_safely
 
@@ -109,7 +110,7 @@ def importance(ranking: xr.DataArray) -> hv.Image:
     )
     return element.opts(
         backend="matplotlib",
-        title=raster.label.replace(" (click opens a head)", ""),
+        title=" ".join(raster.label.split()).replace(CLICK_WORDS, "").strip(),
         xticks=[(h, str(h)) for h in range(cols)],
         yticks=importance_views.layer_ticks(ranking["layer"].values),
         invert_yaxis=True,

@@ -31,7 +31,9 @@ def effect_map(effect: xr.DataArray) -> Raster:
         values,
         (-0.5, -0.5, cols - 0.5, rows - 0.5),
         "Patching",
-        f"{what} patched into {effect.attrs.get('corrupted', 'the corrupted input')}",
+        core.wrapped_title(
+            f"{what} patched into {effect.attrs.get('corrupted', 'the corrupted input')}"
+        ),
         EFFECT_LABEL,
     )
 
@@ -63,7 +65,8 @@ def patched_curves(
     length = clean.shape[-1]
     xs = found.xs if len(found.xs) == length else np.arange(length)
     xdim = hv.Dimension(found.xname if len(found.xs) == length else "position")
-    ydim = hv.Dimension("value", label=found.ylabel, unit=found.unit)
+    label, unit = core.prediction_axis(ds, found, with_signal=False)
+    ydim = hv.Dimension("value", label=label, unit=unit)
     suffixes = {"clean": core.PREDICTED, "corrupted": CORRUPTED, "patched": PATCHED}
     curves = []
     for kind, suffix in suffixes.items():

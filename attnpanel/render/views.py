@@ -47,6 +47,7 @@ from attnpanel.render.styling import (
     head_colors,
     shade,
 )
+from attnpanel.traces.positions import Positions
 
 TOP_VALUES = 5  # the values listed beside the context vector
 FIGURE_SPACE = "\u2007"  # a space as wide as a digit (U+2007)
@@ -181,10 +182,16 @@ def _extent(arrays) -> tuple[float, float]:
     return min(low, 0.0), high if high > low else low + 1.0
 
 
-def position_marker(ds: xr.Dataset, sel: Selection) -> hv.VLine:
-    """A vertical line at the selected query position on the top view's axis."""
-    xs, _ = position_axis(ds, sel)
-    return hv.VLine(xs[sel.query], group="Marker")
+def position_marker(ds: xr.Dataset, sel: Selection) -> hv.VLine | hv.VSpan:
+    """The selected query on the top view's axis: a vertical line at its position or
+    time, the interval of a span; nothing for a named token (it has no time)."""
+    xs, xname = position_axis(ds, sel)
+    x = xs[sel.query]
+    found = Positions.of(ds, sel.sample)
+    timeless = xname == "time" and np.isnat(x)
+    if found.ends is not None:  # a trace of spans: always a span (one element type)
+        return hv.VSpan(*((None, None) if timeless else (x, found.ends[sel.query])), group="Marker")
+    return hv.VLine(None if timeless else x, group="Marker")
 
 
 def position_from_x(ds: xr.Dataset, sel: Selection, x) -> int:
@@ -196,8 +203,9 @@ def position_from_x(ds: xr.Dataset, sel: Selection, x) -> int:
             target = np.datetime64(int(x), "ms")
         else:
             target = np.datetime64(pd.Timestamp(x).to_datetime64())
-        offsets = np.abs((xs - target).astype("timedelta64[ns]").astype(np.int64))
-        return int(np.argmin(offsets))
+        gaps = (xs - target).astype("timedelta64[ns]")
+        offsets = np.where(np.isnat(gaps), np.iinfo(np.int64).max, np.abs(gaps.astype(np.int64)))
+        return int(np.argmin(offsets))  # a named token (no time) is never nearest
     return int(np.clip(round(float(x)), 0, len(xs) - 1))
 
 
@@ -314,8 +322,13 @@ def top_values(
     n_dims = values.shape[1]
     # each key's label at one width (its number right-aligned in figure spaces, a digit's
     # width): a new query's labels never widen the axis (BokehJS then lays the page out again)
-    digits = len(str(len(weights) - 1))
-    labels = [f"{key:{FIGURE_SPACE}>{digits}}: w {weights[key]:.3f}" for key in order]
+    names = Positions.of(ds, sel.sample).names  # a named token by its name, a step by number
+    shown = [str(names[key]) if key < len(names) and names[key] else str(key) for key in order]
+    digits = max(len(str(len(weights) - 1)), *(len(str(n)) for n in names))
+    labels = [
+        f"{key:{FIGURE_SPACE}>{digits}}: w {weights[k]:.3f}"
+        for key, k in zip(shown, order, strict=True)
+    ]
     labels = np.repeat(labels, n_dims)
     table = pd.DataFrame(
         {
@@ -414,7 +427,7 @@ def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None =
     softmax weights the explorer draws (recomputed for another mask than the trace's).
     """
     weights = stage_heads(ds, sel.with_(stage="softmax"), cache)
-    stats = head_patterns(np.nan_to_num(weights))
+    stats = head_patterns(np.nan_to_num(weights), Positions.of(ds, sel.sample).named)
     step = time_step(ds, sel.sample)
     columns = {
         "head": np.array([f"head {h}" for h in range(len(weights))]),
@@ -425,7 +438,11 @@ def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None =
     columns["lag"] = stats["lag"]
     columns["share"] = np.round(stats["lag_share"], 3)
     columns["entropy"] = np.round(stats["entropy"], 3)
+    tokens = [str(n) for n in Positions.of(ds, sel.sample).names if n]
+    if "token_share" in stats:
+        columns["tokens"] = np.round(stats["token_share"], 3)
     labels = {
+        "tokens": f"weight on {' and '.join(tokens)}",
         "distance": "distance (steps)",
         "span": "distance (time)",
         "lag": "top lag",

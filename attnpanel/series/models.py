@@ -47,6 +47,9 @@ def load_factory(spec: str):
         found = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(found)
         sys.modules[module_name] = module  # dataclasses and pickling look a module up by name
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:  # its own imports of files beside it, as `python FILE.py`
+            sys.path.append(folder)
         try:
             found.loader.exec_module(module)
         except Exception as error:  # the user's code: its own message, one line

@@ -22,6 +22,7 @@ import xarray as xr
 
 from attnpanel.interventions.importance import output_tensor
 from attnpanel.series.windows import READINGS
+from attnpanel.traces.positions import Layout
 
 _RECIPES: dict[str, type[Recipe]] = {}
 
@@ -85,6 +86,18 @@ class Recipe:
 
     tokens_before: tuple[str, ...] = field(default=(), init=False)  # named positions first
     tokens_after: tuple[str, ...] = field(default=(), init=False)  # ... and last
+
+    def position_layout(self) -> Layout:
+        """Where the model's positions lie over a window's steps (its named tokens)."""
+        return Layout(before=self.tokens_before, after=self.tokens_after)
+
+    def on_positions(self, values: np.ndarray) -> np.ndarray:
+        """Series over a window's steps ``(..., L)`` over the model's positions: NaN at
+        its named tokens (they have no reading)."""
+        lead = values.shape[:-1]
+        before = np.full(lead + (len(self.tokens_before),), np.nan)
+        after = np.full(lead + (len(self.tokens_after),), np.nan)
+        return np.concatenate([before, values, after], axis=-1)
 
     def reads(self, windows: xr.Dataset) -> list[str]:
         """The channels of the windows the model's inputs are made of (the input)."""

@@ -10,7 +10,7 @@ for the explorer's head toggles and patching.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,6 +130,56 @@ class RecordingModel:
                     ))  # fmt: skip
         return pd.DataFrame(rows)
 
+    def subset(self, windows: slice | Sequence[int]) -> RecordingModel:
+        """The same model and recipe on some of the windows."""
+        return RecordingModel(
+            self.model, self.recipe, self.windows.isel(window=windows), self.thresholds
+        )
+
+    def trace(self, windows: slice | Sequence[int] | None = None) -> xr.Dataset | xr.DataTree:
+        """Every attention of the model on ``windows`` (every window by default), with each
+        position's time in the recording's zone, the recipe's named tokens named, and the
+        reference series in units: the input as ``signal``, the targets as ``truth`` and the
+        model's ``prediction`` (NaN at named tokens, which have no reading)."""
+        from attnpanel.capturing.capture import capture
+
+        chosen = self.windows if windows is None else self.windows.isel(window=windows)
+        args, kwargs = self.recipe.inputs(chosen)
+        zone = chosen.attrs.get("time_zone", "UTC")
+        with torch.no_grad():
+            found = capture(
+                self.model, *args, time=chosen["time"].values, layout=self.recipe.position_layout(),
+                **kwargs,
+            )  # fmt: skip
+            output = self.model(*args, **kwargs)
+        units = chosen.attrs["units"]
+        series = {"series": np.array(self.targets, dtype=object)}
+        dims = ("batch", "series", "position")
+        reference = {
+            "signal": xr.DataArray(
+                self.recipe.on_positions(self.recipe.signal(chosen)),
+                dims=("batch", "position"),
+                attrs={"long_name": f"{chosen.attrs['input']} power", "units": units},
+            ),
+            "truth": xr.DataArray(
+                self.recipe.on_positions(self.recipe.truth(chosen)), dims=dims, coords=series,
+                attrs={"long_name": "target power", "units": units},
+            ),
+            "prediction": xr.DataArray(
+                self.recipe.on_positions(self.recipe.outputs(output, chosen)), dims=dims,
+                coords=series, attrs={"long_name": "predicted target power", "units": units},
+            ),
+        }  # fmt: skip
+
+        def dressed(ds: xr.Dataset) -> xr.Dataset:
+            ds = ds.assign(reference)
+            ds.attrs["time_zone"] = zone  # the page reads the house's own clock
+            return ds
+
+        if isinstance(found, xr.DataTree):
+            return found.map_over_datasets(dressed)
+        return dressed(found)
+
     def submeters(self) -> list[str]:
         """The channels that can be taken out of the input."""
         return [str(c) for c in self.windows["channel"].values if c != self.windows.attrs["input"]]
@@ -154,13 +204,16 @@ class RecordingModel:
         args, kwargs = self.inputs()
         windows = self.windows
 
-        def predict(output) -> np.ndarray:
-            return self.recipe.outputs(output, windows.isel(window=[0]))
+        def predict(output) -> np.ndarray:  # over the trace's positions: NaN at its tokens
+            return self.recipe.on_positions(self.recipe.outputs(output, windows.isel(window=[0])))
 
         def metrics(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
             found = {}
             for t, target in enumerate(self.targets):
-                one = scores.nilm(truth[t], prediction[t], self.thresholds.get(target))
+                steps = np.isfinite(truth[t])  # a named token has no reading
+                one = scores.nilm(
+                    truth[t][steps], prediction[t][steps], self.thresholds.get(target)
+                )
                 found[f"MAE {target} ({windows.attrs['units']})"] = one["MAE"]
                 if "F1" in one:
                     found[f"F1 {target}"] = one["F1"]

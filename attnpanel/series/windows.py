@@ -162,7 +162,8 @@ def windows_of(
     found[READINGS].attrs["units"] = first.units
     found.attrs.update(
         freq=freq, length=length, stride=stride, input=first.input, units=first.units,
-        skipped=skipped, source="; ".join(r.source for r in chosen if r.source),
+        time_zone=first.time_zone, skipped=skipped,
+        source="; ".join(r.source for r in chosen if r.source),
     )  # fmt: skip
     return found
 

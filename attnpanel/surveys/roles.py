@@ -13,16 +13,20 @@ runs one batch of a model through the same statistics, and gives per ``(layer, h
                     sample's best diagonal); ``offset_share`` the share of samples that do,
                     ``offset_weight`` their mean weight on it; ``offset_time`` in the
                     input's clock with ``step=``
-``distance``        mean attention distance (steps); ``local`` where at most ``local_distance``
+``distance``        mean attention distance (steps) of the weight on steps (a named token's
+                    weight adds none: ``distance / (1 - token_share)``); ``local`` where at
+                    most ``local_distance``
+``token_share``     mean weight on named tokens (a survey with a ``layout`` naming some)
 ``effective_keys``  the mean over samples of ``exp`` of a sample's mean row entropy: the
                     keys a typical row spreads over (a uniform causal row over ``i + 1``
                     keys: their geometric mean);
                     ``broad`` where at least ``broad_keys``
-``role``            the first of: induction, duplicate token, previous token (a score at or
-                    above ``score_threshold``), sink (``sink_rate`` at or above one half),
-                    "looks d steps back" (``offset_weight`` at or above
-                    ``offset_threshold``; "attends to itself" for d = 0), local, broad,
-                    mixed
+``role``            the first of: "looks at the statistics token" (``token_share`` at or
+                    above one half), induction, duplicate token, previous token (a score at
+                    or above ``score_threshold``: over the weight on steps), sink
+                    (``sink_rate`` at or above one half), "looks d steps back"
+                    (``offset_weight`` at or above ``offset_threshold``; "attends to
+                    itself" for d = 0), local, broad, mixed
 ==================  =====================================================================
 
 Padding and causal masks are respected by the statistics themselves (padded queries are
@@ -51,6 +55,7 @@ def head_roles(
     *inputs,
     tokens=None,
     step: float | None = None,
+    layout=None,
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
     score_threshold: float = SCORE_THRESHOLD,
@@ -73,6 +78,9 @@ def head_roles(
         embeddings); by default the ``input_ids``, or an integer first input.
     step : float, optional
         Seconds between two positions: ``offset_time`` and roles such as "looks 24 h back".
+    layout : attnpanel.Layout, optional
+        A model's run only: named tokens before or after the steps (a survey keeps the
+        layout it was made with).
     exclude_bos, exclude_current_token : bool
         TransformerLens' exclusions for the token scores (a model's run only; a survey
         keeps the settings it was made with).
@@ -89,7 +97,7 @@ def head_roles(
         found = model_or_survey
     elif isinstance(model_or_survey, nn.Module):
         found = _one_batch(
-            model_or_survey, inputs, kwargs, tokens, exclude_bos, exclude_current_token
+            model_or_survey, inputs, kwargs, tokens, (exclude_bos, exclude_current_token), layout
         )
     else:
         raise TypeError(
@@ -120,14 +128,17 @@ def head_roles(
     return table
 
 
-def _one_batch(model, inputs, kwargs, tokens, exclude_bos, exclude_current_token) -> xr.Dataset:
+def _one_batch(model, inputs, kwargs, tokens, exclusions, layout) -> xr.Dataset:
     with torch.no_grad():
         surveyor = Surveyor.of(model, inputs, kwargs)
-        surveyor.roles = RoleInputs(None, exclude_bos, exclude_current_token)
+        surveyor.roles = RoleInputs(None, *exclusions)
+        surveyor.layout = layout
         surveyor.given_tokens = _ids(tokens)
         stats = surveyor.statistics(inputs, kwargs)
     data = {name: (("sample", "layer", "head"), values) for name, values in stats.items()}
     found = xr.Dataset(data, coords={"layer": np.array(surveyor.layers, dtype=object)})
+    if layout is not None and (layout.before or layout.after):
+        found.attrs["named_tokens"] = list(layout.before + layout.after)
     if surveyor.given_tokens is None and token_ids(inputs, kwargs) is None:
         found.attrs["token_roles"] = (
             "duplicate_token and induction are NaN: the inputs carry no token ids "
@@ -153,6 +164,10 @@ def _scores(found: xr.Dataset, sink_threshold: float, step) -> xr.Dataset:
         (found["sink"] > sink_threshold).where(found["sink"].notnull()).mean("sample")
     )
     table["effective_keys"] = np.exp(found["entropy"]).mean("sample")
+    if "named_tokens" in found.attrs:
+        table.attrs["named_tokens"] = list(found.attrs["named_tokens"])
+    if "token_share" in found:
+        table["token_share"] = found["token_share"].mean("sample")
     offsets = found["offset"].values  # (sample, layer, head)
     mode = np.full(offsets.shape[1:], np.nan)
     share = np.full(offsets.shape[1:], np.nan)
@@ -183,18 +198,32 @@ def _label(table, score_threshold, offset_threshold, local_distance, broad_keys,
         "previous token": table["previous_token"].values,
     }
     labels = np.full(table["offset"].shape, "mixed", dtype=object)
+    tokens = _named(table)
+    on_tokens = table["token_share"].values if "token_share" in table else np.zeros(labels.shape)
     for index in np.ndindex(*labels.shape):
-        labels[index] = _one_label(
+        labels[index] = tokens(float(on_tokens[index])) or _one_label(
             {k: v[index] for k, v in scores.items()},
             float(table["sink_rate"].values[index]),
             float(table["offset"].values[index]),
             float(table["offset_weight"].values[index]),
-            float(table["distance"].values[index]),
+            float(table["distance"].values[index]) / max(1e-12, 1 - float(on_tokens[index])),
             float(table["effective_keys"].values[index]),
             (score_threshold, offset_threshold, local_distance, broad_keys),
             step,
         )
     return (("layer", "head"), labels.astype(str))
+
+
+def _named(table: xr.Dataset):
+    """The label of a head that puts most of its weight on named tokens ("looks at the
+    statistics token"), as a function of its ``token_share`` ("" below one half)."""
+    names = list(table.attrs.get("named_tokens", []))
+    what = f"the {' and '.join(names)} token{'s' if len(names) > 1 else ''}"
+
+    def label(share: float) -> str:
+        return f"looks at {what}" if names and np.isfinite(share) and share >= 0.5 else ""
+
+    return label
 
 
 def _one_label(scores, sink_rate, offset, weight, distance, keys, thresholds, step) -> str:

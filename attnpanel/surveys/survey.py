@@ -29,6 +29,7 @@ from attnpanel.kernels.roles import ROLE_NAMES, RoleInputs
 from attnpanel.kernels.statistics import NAMES, head_statistics_of, head_statistics_of_scores
 from attnpanel.surveys.store import FORMAT, VERSION, SurveyStore, SurveyStoreError
 from attnpanel.traces import screening
+from attnpanel.traces.positions import Layout
 
 IN_FLIGHT = 2  # batches queued per worker on a cluster
 
@@ -94,6 +95,7 @@ class Surveyor:
     roles: RoleInputs | None = None  # the role statistics' settings (None: none kept)
     tokens: torch.Tensor | None = None  # (B, L) the batch's token ids, while it runs
     given_tokens: torch.Tensor | None = None  # ids given beside the inputs (one batch)
+    layout: Layout | None = None  # named tokens before or after the steps, if any
 
     @classmethod
     def of(cls, model: nn.Module, args: tuple, kwargs: dict) -> Surveyor:
@@ -154,6 +156,7 @@ class Surveyor:
             )
         norms = self._norms(name, call)
         roles = self._roles(call)
+        named = self._named(call)
         if call.weights is None:
             found, error = head_statistics_of_scores(
                 call.q,
@@ -168,6 +171,7 @@ class Surveyor:
                     call.q.shape[-2], device=call.q.device
                 ),  # as capture checks a long call
                 roles=roles,
+                named=named,
             )
             allowed = tolerance(call.dtype) * max(1.0, float(call.v.abs().max()))
             if not error <= allowed:
@@ -182,7 +186,24 @@ class Surveyor:
         if call.blocked is not None:
             blocked = call.blocked.expand(batch, heads, *weights.shape[-2:])
             padding = blocked.all(dim=1).all(dim=1)  # (B, S): keys no query may see
-        return head_statistics_of(weights, padding, norms, roles)
+        return head_statistics_of(weights, padding, norms, roles, named)
+
+    def _named(self, call) -> torch.Tensor | None:
+        """``(S,)`` True at the layout's named tokens, in a self-attention over the input's
+        positions (None without any)."""
+        layout = self.layout
+        length, keys = call.q.shape[-2], call.k.shape[-2]
+        if layout is None or length != keys or not (layout.before or layout.after):
+            return None
+        if len(layout.before) + len(layout.after) >= length:
+            raise ValueError(
+                f"layout {layout.words()!r} names more tokens than this attention's "
+                f"{length} positions"
+            )
+        named = torch.zeros(length, dtype=torch.bool)
+        named[: len(layout.before)] = True
+        named[length - len(layout.after) :] = True
+        return named
 
     def _roles(self, call) -> RoleInputs | None:
         """The role settings with this batch's tokens where they label this call's queries
@@ -288,6 +309,7 @@ def survey(
     store: str | Path | None = None,
     prepare: Callable | None = None,
     step: float | None = None,
+    layout: Layout | None = None,
     progress: bool = True,
     roles: bool = True,
     exclude_bos: bool = False,
@@ -313,6 +335,10 @@ def survey(
         loader of ``(x, y)`` pairs.
     step : float, optional
         Seconds between two positions: adds ``distance_time`` (seconds).
+    layout : attnpanel.Layout, optional
+        Named tokens before or after the steps (NILMFormer's statistics token): their
+        queries are left out, their weight adds no distance and is kept as
+        ``token_share`` (:mod:`attnpanel.kernels.statistics`).
     progress : bool
         A progress bar (tqdm) over the batches.
     roles : bool
@@ -354,13 +380,18 @@ def survey(
         surveyor = Surveyor.of(model, *prepare(first))
     if roles:
         surveyor.roles = RoleInputs(None, exclude_bos, exclude_current_token)
+    surveyor.layout = layout
+    named = () if layout is None else layout.before + layout.after
     header = {
         "format": FORMAT,
         "version": VERSION,
         "model": model_name,
         "fingerprint": print_,
-        "statistics": list(NAMES) + (list(ROLE_NAMES) if roles else []),
+        "statistics": list(NAMES)
+        + (["token_share"] if named else [])
+        + (list(ROLE_NAMES) if roles else []),
         **({} if step is None else {"step": float(step)}),
+        **({"named_tokens": list(named)} if named else {}),
         "exclude_bos": int(exclude_bos),
         "exclude_current_token": int(exclude_current_token),
     }

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 import torch
 import xarray as xr
 
@@ -16,7 +15,8 @@ from attnpanel.kernels import masks, tiles
 from attnpanel.kernels.attention import MultiHeadSelfAttention
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.kernels.memory import available_memory
-from attnpanel.traces import virtual
+from attnpanel.traces import positions, virtual
+from attnpanel.traces.positions import Layout
 from attnpanel.traces.schema import ATTENTION_DIMS, CROSS_DIMS, EXPECTED_DIMS
 from attnpanel.traces.validate import validate
 
@@ -28,40 +28,6 @@ def _numpy(t) -> np.ndarray:
             t = t.float()
         return t.cpu().numpy()
     return np.asarray(t)
-
-
-def _time_coord(time) -> tuple[np.ndarray, dict]:
-    """Timestamps as ``datetime64[ns]`` (what netCDF and zarr read back) and their zone."""
-    attrs = {}
-    if isinstance(time, pd.Series):
-        time = pd.DatetimeIndex(time) if isinstance(time.dtype, pd.DatetimeTZDtype) else time
-    if isinstance(time, pd.DatetimeIndex) and time.tz is not None:
-        attrs["time_zone"] = str(time.tz)  # stored as naive UTC, which both formats keep
-        time = time.tz_convert("UTC").tz_localize(None)
-    time = np.asarray(time)
-    if time.dtype.kind == "O":  # numpy's own dtype for the values (numbers, text), if any
-        time = np.asarray(time.tolist())
-    if time.dtype.kind in "OSU":  # text: dates written out ("2024-05-01 08:00"), or not
-        time = _parse_dates(time)
-    if time.dtype.kind == "M":
-        time = time.astype("datetime64[ns]")
-    elif time.dtype.kind not in "iuf":
-        raise ValueError(f"time must be numbers or dates, got {time.dtype} values")
-    return time, attrs
-
-
-def _parse_dates(text: np.ndarray) -> np.ndarray:
-    """Timestamps written as text, as ``datetime64``; text that is no date is refused."""
-    try:
-        parsed = pd.to_datetime(text.ravel(), format="mixed")
-    except (ValueError, TypeError) as error:
-        raise ValueError(
-            f"time holds text that is not a date ({error}); give numbers or dates, and "
-            "labels such as words as tokens="
-        ) from None
-    if getattr(parsed, "tz", None) is not None:
-        parsed = parsed.tz_convert("UTC").tz_localize(None)
-    return np.asarray(parsed, dtype="datetime64[ns]").reshape(text.shape)
 
 
 def _float32(array: np.ndarray) -> np.ndarray:
@@ -175,6 +141,7 @@ def build_trace(
     bias=None,
     scale: float | None = None,
     time=None,
+    layout: Layout | None = None,
     tokens: Sequence[Sequence[str]] | None = None,
     source: str = "",
     check: bool = True,
@@ -219,6 +186,11 @@ def build_trace(
     time : array-like, optional
         Timestamps, ``(position,)`` or ``(batch, position)``; stored as ``datetime64[ns]``
         (a time zone, if any, is converted to UTC and kept in the ``time_zone`` attribute).
+        With ``layout``, the input's own ``T`` timestamps instead, laid out over the
+        positions.
+    layout : attnpanel.traces.positions.Layout, optional
+        What the positions are beyond time steps: named tokens before or after them,
+        spans (patches); see :mod:`attnpanel.traces.positions`.
     tokens : list of list of str, optional
         Token strings, one list per batch item.
     source : str
@@ -254,6 +226,7 @@ def build_trace(
         bias=bias,
         scale=scale,
         time=time,
+        layout=layout,
         tokens=tokens,
         source=source,
         cross=cross,
@@ -299,6 +272,7 @@ def trace_parts(
     bias=None,
     scale: float | None = None,
     time=None,
+    layout: Layout | None = None,
     tokens: Sequence[Sequence[str]] | None = None,
     source: str = "",
     cross: bool = False,
@@ -386,16 +360,7 @@ def trace_parts(
         coords["head_dim"] = np.arange(head_dim)
     if d_model is not None and any(n in data_vars for n in ("x", "output")):
         coords["feature"] = np.arange(d_model)
-    if time is not None:
-        time, time_attrs = _time_coord(time)
-        attrs.update(time_attrs)
-        expected = (length,) if time.ndim == 1 else (batch, length)
-        if time.shape != expected:
-            raise ValueError(
-                f"time must be (position,) = ({length},) or (batch, position) = "
-                f"{(batch, length)}, got {time.shape}"
-            )
-        coords["time"] = (("position",) if time.ndim == 1 else ("batch", "position"), time)
+    coords.update(positions.position_coords(time, layout, batch, length, attrs))
     if tokens is not None:
         tokens = np.asarray([list(row) for row in tokens], dtype=str)
         if tokens.shape != (batch, length):
