@@ -57,7 +57,7 @@ def test_page_loads_without_console_errors(app, artifacts):
         "K[",
         "V[",
         "weights of query",
-        "value vectors of the top 5",
+        "value vectors, top 5 keys",
         "context of query",
         "head merge",
         "Wo",

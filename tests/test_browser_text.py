@@ -74,7 +74,8 @@ def test_text_page_shows_tokens_layers_and_model_view(app, artifacts):
     ticks = page.evaluate(f"[...{matrix_js()}.model.below[0].major_label_overrides.entries()]")
     assert [label for _, label in sorted(ticks)] == TOKENS
     titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
-    assert any(t.startswith("model view, sample 0: 6 layers x 12 heads") for t in titles)
+    assert any(" ".join(t.split()).startswith("model view, sample 0: 6 layers x 12 heads")
+               for t in titles)  # fmt: skip
     tiles = page.evaluate(
         "attn.plot('head maps').model.renderers.map((r) => r.name)"
         ".filter((n) => n && n.startsWith('head'))"

@@ -173,7 +173,7 @@ def test_value_aggregation_is_the_trace_context(trace):
     assert digits >= 2
     assert {len(key) for key in [*keys, *top.dimension_values("key")]} == {digits + 9}
     assert keys[0].startswith(views.FIGURE_SPACE * (digits - 1))
-    assert first.label == "value vectors of the top 2 keys"
+    assert first.label == "value vectors, top 2 keys"
 
 
 def test_merged_output_matches_trace_and_changes_without_a_head(trace):

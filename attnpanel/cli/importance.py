@@ -7,6 +7,12 @@ from pathlib import Path
 
 from attnpanel.cli.common import CommandError, check_output, first_line, say
 from attnpanel.cli.models import checkpoint_run, hugging_face_run
+from attnpanel.cli.recording import (
+    add_recording_options,
+    first_windows,
+    recording_model,
+    wants_recording,
+)
 
 TOP = 20  # heads the ranking lists before "... and N more"
 
@@ -35,12 +41,16 @@ def run(args: argparse.Namespace) -> None:
     from attnpanel.interventions.importance import head_importance
     from attnpanel.traces.rankings import save_ranking
 
-    if (args.model is None) == (args.checkpoint is None):
+    recorded = wants_recording(args)
+    if not recorded and (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint or --model with --text")
     if not args.output.lower().endswith(".nc"):
         raise CommandError(f"a ranking is saved as netCDF: {args.output} does not end in .nc")
     check_output(args.output, args.force)
-    if args.model is not None:
+    if recorded:
+        shown, inputs, kwargs = first_windows(recording_model(args), args.windows)
+        model = shown.model
+    elif args.model is not None:
         if not args.text:
             raise CommandError("--model needs --text")
         model, inputs, kwargs = hugging_face_run(Path(args.model), args.text)
@@ -67,15 +77,20 @@ def add_parser(sub) -> None:
     importance.add_argument(
         "--checkpoint",
         help="a NILMFormer model file (as `attnpanel train` writes), run on "
-        "the demo's held-out windows",
+        "the demo's held-out windows; with --model SPEC, that model's weights",
     )
-    importance.add_argument("--windows", type=int, default=8, help="held-out windows (default 8)")
     importance.add_argument(
-        "--model", help="a local Hugging Face model directory with its tokenizer (offline)"
+        "--windows", type=int, default=8, help="held-out (or the recording's first) windows (8)"
+    )
+    importance.add_argument(
+        "--model",
+        help="a local Hugging Face model directory with its tokenizer (offline), or "
+        "FILE.py:FUNCTION / package.module:FUNCTION returning your model (with --recording)",
     )
     importance.add_argument("--text", action="append", help="a text; repeat for a batch")
     importance.add_argument("--how", choices=("zero", "mean"), default="zero")
     importance.add_argument("--method", choices=("ablation", "gradient"), default="ablation")
     importance.add_argument("-o", "--output", required=True, help="the ranking file (.nc)")
     importance.add_argument("--force", action="store_true", help="replace an existing ranking")
+    add_recording_options(importance, shared=True)
     importance.set_defaults(func=run)

@@ -9,6 +9,12 @@ from pathlib import Path
 from attnpanel.cli.common import CommandError, check_output, first_line, say
 from attnpanel.cli.importance import TOP
 from attnpanel.cli.models import checkpoint_run, hugging_face_model, model_inputs
+from attnpanel.cli.recording import (
+    add_recording_options,
+    first_windows,
+    recording_model,
+    wants_recording,
+)
 
 
 def effect_lines(effect) -> list[str]:
@@ -59,6 +65,25 @@ def _demo_inputs(args):
     return model, (power, features), (corrupted, features), None
 
 
+def _recording_inputs(args):
+    """A model of one's own on a recording's first ``--windows`` windows, and the same
+    windows without the submeter ``--without`` (aggregate minus its readings); the score
+    is the predicted targets' sum."""
+    from attnpanel.series import RecipeError, without_channel
+
+    if args.without is None:
+        raise CommandError("--recording needs --without NAME: the submeter to take out")
+    if args.span is not None:
+        raise CommandError("--span is for the demo's windows; with --recording give --without")
+    shown, clean, _ = first_windows(recording_model(args), args.windows)
+    try:
+        corruption = shown.without(args.without)
+        corrupted, _ = shown.recipe.inputs(without_channel(shown.windows, args.without))
+    except RecipeError as error:
+        raise CommandError(first_line(error)) from error
+    return shown.model, clean, corrupted, corruption.score
+
+
 def _text_inputs(args):
     if not args.text or not args.corrupted:
         raise CommandError("--model needs --text and --corrupted (as many of each)")
@@ -102,12 +127,15 @@ def run(args: argparse.Namespace) -> None:
     from attnpanel.interventions.patching import PatchingError
     from attnpanel.traces.rankings import EFFECT, save_ranking
 
-    if (args.model is None) == (args.checkpoint is None):
+    recorded = wants_recording(args)
+    if not recorded and (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint or --model with --text and --corrupted")
     if not args.output.lower().endswith(".nc"):
         raise CommandError(f"an effect is saved as netCDF: {args.output} does not end in .nc")
     check_output(args.output, args.force)
-    if args.checkpoint is not None:
+    if recorded:
+        model, clean, corrupted, score = _recording_inputs(args)
+    elif args.checkpoint is not None:
         model, clean, corrupted, score = _demo_inputs(args)
     else:
         model, clean, corrupted, score = _text_inputs(args)
@@ -142,18 +170,23 @@ def add_parser(sub) -> None:
     patch.add_argument(
         "--checkpoint",
         help="a NILMFormer model file (as `attnpanel train` writes), run on the demo's "
-        "held-out windows",
+        "held-out windows; with --model SPEC, that model's weights",
     )
-    patch.add_argument("--windows", type=int, default=8, help="held-out windows (default 8)")
+    patch.add_argument(
+        "--windows", type=int, default=8, help="held-out (or the recording's first) windows (8)"
+    )
     patch.add_argument(
         "--without",
         help="corrupted windows: the same windows without this series (the demo's own "
-        "corrupted inputs, from its generator's ground truth); the score is its prediction",
+        "corrupted inputs, from its generator's ground truth; a recording's submeter, "
+        "taken out of its mains); the score is the prediction",
     )
     patch.add_argument("--span", help="corrupted windows: positions START:STOP replaced")
     patch.add_argument("--fill", choices=("mean", "zeros"), default="mean", help="for --span")
     patch.add_argument(
-        "--model", help="a local Hugging Face model directory with its tokenizer (offline)"
+        "--model",
+        help="a local Hugging Face model directory with its tokenizer (offline), or "
+        "FILE.py:FUNCTION / package.module:FUNCTION returning your model (with --recording)",
     )
     patch.add_argument("--text", action="append", help="a clean text; repeat for a batch")
     patch.add_argument("--corrupted", action="append", help="its corrupted text, as many")
@@ -163,4 +196,5 @@ def add_parser(sub) -> None:
     patch.add_argument("--method", choices=("exact", "attribution"), default="exact")
     patch.add_argument("-o", "--output", required=True, help="the effect file (.nc)")
     patch.add_argument("--force", action="store_true", help="replace an existing file")
+    add_recording_options(patch, shared=True)
     patch.set_defaults(func=run)

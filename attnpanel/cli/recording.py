@@ -39,7 +39,7 @@ def add_recording_options(parser: argparse.ArgumentParser, shared: bool = False)
     group.add_argument("--stride", type=positive, help="steps between windows (default --window)")
     group.add_argument("--freq", default="1min", help="the step, a pandas frequency (1min)")
     group.add_argument(
-        "--fill",
+        "--fill-gaps",
         type=int,
         default=0,
         help="fill gaps of up to N steps forward (default 0: skip a window with a gap)",
@@ -101,12 +101,26 @@ def recording_model(args: argparse.Namespace):
         )
         windows = series.windows_of(
             recordings, length=args.window, stride=args.stride, freq=args.freq,
-            channels=_channels(recordings, args.target), fill=args.fill,
+            channels=_channels(recordings, args.target), fill=args.fill_gaps,
         )  # fmt: skip
         recipe = _recipe(args)
         return series.RecordingModel(model, recipe, windows, thresholds(args.threshold))
     except (series.ModelError, series.RecordingError, series.RecipeError) as error:
         raise CommandError(first_line(error)) from error
+
+
+def first_windows(run_model, count: int):
+    """The model and its inputs on the first ``count`` windows: ``(model, args, kwargs)``."""
+    shown = run_model.subset(slice(0, min(count, run_model.windows.sizes["window"])))
+    args, kwargs = shown.inputs()
+    return shown, args, kwargs
+
+
+def step_seconds(windows) -> float:
+    """The windows' step in seconds (their ``freq``)."""
+    import pandas as pd
+
+    return pd.Timedelta(pd.tseries.frequencies.to_offset(windows.attrs["freq"])).total_seconds()
 
 
 def _channels(recordings, targets: list[str]) -> list[str]:

@@ -7,6 +7,12 @@ from pathlib import Path
 
 from attnpanel.cli.common import CommandError, first_line, say
 from attnpanel.cli.models import checkpoint_run, hugging_face_model, model_inputs
+from attnpanel.cli.recording import (
+    add_recording_options,
+    recording_model,
+    step_seconds,
+    wants_recording,
+)
 
 EXTREMES = 5  # heads listed per statistic
 
@@ -51,7 +57,16 @@ def survey_lines(found) -> list[str]:
 
 
 def _batches(args) -> tuple:
-    """The model and its inputs cut into batches of ``--batch``."""
+    """The model, its inputs cut into batches of ``--batch``, the step in seconds and the
+    positions' layout (a recording's model: its named tokens)."""
+    if wants_recording(args):
+        run_model = recording_model(args)  # every window of the recording
+        windows = run_model.windows
+        batches = []
+        for start in range(0, windows.sizes["window"], args.batch):
+            part = run_model.subset(slice(start, start + args.batch))
+            batches.append(part.inputs())
+        return run_model.model, batches, step_seconds(windows), run_model.recipe.position_layout()
     if (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint or --model with --text-file")
     if args.model is not None:
@@ -68,13 +83,18 @@ def _batches(args) -> tuple:
             model_inputs(model, tokenizer, texts[i : i + args.batch])
             for i in range(0, len(texts), args.batch)
         ]
-        return model, batches, None
+        return model, batches, None, None
     model, (aggregate, features), _ = checkpoint_run(Path(args.checkpoint), args.windows)
     batches = [
         (aggregate[i : i + args.batch], features[i : i + args.batch])
         for i in range(0, len(aggregate), args.batch)
     ]
-    return model, batches, 60.0 * float(args.step_minutes)
+    return model, batches, 60.0 * float(args.step_minutes), None
+
+
+def _split(batch) -> tuple[tuple, dict]:
+    """A recording's batch as it is kept: the recipe's ``(args, kwargs)``."""
+    return batch
 
 
 def run(args: argparse.Namespace) -> None:
@@ -86,7 +106,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.output.lower().rstrip("/").endswith(".zarr"):
         raise CommandError(f"a survey is kept in a zarr store: {args.output} does not end in .zarr")
     store = SurveyStore(Path(args.output))
-    model, batches, step = _batches(args)
+    model, batches, step, layout = _batches(args)
     try:
         held = store.attrs()
     except SurveyStoreError as error:
@@ -94,7 +114,15 @@ def run(args: argparse.Namespace) -> None:
     if held is not None:
         say(f"resuming {args.output}: {held.get('samples_done', 0)} samples done")
     try:
-        found = survey(model, batches, scheduler=args.scheduler, store=args.output, step=step)
+        found = survey(
+            model,
+            batches,
+            scheduler=args.scheduler,
+            store=args.output,
+            step=step,
+            layout=layout,
+            prepare=_split if layout is not None else None,
+        )
     except KeyboardInterrupt:
         done = (store.attrs() or {}).get("samples_done", 0)
         say(
@@ -122,12 +150,15 @@ def add_parser(sub) -> None:
     survey.add_argument(
         "--checkpoint",
         help="a NILMFormer model file (as `attnpanel train` writes), run on the demo's "
-        "held-out windows",
+        "held-out windows; with --model SPEC, that model's weights (on every window of "
+        "--recording)",
     )
     survey.add_argument("--windows", type=int, default=1024, help="held-out windows (1024)")
     survey.add_argument("--step-minutes", type=float, default=1.0, help="minutes per step (1)")
     survey.add_argument(
-        "--model", help="a local Hugging Face model directory with its tokenizer (offline)"
+        "--model",
+        help="a local Hugging Face model directory with its tokenizer (offline), or "
+        "FILE.py:FUNCTION / package.module:FUNCTION returning your model (with --recording)",
     )
     survey.add_argument("--text-file", help="texts for --model, one per line")
     survey.add_argument("--batch", type=int, default=32, help="inputs per batch (32)")
@@ -137,4 +168,5 @@ def add_parser(sub) -> None:
         "for a LocalCluster of this machine; in process by default",
     )
     survey.add_argument("-o", "--output", required=True, help="the survey store (.zarr)")
+    add_recording_options(survey, shared=True)
     survey.set_defaults(func=run)

@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from attnpanel.readouts.core import (
+    MAP_TITLE_LINE,
     Selection,
     StageCache,
     attention_values,
@@ -31,6 +32,7 @@ from attnpanel.readouts.core import (
     mask_mode,
     selected_weights,
     uses_sinusoidal,
+    wrapped_title,
 )
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
 from attnpanel.readouts.raster import raster_values
@@ -207,9 +209,15 @@ def model_view(ds: xr.Dataset, sel: Selection, width: int = 1200, height: int = 
         kdims=["head", "layer"],
         vdims=[hv.Dimension("weight")],
         group="ModelView",
-        label=f"model view, sample {sel.sample}: {n_layers} layers x {n_heads} "
-        "heads (click a map to open it above)",
+        label=wrapped_title(
+            f"model view, sample {sel.sample}: {n_layers} layers x {n_heads} heads (click a "
+            "map to open it above)",
+            line=max(MAP_TITLE_LINE, width // TITLE_PIXELS_PER_CHARACTER),
+        ),
     )
+
+
+TITLE_PIXELS_PER_CHARACTER = 8  # Bokeh's bold 12 pt title, a character on average
 
 
 def role_labels(roles, n_layers: int, n_heads: int) -> hv.Labels:

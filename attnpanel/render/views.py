@@ -342,7 +342,7 @@ def top_values(
         kdims=["dim", "key"],
         vdims=["value"],
         group="Values",
-        label=f"value vectors of the top {len(order)} keys",
+        label=f"value vectors, top {len(order)} keys",  # fits the narrow column
     )
 
 

@@ -148,7 +148,7 @@ def windows_of(
     if not parts:
         raise RecordingError(
             f"no window of {length} steps of {freq} without a gap ({skipped} had one); "
-            "fill short gaps with --fill N"
+            "fill short gaps with --fill-gaps N"
         )
     found = xr.concat(parts, dim="window")
     first = chosen[0]

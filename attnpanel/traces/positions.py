@@ -308,6 +308,19 @@ class Positions:
         parts += [f"position {i}: the {n} token" for i, n in enumerate(self.names) if n]
         return "; ".join(parts)
 
+    def dates(self) -> str | None:
+        """The calendar days the positions lie on, in the trace's clock: "Mon 3 Mar 2014",
+        or "3 Mar 2014 to 4 Mar 2014"; None without a clock."""
+        if self.times is None or self.times.dtype.kind != "M":
+            return None
+        known = self._local(self.times[~self.named & ~np.isnat(self.times)])
+        if known.size == 0:
+            return None
+        first, last = (pd.Timestamp(t) for t in (known.min(), known.max()))
+        if first.date() == last.date():
+            return f"{first:%a} {first.day} {first:%b %Y}"
+        return f"{first.day} {first:%b %Y} to {last.day} {last:%b %Y}"
+
     def label(self, index: int) -> str:
         """One position as text: its clock label, its name, else its index."""
         labels = self.labels()
