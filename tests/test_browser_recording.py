@@ -99,7 +99,7 @@ def test_the_matrix_is_the_models_own_attention_with_times_and_the_token_named(
     )
     assert hover and all(tip == "$x{custom}" for tip in hover)  # the key read as its label
     top = tab.evaluate("attn.plot('sample').model.title.text")
-    assert top == "sample 0 (Mon 3 Mar 2014): aggregate power (click to pick the query)"
+    assert top == "sample 0: aggregate power, Mon 3 Mar 2014 (click to pick the query)"
     shot(tab, artifacts, "recording_1600")
     tab.set_viewport_size({"width": 1280, "height": 1000})
     tab.wait_for_timeout(500)

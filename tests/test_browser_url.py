@@ -25,6 +25,13 @@ import attnpanel
 def test_url_reopens_the_same_view_and_follows_changes(browser, artifacts, demo_url):
     query = "?sample=2&head=3&query=120&mask=causal&stage=scaled"
     with opened(browser, demo_url + query) as (page, console):
+        # every hover over the matrix names its values as the title does, from the first
+        # read (the cached levels' hover said "softmax weights" for seconds)
+        names = page.evaluate(
+            "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text)).model.toolbar"
+            ".tools.filter((t) => t.type === 'HoverTool').map((t) => t.tooltips.at(-1)[0])"
+        )
+        assert names and set(names) == {"scaled scores q·k / √E"}, names
         title = page.evaluate(
             "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text)).model.title.text"
         )

@@ -397,8 +397,8 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True)
             for i, channel in enumerate(channels["series"].values):
                 series.append((f"{channel}{suffix}", channels.isel(series=i).values))
         dates = Positions.of(ds, sel.sample).dates()
-        when = f" ({dates})" if dates else ""
-        title = f"sample {sel.sample}{when}: {name} (click to pick the query)"
+        when = f", {dates}" if dates else ""
+        title = f"sample {sel.sample}: {name}{when} (click to pick the query)"
         unit = signal.attrs.get("units")
         ylabel = name if len(series) == 1 else common_quantity(name, reference_name(ds))
         return SequenceSeries(xs, xname, "signal", ylabel, unit, series, title)

@@ -381,6 +381,12 @@ class ClientLayer:
         mapper = self.handles["color_mapper"]
         self.scale.low, self.scale.high = mapper.low, mapper.high
         colorbar, hover = self.handles.get("colorbar"), self.handles.get("hover")
+        if hover is not None and hover.tooltips and self.hover.tooltips:
+            # the levels' hover names the value as the map's own does from the first
+            # second (it kept the name it was built with until the page's callback ran)
+            *place, (_, field) = self.hover.tooltips
+            if self.hover.tooltips[-1][0] != hover.tooltips[-1][0]:
+                self.hover.tooltips = [*place, (hover.tooltips[-1][0], field)]
         self.state.update(
             server_title=self.handles["plot"].title.text,
             server_bar=colorbar.title if colorbar is not None else "",
