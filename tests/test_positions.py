@@ -202,3 +202,16 @@ def test_a_survey_with_a_layout_keeps_the_token_share(run):
     trace = run.trace([0])
     expected = trace["weights"].isel(layer=0, batch=0).values[:, :480, 480].mean(-1)
     np.testing.assert_allclose(share[0, 0], expected, rtol=1e-5)
+
+
+def test_the_pages_survey_leaves_the_token_out_and_reads_the_clock(run):
+    """The explorer's "every sample" survey of a recording's model (its ModelRun) is the
+    survey with the recipe's layout and the windows' step."""
+    page = run.subset(slice(0, 2)).model_run()
+    found = page.survey()
+    args, _ = run.subset(slice(0, 2)).inputs()
+    expected = attnpanel.survey(
+        run.model, [args], layout=run.recipe.position_layout(), step=60.0, progress=False
+    )
+    np.testing.assert_allclose(found["token_share"].values, expected["token_share"].values)
+    np.testing.assert_allclose(found["distance_time"].values, 60 * found["distance"].values)

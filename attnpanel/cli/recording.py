@@ -116,13 +116,6 @@ def first_windows(run_model, count: int):
     return shown, args, kwargs
 
 
-def step_seconds(windows) -> float:
-    """The windows' step in seconds (their ``freq``)."""
-    import pandas as pd
-
-    return pd.Timedelta(pd.tseries.frequencies.to_offset(windows.attrs["freq"])).total_seconds()
-
-
 def _channels(recordings, targets: list[str]) -> list[str]:
     """The targets first, then every other submeter every house has (for "without")."""
     common = None

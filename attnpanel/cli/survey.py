@@ -10,7 +10,6 @@ from attnpanel.cli.models import checkpoint_run, hugging_face_model, model_input
 from attnpanel.cli.recording import (
     add_recording_options,
     recording_model,
-    step_seconds,
     wants_recording,
 )
 
@@ -66,6 +65,8 @@ def _batches(args) -> tuple:
         for start in range(0, windows.sizes["window"], args.batch):
             part = run_model.subset(slice(start, start + args.batch))
             batches.append(part.inputs())
+        from attnpanel.series.windows import step_seconds
+
         return run_model.model, batches, step_seconds(windows), run_model.recipe.position_layout()
     if (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint or --model with --text-file")

@@ -26,6 +26,7 @@ from attnpanel.interventions.gradients import attention_gradients
 from attnpanel.interventions.importance import output_tensor, relative_change
 from attnpanel.interventions.patching import PatchingError, patch
 from attnpanel.surveys.survey import survey
+from attnpanel.traces.positions import Layout
 
 CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
 MAX_SERIES = 8  # a default prediction of more channels is drawn as its norm
@@ -112,6 +113,11 @@ class ModelRun:
     corruptions : sequence of Corruption, optional
         Corrupted inputs of its own to patch heads between (the demo: each window without
         one of its devices); another sample and a span of the input replaced are always there.
+    layout : attnpanel.Layout, optional
+        The model's named tokens (NILMFormer's statistics token): its survey leaves them
+        out of distances and keeps the weight on them (``token_share``).
+    step : float, optional
+        Seconds between two positions: its survey's ``distance_time``.
     """
 
     model: nn.Module
@@ -122,6 +128,8 @@ class ModelRun:
     metrics: Callable[[np.ndarray, np.ndarray], dict[str, float]] = mean_absolute_error
     series: Sequence[str] | None = None
     corruptions: Sequence[Corruption] = ()
+    layout: Layout | None = None
+    step: float | None = None
 
     def __post_init__(self):
         self._predictions = _Kept(CACHED_RUNS)  # shared by every session
@@ -214,6 +222,8 @@ class ModelRun:
                     [(self.inputs, self.kwargs)],
                     prepare=lambda batch: batch,
                     progress=False,
+                    layout=self.layout,
+                    step=self.step,
                 )
             return self._survey
 

@@ -25,6 +25,7 @@ LABELS = {
     "distance": "distance (steps)",
     "distance_time": "distance (s)",
     "sink": "weight on the first key",
+    "token_share": "weight on named tokens",
     "diagonal_share": "weight on its own position",
     "previous_share": "weight on the previous position",
     "max_weight": "largest weight of a row",

@@ -23,7 +23,7 @@ from attnpanel.interventions.importance import output_tensor
 from attnpanel.interventions.model_run import Corruption, ModelRun
 from attnpanel.series import metrics as scores
 from attnpanel.series.recipes import Recipe, RecipeError
-from attnpanel.series.windows import READINGS
+from attnpanel.series.windows import READINGS, step_seconds
 
 BATCH = 64  # windows per forward
 
@@ -222,4 +222,5 @@ class RecordingModel:
         return ModelRun(
             self.model, args, kwargs, layers=list(layers), predict=predict, metrics=metrics,
             series=self.targets, corruptions=[self.without(c) for c in self.submeters()],
+            layout=self.recipe.position_layout(), step=step_seconds(windows),
         )  # fmt: skip

@@ -168,6 +168,11 @@ def windows_of(
     return found
 
 
+def step_seconds(windows: xr.Dataset) -> float:
+    """The windows' step in seconds (their ``freq``)."""
+    return pd.Timedelta(pd.tseries.frequencies.to_offset(windows.attrs["freq"])).total_seconds()
+
+
 def by_house(found: xr.Dataset, houses: Sequence) -> xr.Dataset:
     """The windows of ``houses`` (a house not there is named)."""
     wanted = [str(h) for h in houses]
