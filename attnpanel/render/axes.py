@@ -159,8 +159,11 @@ def steady_labels(axis, chars: int = STEADY_CHARS) -> None:
     axis.major_label_text_font = "monospace"
 
 
-def axis_number(value) -> float:
-    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch."""
+def axis_number(value) -> float | None:
+    """Bokeh's number for an axis value: datetimes become milliseconds since the epoch; a
+    value that has none (None, NaT: a named token's time) is None."""
+    if value is None or (isinstance(value, np.datetime64) and np.isnat(value)):
+        return None
     if isinstance(value, np.datetime64):
         return float(value.astype("datetime64[ns]").astype(np.int64) / 1e6)
     return float(value)

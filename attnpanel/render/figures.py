@@ -292,6 +292,12 @@ def _layer(fig, layer, style: dict, cmap, clim, handles: dict) -> dict:
         span = Span(location=axis_number(layer.data), dimension="height", level="overlay", **style)
         fig.add_layout(span)
         return {"glyph": span}
+    if isinstance(layer, hv.VSpan):  # a span of steps (a patch), hidden where it has none
+        left, right = (axis_number(v) for v in layer.data)
+        box = BoxAnnotation(left=left, right=right, bottom=None, top=None, level="overlay",
+                            visible=left is not None, **style)  # fmt: skip
+        fig.add_layout(box)
+        return {"glyph": box}
     if isinstance(layer, hv.HSpan):
         low, high = (float(v) for v in layer.data)
         box = BoxAnnotation(

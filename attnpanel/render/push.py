@@ -99,6 +99,10 @@ def push(handles: dict, element) -> None:
     if isinstance(element, hv.VLine):
         glyph.location = axis_number(element.data)
         return
+    if isinstance(element, hv.VSpan):
+        left, right = (axis_number(v) for v in element.data)
+        glyph.update(left=left, right=right, visible=left is not None)
+        return
     source = handles["source"]
     if isinstance(element, (Raster, hv.Image)):  # a Raster on the live path, else an Image
         if isinstance(element, Raster):

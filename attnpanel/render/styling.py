@@ -28,7 +28,7 @@ LOOK = {
     ("Rectangles", "Selected"): dict(fill_alpha=0, line_color=HIGHLIGHT, line_width=4),
     ("VSpans", "Lanes"): dict(fill_color="#000000", fill_alpha=0.06, line_color=None),
     ("VLine", "Marker"): dict(line_color=HIGHLIGHT, line_width=3, line_alpha=0.9),
-    ("VSpan", "Marker"): dict(color=HIGHLIGHT, alpha=0.25, line_width=0),
+    ("VSpan", "Marker"): dict(fill_color=HIGHLIGHT, fill_alpha=0.25, line_alpha=0),
     ("HSpan", "Marker"): dict(
         fill_color=HIGHLIGHT, fill_alpha=0.15, line_color=HIGHLIGHT, line_width=1.5
     ),

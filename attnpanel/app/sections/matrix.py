@@ -28,11 +28,17 @@ HOVER_CODE = (
 )
 
 
+LEVEL_LABEL = 8  # characters of a key label still written level ("05-02 08:00" is slanted)
+SLANTED = 0.7  # radians
+
+
 def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
     """Label a map's axes and hover with clock times (positions stay the coordinates)."""
     for axis, n in ((figure.xaxis, n_key), (figure.yaxis, n_query)):
         if n == len(labels):
             axis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICK_CODE)
+    if n_key == len(labels) and max(map(len, labels), default=0) > LEVEL_LABEL:
+        figure.xaxis.major_label_orientation = SLANTED  # spans ("00:06–00:21") side by side
     formatter = CustomJSHover(args=dict(labels=labels), code=HOVER_CODE)
     for hover in figure.select({"type": HoverTool}):
         fields = {k: v for k, v in (hover.formatters or {}).items() if k == "@image"}
