@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from recordings import house_power, write_ukdale
-from reference_nilmformer import small_nilmformer, trainer_checkpoint
+from reference_nilmformer import small_nilmformer, trained
 from served_app import ROOT, free_port, opened, serving, shot
 
 from attnpanel import series
@@ -33,12 +33,8 @@ LABELS_JS += " p.left[0].formatter.args.labels]; })()"
 def recording(tmp_path_factory):
     root = tmp_path_factory.mktemp("served_recording")
     write_ukdale(root / "ukdale", {"1": house_power(hours=16)})
-    trained = small_nilmformer()
-    with torch.no_grad():
-        for p in trained.parameters():
-            p.mul_(0.9)
-    trainer_checkpoint(trained, root / "trainer.pt")
-    return root, trained
+    model = trained(small_nilmformer, root / "trainer.pt")
+    return root, model
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +73,9 @@ def test_the_matrix_is_the_models_own_attention_with_times_and_the_token_named(
     page, recording, artifacts
 ):
     tab, console = page
-    root, trained = recording
+    root, model = recording
     windows = series.windows_of(series.read_recordings(root / "ukdale"), 480, freq="1min")
-    own = own_weights(trained, windows.isel(window=[0]), layer=0)
+    own = own_weights(model, windows.isel(window=[0]), layer=0)
     assert own.shape == (1, 4, 481, 481)
     title = tab.evaluate(f"{MATRIX}.model.title.text")
     assert title.startswith("sample 0, head 0, layer EncoderBlock.0.attention_layer:")
@@ -109,10 +105,10 @@ def test_the_matrix_is_the_models_own_attention_with_times_and_the_token_named(
 
 def test_the_metrics_table_is_the_models_own_on_the_window(page, recording):
     tab, _ = page
-    root, trained = recording
+    root, model = recording
     windows = series.windows_of(series.read_recordings(root / "ukdale"), 480, freq="1min")
     recipe = series.make_recipe("nilmformer", scale=6000.0, clip=6000.0, targets=["kettle"])
-    run = series.RecordingModel(trained, recipe, windows.isel(window=[0]), {"kettle": 2000.0})
+    run = series.RecordingModel(model, recipe, windows.isel(window=[0]), {"kettle": 2000.0})
     expected = series.nilm(run.truth()[0, 0], run.predictions()[0, 0], 2000.0)
     tab.evaluate("attn.table('MAE kettle').scrollIntoView({block: 'center'})")
     cells = tab.evaluate(

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 from recordings import house_power, write_ukdale
-from reference_nilmformer import reference_nilmformer, trainer_checkpoint
+from reference_nilmformer import reference_nilmformer, trained
 
 from attnpanel import series
 from attnpanel.cli.main import main
@@ -21,12 +21,8 @@ FACTORY = "tests/reference_nilmformer.py:reference_nilmformer"
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
     write_ukdale(root / "ukdale", {"1": house_power(hours=32), "2": house_power(hours=16, seed=3)})
-    trained = reference_nilmformer()
-    with torch.no_grad():  # weights unlike the factory's, so that loading them shows
-        for p in trained.parameters():
-            p.mul_(0.9)
-    trainer_checkpoint(trained, root / "trainer.pt")
-    return root, trained
+    model = trained(reference_nilmformer, root / "trainer.pt")
+    return root, model
 
 
 def argv(root, **changes) -> list[str]:
@@ -46,7 +42,7 @@ def argv(root, **changes) -> list[str]:
 def test_evaluate_writes_what_the_model_itself_predicts(setup, capsys):
     """The metrics file equals the definitions applied to the model's own forward of the
     windows built by hand (the official interface: scaled mains, 8 clock channels)."""
-    root, trained = setup
+    root, model = setup
     out = root / "metrics.csv"
     assert main([*argv(root), "-o", str(out)]) == 0
     assert "6 windows of 480 x 1min from 2 house(s)" in capsys.readouterr().out
@@ -56,7 +52,7 @@ def test_evaluate_writes_what_the_model_itself_predicts(setup, capsys):
     clock = series.clock_features(windows["time"].values)
     x = torch.from_numpy(np.concatenate([mains[:, None], clock], axis=1).astype(np.float32))
     with torch.no_grad():
-        predicted = (trained(x).double().numpy() * 6000).clip(0, None)[:, 0]  # (W, L)
+        predicted = (model(x).double().numpy() * 6000).clip(0, None)[:, 0]  # (W, L)
     truth = windows["readings"].sel(channel="kettle").values.astype(np.float64)
     overall = table[(table["house"] == "all") & (table["scope"] == "set")]
     expected = series.nilm(truth, predicted, threshold=2000.0)

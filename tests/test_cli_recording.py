@@ -8,9 +8,8 @@ import argparse
 
 import numpy as np
 import pytest
-import torch
 from recordings import house_power, write_ukdale
-from reference_nilmformer import small_nilmformer, trainer_checkpoint
+from reference_nilmformer import small_nilmformer, trained
 
 import attnpanel
 from attnpanel import series
@@ -24,14 +23,10 @@ FACTORY = "tests/reference_nilmformer.py:small_nilmformer"
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("recording")
     write_ukdale(root / "ukdale", {"1": house_power(hours=24)})
-    trained = small_nilmformer()
-    with torch.no_grad():
-        for p in trained.parameters():
-            p.mul_(0.9)
-    trainer_checkpoint(trained, root / "trainer.pt")
+    model = trained(small_nilmformer, root / "trainer.pt")
     windows = series.windows_of(series.read_recordings(root / "ukdale"), 480, freq="1min")
     recipe = series.make_recipe("nilmformer", scale=6000.0, clip=6000.0, targets=["kettle"])
-    return root, series.RecordingModel(trained, recipe, windows, {"kettle": 2000.0})
+    return root, series.RecordingModel(model, recipe, windows, {"kettle": 2000.0})
 
 
 def flags(root, **changes) -> list[str]:
