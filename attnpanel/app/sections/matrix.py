@@ -37,7 +37,8 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
     for axis, n in ((figure.xaxis, n_key), (figure.yaxis, n_query)):
         if n == len(labels):
             axis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICK_CODE)
-    if n_key == len(labels) and max(map(len, labels), default=0) > LEVEL_LABEL:
+    typical = sorted(map(len, labels))[len(labels) // 2] if labels else 0  # not a token's
+    if n_key == len(labels) and typical > LEVEL_LABEL:
         figure.xaxis.major_label_orientation = SLANTED  # spans ("00:06–00:21") side by side
     formatter = CustomJSHover(args=dict(labels=labels), code=HOVER_CODE)
     for hover in figure.select({"type": HoverTool}):
