@@ -144,3 +144,20 @@ def test_the_flags_are_the_documented_names():
                      "window", "freq", "recipe", "scale"):  # fmt: skip
             assert hasattr(args, name), (command, name)
     assert hasattr(parser().parse_args(["patch", "--without", "kettle", "-o", "x"]), "without")
+
+
+def test_the_test_windows_are_chosen_by_date(setup, capsys):
+    """``--from`` / ``--to`` keep the windows that lie wholly between them (the test set);
+    a date that is none is one line naming the flag."""
+    from attnpanel.cli.main import build_parser as parser
+    from attnpanel.cli.recording import recording_model
+
+    root, run = setup
+    first = str(run.windows["time"].values[1, 0])  # the second window's start
+    args = parser().parse_args(["serve", *flags(root), "--from", first])
+    kept = recording_model(args).windows
+    assert kept.sizes["window"] == run.windows.sizes["window"] - 1
+    assert kept["time"].values[0, 0] == run.windows["time"].values[1, 0]
+    assert main(["importance", *flags(root), "--to", "someday", "-o", "x.nc"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--to someday: not a date or time" in err and len(err.splitlines()) == 1

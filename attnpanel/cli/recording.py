@@ -46,6 +46,12 @@ def add_recording_options(parser: argparse.ArgumentParser, shared: bool = False)
     )
     group.add_argument("--tz", help="the zone of a CSV's times that carry none")
     group.add_argument(
+        "--from", dest="start", metavar="DATE",
+        help="only windows from this date or time on (the test set: UTC unless zoned)",
+    )  # fmt: skip
+    group.add_argument("--to", dest="end", metavar="DATE",
+                       help="only windows that end before this date or time")  # fmt: skip
+    group.add_argument(
         "--recipe",
         default="nilmformer",
         help="a recipe's name (nilmformer, generic) or the JSON a recipe wrote",
@@ -103,6 +109,8 @@ def recording_model(args: argparse.Namespace):
             recordings, length=args.window, stride=args.stride, freq=args.freq,
             channels=_channels(recordings, args.target), fill=args.fill_gaps,
         )  # fmt: skip
+        if args.start or args.end:
+            windows = series.by_date(windows, _date("--from", args.start), _date("--to", args.end))
         recipe = _recipe(args)
         return series.RecordingModel(model, recipe, windows, thresholds(args.threshold))
     except (series.ModelError, series.RecordingError, series.RecipeError) as error:
@@ -114,6 +122,18 @@ def first_windows(run_model, count: int):
     shown = run_model.subset(slice(0, min(count, run_model.windows.sizes["window"])))
     args, kwargs = shown.inputs()
     return shown, args, kwargs
+
+
+def _date(flag: str, text: str | None):
+    """A date or time a flag gives, or a one-line refusal naming the flag."""
+    import pandas as pd
+
+    if text is None:
+        return None
+    try:
+        return pd.Timestamp(text)
+    except ValueError:
+        raise CommandError(f"{flag} {text}: not a date or time (such as 2014-06-01)") from None
 
 
 def _channels(recordings, targets: list[str]) -> list[str]:
