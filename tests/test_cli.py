@@ -450,3 +450,19 @@ def test_serve_builds_a_page_before_it_listens_unless_it_forks(tmp_path, monkeyp
     assert main(["serve", str(path), "--num-procs", procs]) == 0
     assert served["warm"] is warm
     assert served["num_procs"] == int(procs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["figure", "t.nc", "-o", "f.png", "--stage", "bogus"],
+         "attnpanel: error: figure: argument --stage: invalid choice: 'bogus'"),
+        (["bogus"], "attnpanel: error: argument COMMAND: invalid choice: 'bogus'"),
+        (["figure"], "attnpanel: error: figure: the following arguments are required"),
+    ],
+)  # fmt: skip
+def test_a_refused_flag_is_one_line_not_the_usage(argv, words):
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert result.stderr.startswith(words) and "usage:" not in result.stderr

@@ -38,9 +38,20 @@ COMMANDS = (
 )  # in the order --help lists them
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose refusal of a flag is one line (``attnpanel: error: figure: argument
+    --stage: invalid choice ...``) where argparse printed the whole usage above it; exit 2."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("attnpanel").strip()
+        where = f"{command}: " if command else ""
+        help_ = f"attnpanel {command} --help" if command else "attnpanel --help"
+        self.exit(EXIT_BAD_INPUT, f"attnpanel: error: {where}{message} (see {help_})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``attnpanel``: each command module adds its own subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="attnpanel", description="Explore multi-head self-attention at full resolution."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
