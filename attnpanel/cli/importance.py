@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> None:
         raise CommandError(f"a ranking is saved as netCDF: {args.output} does not end in .nc")
     check_output(args.output, args.force)
     if recorded:
-        shown, inputs, kwargs = first_windows(recording_model(args), args.windows)
-        model = shown.model
+        shown = first_windows(recording_model(args), args.windows)
+        model, (inputs, kwargs) = shown.model, shown.inputs()
     elif args.model is not None:
         if not args.text:
             raise CommandError("--model needs --text")

@@ -75,7 +75,8 @@ def _recording_inputs(args):
         raise CommandError("--recording needs --without NAME: the submeter to take out")
     if args.span is not None:
         raise CommandError("--span is for the demo's windows; with --recording give --without")
-    shown, clean, _ = first_windows(recording_model(args), args.windows)
+    shown = first_windows(recording_model(args), args.windows)
+    clean, _ = shown.inputs()
     try:
         corruption = shown.without(args.without)
         corrupted, _ = shown.recipe.inputs(without_channel(shown.windows, args.without))

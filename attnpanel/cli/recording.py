@@ -9,12 +9,11 @@ from pathlib import Path
 
 from attnpanel.cli.common import CommandError, first_line, positive
 
-SHARED = ("--model", "--checkpoint")  # flags some commands had before, with other meanings
-
 
 def add_recording_options(parser: argparse.ArgumentParser, shared: bool = False) -> None:
     """The flags of a model of one's own on a recording (their names are the contract);
-    ``shared``: the command already has :data:`SHARED` (its help says both meanings)."""
+    ``shared``: the command already has ``--model`` and ``--checkpoint`` (its help says both
+    meanings)."""
     group = parser.add_argument_group("your model on your recordings")
     if not shared:
         group.add_argument(
@@ -118,10 +117,8 @@ def recording_model(args: argparse.Namespace):
 
 
 def first_windows(run_model, count: int):
-    """The model and its inputs on the first ``count`` windows: ``(model, args, kwargs)``."""
-    shown = run_model.subset(slice(0, min(count, run_model.windows.sizes["window"])))
-    args, kwargs = shown.inputs()
-    return shown, args, kwargs
+    """The same model and recipe on the first ``count`` windows (all, where fewer)."""
+    return run_model.subset(slice(0, min(count, run_model.windows.sizes["window"])))
 
 
 def _date(flag: str, text: str | None):

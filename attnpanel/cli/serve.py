@@ -16,7 +16,12 @@ from attnpanel.cli.common import (
     say,
     stored_overviews,
 )
-from attnpanel.cli.recording import add_recording_options, recording_model, wants_recording
+from attnpanel.cli.recording import (
+    add_recording_options,
+    first_windows,
+    recording_model,
+    wants_recording,
+)
 
 
 def served_capture(args: argparse.Namespace) -> tuple:
@@ -57,14 +62,13 @@ def recording_page(args: argparse.Namespace) -> tuple:
     the first ``--windows`` windows (every attention, the times in the house's zone,
     the named tokens named, the reference series in units) and the model at hand."""
     run_model = recording_model(args)
-    count = min(args.windows, run_model.windows.sizes["window"])
-    say(f"tracing {count} windows of {run_model.windows.sizes['window']} ...")
+    shown = first_windows(run_model, args.windows)
+    say(f"tracing {shown.windows.sizes['window']} windows of {run_model.windows.sizes['window']}")
     try:
-        capture = run_model.trace(slice(0, count))
+        capture = shown.trace()
     except ValueError as error:  # CaptureError: a model whose attention cannot be traced
         raise CommandError(f"--model {args.model}: {first_line(error)}") from error
     layers = [str(n) for n in capture["layer"].values] if "layer" in capture.coords else []
-    shown = run_model.subset(slice(0, count))
     return capture, {"model": shown.model_run(layers)}
 
 

@@ -151,7 +151,6 @@ class RecordingModel:
                 self.model, *args, time=chosen["time"].values, layout=self.recipe.position_layout(),
                 **kwargs,
             )  # fmt: skip
-            output = self.model(*args, **kwargs)
         units = chosen.attrs["units"]
         series = {"series": np.array(self.targets, dtype=object)}
         dims = ("batch", "series", "position")
@@ -166,7 +165,7 @@ class RecordingModel:
                 attrs={"long_name": "target power", "units": units},
             ),
             "prediction": xr.DataArray(
-                self.recipe.on_positions(self.recipe.outputs(output, chosen)), dims=dims,
+                self.recipe.on_positions(self._forward(chosen)), dims=dims,
                 coords=series, attrs={"long_name": "predicted target power", "units": units},
             ),
         }  # fmt: skip

@@ -191,19 +191,9 @@ class Surveyor:
     def _named(self, call) -> torch.Tensor | None:
         """``(S,)`` True at the layout's named tokens, in a self-attention over the input's
         positions (None without any)."""
-        layout = self.layout
         length, keys = call.q.shape[-2], call.k.shape[-2]
-        if layout is None or length != keys or not (layout.before or layout.after):
-            return None
-        if len(layout.before) + len(layout.after) >= length:
-            raise ValueError(
-                f"layout {layout.words()!r} names more tokens than this attention's "
-                f"{length} positions"
-            )
-        named = torch.zeros(length, dtype=torch.bool)
-        named[: len(layout.before)] = True
-        named[length - len(layout.after) :] = True
-        return named
+        names = None if self.layout is None or length != keys else self.layout.names(length)
+        return None if names is None else torch.from_numpy(names != "")
 
     def _roles(self, call) -> RoleInputs | None:
         """The role settings with this batch's tokens where they label this call's queries

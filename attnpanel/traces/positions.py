@@ -13,7 +13,7 @@ position)``):
 ==================  ========================================================================
 
 :class:`Layout` maps the input's own timestamps onto the model's positions
-(``capture(..., time=stamps, positions=Layout(after=("statistics",)))``), and
+(``capture(..., time=stamps, layout=Layout(after=("statistics",)))``), and
 :class:`Positions` reads one sample's positions back for every axis, hover and table.
 """
 
@@ -105,11 +105,9 @@ class Layout:
         found = {TIME: np.concatenate([before, start, after], axis=-1)}
         if end is not None:
             found[TIME_END] = np.concatenate([before, end, after], axis=-1)
-        if self.before or self.after:
-            plain = np.full(lead + (start.shape[-1],), "", dtype=object)
-            names = [np.broadcast_to(np.array(n, dtype=object), lead + (len(n),))
-                     for n in (self.before, self.after)]  # fmt: skip
-            found[POSITION_NAME] = np.concatenate([names[0], plain, names[1]], axis=-1).astype(str)
+        names = self.names(found[TIME].shape[-1])
+        if names is not None:  # the same for every sample, over the same dims as the time
+            found[POSITION_NAME] = np.ascontiguousarray(np.broadcast_to(names, lead + names.shape))
         return found
 
     def names(self, length: int) -> np.ndarray | None:
@@ -320,11 +318,6 @@ class Positions:
         if first.date() == last.date():
             return f"{first:%a} {first.day} {first:%b %Y}"
         return f"{first.day} {first:%b %Y} to {last.day} {last:%b %Y}"
-
-    def label(self, index: int) -> str:
-        """One position as text: its clock label, its name, else its index."""
-        labels = self.labels()
-        return str(index) if labels is None else labels[index]
 
     def step(self) -> np.timedelta64 | None:
         """The regular step between successive positions that have a time (the stride of
