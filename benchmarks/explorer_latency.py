@@ -54,11 +54,17 @@ from served_app import (  # noqa: E402
     wait_idle,
 )
 
+from attnpanel.app.scheduler import CONTEXT_PARAMS  # noqa: E402
 from attnpanel.app.serving import TRIM_DELAY_S  # noqa: E402
 from attnpanel.readouts import core  # noqa: E402
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
 CHANGES = {
+    # a jump to a sample nobody has looked at, nor at one beside it: nothing is ready
+    # for it (no two of these samples are within 2 of each other; each is jumped to once)
+    "jump": ("Sample", [16, 4, 28, 10, 22, 1, 31, 13, 25, 7, 19], "sample"),
+    # the arrow keys' next sample, the page idle a while before (a person reads it)
+    "sample": ("Sample", list(range(1, 32)), "sample"),
     "head": ("Head", [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)], "head"),
     "query": ("Query", [37, 121, 250, 333, 402, 460, 15, 199], "query"),
     "mask": ("Mask", ["none", "causal", "diagonal"], "mask"),
@@ -74,7 +80,12 @@ DRAWN_BY_BROWSER = (
     " return main.data_source.data.image[0] === window.attn_image ? 1 : 0; })()"
 )
 # A widget change timed to the repainted matrix (``total``), to the first document change
-# from elsewhere (``to_patch``) and to the repainted weights bars (``bars``).
+# from elsewhere (``to_patch``), to the repainted weights bars (``bars``) and to every view
+# repainted (``every``): the frame after the one that painted the change's last document
+# patch from the server (the maps sent ahead, ``ColumnsStreamed``, and the URL are not the
+# change's), once no patch of it has come for ``QUIET_MS``. (Timed from the patches, not
+# by hashing every canvas each frame: that alone held the page's thread ~0.3 s a change.)
+QUIET_MS = 600
 TIMED_JS = f"""
 async ([title, value]) => {{
   const matrix = ({MATRIX})(), bars = attn.plot('weights of query');
@@ -83,12 +94,28 @@ async ([title, value]) => {{
   window.attn_image = main.data_source.data.image[0];  // a new image: the server drew it
   const before = [attn.hash(matrix), attn.hash(bars)];
   const model = attn.widget(title), doc = model.document;
-  let to_patch = null, total = null, bar = null, t0 = null;
+  let to_patch = null, total = null, bar = null, t0 = null, last = null, every = null;
   const listener = (event) => {{
     if (to_patch === null && event.model !== undefined && event.model !== model
         && event.sync !== false) {{
       to_patch = performance.now() - t0;
     }}
+  }};
+  const apply = doc.apply_json_patch;
+  doc.apply_json_patch = function (patch, buffers) {{
+    const out = apply.call(this, patch, buffers);
+    const own = (patch.events || []).filter((e) => {{
+      if (e.kind === "ColumnsStreamed" || !e.model) return false;
+      const m = doc.get_model_by_id(e.model.id);
+      return m !== undefined && m !== model && !String(m.type).includes("Location");
+    }});
+    if (own.length) {{
+      const at = last = performance.now();
+      requestAnimationFrame(() => requestAnimationFrame(() => {{
+        if (last === at) every = performance.now() - t0;
+      }}));
+    }}
+    return out;
   }};
   doc.on_change(listener);
   t0 = performance.now();
@@ -103,11 +130,24 @@ async ([title, value]) => {{
     }};
     requestAnimationFrame(poll);
   }});
+  await new Promise((resolve) => {{
+    const wait = () => {{
+      const now = performance.now();
+      const quiet = now - (last === null ? t0 : last) > {QUIET_MS};
+      if ((quiet && every !== null) || now - t0 > 15000) resolve(); else setTimeout(wait, 50);
+    }};
+    wait();
+  }});
+  doc.apply_json_patch = apply;
   doc.remove_on_change(listener);
-  return {{ total, to_patch, bars: bar }};
+  return {{ total, to_patch, bars: bar, every }};
 }}
 """
+# how long the page is left between two sample changes (a person reads the new sample;
+# the server makes the samples beside it ready meanwhile, attnpanel.app.neighbours)
+SAMPLE_DWELL_MS = 2500
 PARAM_VALUES = {
+    "sample": [1, 2, 3, 4, 5, 6, 7, 0],
     "head": [1, 2, 3, 4, 5, 6, 7, 0],
     "query": [37, 121, 250, 333, 402, 460, 15, 199],
     "mask": ["none", "causal", "diagonal"],
@@ -119,7 +159,7 @@ def percentile(values, q):
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def browser_latencies(repeats: int, gap_ms: int = 150):
+def browser_latencies(repeats: int, gap_ms: int = 150, changes=tuple(CHANGES)):
     """Per change type: lists of total and to-patch milliseconds and how many changes the
     browser drew itself, for the page as served and for the same page without maps sent
     ahead (``?ahead=false``: every change a round trip), plus memory figures."""
@@ -137,10 +177,10 @@ def browser_latencies(repeats: int, gap_ms: int = 150):
         time.sleep(max(0.0, TRIM_DELAY_S + 1 - (time.monotonic() - loaded_at)))
         rss_settled, settled_s = rss_mb(proc.pid), time.monotonic() - loaded_at
         page.wait_for_function(f"() => {CACHED} >= 20", timeout=60_000)  # the first maps
-        results = _changes(page, repeats, gap_ms)
+        results = _changes(page, repeats, gap_ms, changes)
         page.close()
         page = open_app(browser, url + "?ahead=false", console)
-        round_trips = _changes(page, repeats, gap_ms)
+        round_trips = _changes(page, repeats, gap_ms, changes)
         page.wait_for_timeout(1000)
         memory = dict(loaded=rss_loaded, now=rss_mb(proc.pid), peak=peak_rss_mb(proc.pid))
         memory.update(waited=waited, settled=rss_settled, settled_s=settled_s)
@@ -149,23 +189,28 @@ def browser_latencies(repeats: int, gap_ms: int = 150):
     return results, round_trips, memory, errors
 
 
-def _changes(page, repeats: int, gap_ms: int) -> dict:
+def _changes(page, repeats: int, gap_ms: int, changes) -> dict:
     results = {}
-    for name, (title, values, _) in CHANGES.items():
-        totals, patches, aggregation, in_browser = [], [], [], 0
-        for value in itertools.islice(itertools.cycle(values), repeats):
+    for name in changes:
+        title, values, _ = CHANGES[name]
+        totals, patches, aggregation, every, in_browser = [], [], [], [], 0
+        count = min(repeats, len(values)) if name == "jump" else repeats
+        for value in itertools.islice(itertools.cycle(values), count):
             timing = page.evaluate(TIMED_JS, [title, value])
             totals.append(timing["total"])
+            if timing["every"] is not None:
+                every.append(timing["every"])
             if timing["to_patch"] is not None:
                 patches.append(timing["to_patch"])
             if name == "query" and timing["bars"] is not None:
                 # the query's weights bars, timed from the same change (the browser may
                 # draw them before the matrix's box)
                 aggregation.append(timing["bars"])
-            page.wait_for_timeout(gap_ms)  # the deferred views land before the next change
+            # the deferred views land before the next change
+            page.wait_for_timeout(SAMPLE_DWELL_MS if title == "Sample" else gap_ms)
             in_browser += page.evaluate(DRAWN_BY_BROWSER)  # no image came meanwhile
         results[name] = dict(
-            total=totals, patch=patches, aggregation=aggregation, in_browser=in_browser
+            total=totals, patch=patches, aggregation=aggregation, every=every, in_browser=in_browser
         )
     return results
 
@@ -185,11 +230,17 @@ def _time_first_views(explorer, name, repeats):
     """Time of the views drawn in the change's own message (the engine's ``first``)."""
     values = PARAM_VALUES[name]
     times = []
+    # a change of sample draws every view in its own message; the others the first
+    whole = name in CONTEXT_PARAMS
+
+    def drawn_first(view) -> bool:
+        return (view.first or whole) and name in view.parameters
+
     for value in itertools.islice(itertools.cycle(values), repeats):
         with param.parameterized.discard_events(explorer):
             explorer.param.update(**{name: value})
         start = time.perf_counter()
-        explorer.engine.redraw(lambda view: view.first and name in view.parameters)
+        explorer.engine.redraw(drawn_first)
         times.append(1000 * (time.perf_counter() - start))
     return times
 
@@ -258,12 +309,19 @@ def main(argv=None) -> None:
         help="ms from one change's repaint to the next change (default 150: a mask change's "
         "head tiles, redrawn by the server 120 ms after it, can then meet the next change)",
     )
+    parser.add_argument(
+        "--changes",
+        nargs="+",
+        choices=list(CHANGES),
+        default=list(CHANGES),
+        help="the change types timed (default: every one)",
+    )
     args = parser.parse_args(argv)
 
     print("measuring server callbacks in process ...", flush=True)
     server = server_times(args.repeats)
     print("measuring the served app in Chromium ...", flush=True)
-    browser, round_trips, memory, errors = browser_latencies(args.repeats, args.gap)
+    browser, round_trips, memory, errors = browser_latencies(args.repeats, args.gap, args.changes)
 
     def ms(values, q=50):
         return percentile(values, q) if values else float("nan")
@@ -280,7 +338,7 @@ def main(argv=None) -> None:
     print("  nine rasterized DynamicMaps); by browser: changes the server sent no image for")
     print(header)
     for name, timing in browser.items():
-        srv, trip = server[name], round_trips[name]["total"]
+        srv, trip = server[CHANGES[name][2]], round_trips[name]["total"]
         base = statistics.median(srv["baseline"]) if "baseline" in srv else float("nan")
         total = timing["total"]
         # the query moves a marker: no map to draw
@@ -292,11 +350,26 @@ def main(argv=None) -> None:
             f"{statistics.median(srv['first']):>14.1f}{statistics.median(srv['all']):>12.1f}"
             f"{base:>12.0f}"
         )
-    agg, trip = browser["query"]["aggregation"], round_trips["query"]["aggregation"]
+    print()
+    print("event -> every view repainted (the frame after the change's last patch painted)")
+    print(f"{'change':<8}{'n':>4}{'median ms':>11}{'p95 ms':>8}{'/ head':>8}{'round trip':>12}")
+    head = ms(browser["head"]["every"]) if "head" in browser else float("nan")
+    for name, timing in browser.items():
+        every, trip = timing["every"], round_trips[name]["every"]
+        print(
+            f"{name:<8}{len(every):>4}{ms(every):>11.0f}{ms(every, 95):>8.0f}"
+            f"{ms(every) / head:>8.2f}{ms(trip):>12.0f}"
+        )
     print(
-        f"query -> weights bars repainted: median {ms(agg):.0f} ms, p95 {ms(agg, 95):.0f} ms "
-        f"(round trip: median {ms(trip):.0f} ms, p95 {ms(trip, 95):.0f} ms)"
+        f"  target: a sample change <= 2x a head change (sample: the next sample, the page "
+        f"left {SAMPLE_DWELL_MS} ms between changes; jump: to a sample nothing is ready for)"
     )
+    if "query" in browser:
+        agg, trip = browser["query"]["aggregation"], round_trips["query"]["aggregation"]
+        print(
+            f"query -> weights bars repainted: median {ms(agg):.0f} ms, p95 {ms(agg, 95):.0f} "
+            f"ms (round trip: median {ms(trip):.0f} ms, p95 {ms(trip, 95):.0f} ms)"
+        )
     print(
         f"server RSS: {memory['loaded']:.0f} MiB after load, {memory['settled']:.0f} MiB "
         f"{memory['settled_s']:.0f} s after it (its one-time work done, and the memory "

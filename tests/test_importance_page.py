@@ -17,6 +17,7 @@ from attnpanel.app.sections.importance import NEEDS_MODEL
 from attnpanel.app.sections.rollout import ROLLOUT_SIZE as SIZE
 from attnpanel.nilm.demo import DEMO_LAYER, demo_model_run, demo_windows
 from attnpanel.nilm.nilmformer import time_features
+from attnpanel.readouts.core import stages_cached
 from attnpanel.render.elements import PlotKey
 from attnpanel.render.tables import shown_html
 
@@ -303,3 +304,24 @@ def test_the_power_axis_names_what_it_draws(page):
     axis = page.engine.plots("sequence")
     labels = {h["yaxis"].axis_label for f in axis.values() for h in f if h.get("yaxis")}
     assert labels == {"power (W)"}
+
+
+def test_the_samples_beside_the_shown_one_are_ready_before_a_step_to_them(page, run):
+    """While the page is idle the next and the previous sample's model runs (importance,
+    the rollout's capture) and maps are computed: a step to either runs the model no more
+    and recomputes no map, and draws what the model computes."""
+    page.param.update(sample=2)
+    page.engine.finish_idle()  # what a served page does while idle
+    for sample in (3, 1):
+        assert stages_cached(page.trace, page.selection.with_(sample=sample), page.cache)
+    forwards = []
+    hook = run.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        page.param.update(sample=3)
+    finally:
+        hook.remove()
+    assert forwards == []
+    drawn = page.drawn("importance", "Importance")
+    every = model_prediction(run, 3, [])
+    change = np.linalg.norm(model_prediction(run, 3, [4]) - every) / np.linalg.norm(every)
+    assert drawn[2, 4] == pytest.approx(change, rel=1e-4)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from attnpanel.app.neighbours import NeighbourSamples, Warm
 from attnpanel.app.registry import LINKED_GROUPS, LiveView, ViewRegistry
 from attnpanel.app.scheduler import Scheduler, report
 from attnpanel.app.state import ExplorerState
@@ -37,6 +38,7 @@ class LiveEngine(ViewRegistry):
     def __init__(self, state: ExplorerState, background: bool = False):
         super().__init__(state)
         self.scheduler = Scheduler(self, background)
+        self.neighbours = NeighbourSamples(state, self.when_idle)
 
     @property
     def indicator(self):
@@ -69,6 +71,12 @@ class LiveEngine(ViewRegistry):
         """Call ``step()`` while the served page is idle until it returns False, ``first``
         before the other steps (:meth:`~attnpanel.app.scheduler.Scheduler.when_idle`)."""
         self.scheduler.when_idle(step, first)
+
+    def ahead(self, warm: Warm) -> None:
+        """Compute ``warm(sel)``'s calls for the samples beside the shown one while the
+        page is idle (:class:`~attnpanel.app.neighbours.NeighbourSamples`): a section's
+        slow parts of a sample, ready before the user steps to it."""
+        self.neighbours.add(warm)
 
     def start_idle(self) -> None:
         """Start the idle work once the page has loaded (a page built ahead of its session)."""

@@ -81,6 +81,15 @@ class LiveView:
         return self.active is None or self.active()
 
 
+@dataclass(frozen=True)
+class Follower:
+    """Model changes other than a view's redraw that follow the state (a clock's tick
+    labels, a text): made with the views of the change, in the same message."""
+
+    callback: Callable[[], None]
+    parameters: frozenset
+
+
 class ViewRegistry:
     """The registered views of one explorer, and the Bokeh models each pane holds.
 
@@ -99,6 +108,17 @@ class ViewRegistry:
         self._render_callbacks: list[Callable] = []
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._clients: dict[str, BrowserDrawn] = {}  # panes whose map the browser may draw
+        self._followers: list[Follower] = []
+
+    def follow(self, callback: Callable[[], None], parameters) -> None:
+        """Call ``callback()`` when one of ``parameters`` changes, with the views that
+        change redraws and in the same document message (a sample's clock labels go with
+        its maps, never ahead of them)."""
+        self._followers.append(Follower(callback, frozenset(parameters)))
+
+    def followers(self, changed) -> list[Follower]:
+        """The followers of a change of the parameters ``changed``."""
+        return [f for f in self._followers if f.parameters & set(changed)]
 
     def on_render(self, callback: Callable) -> None:
         """Call ``callback(figure, element, handles)`` for every layer rendered from now."""

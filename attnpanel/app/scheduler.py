@@ -31,6 +31,7 @@ from attnpanel.util import untrusted
 log = logging.getLogger(__name__)
 
 IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repaint maps
+CONTEXT_PARAMS = {"sample", "layer"}  # changes of what every view shows: one message
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
 SLOW_DELAY_MS = 10  # the loading indicator goes out, then the slow maps are computed
@@ -252,11 +253,13 @@ class Scheduler:
         self._last_change = time.monotonic()
         changed = {event.name for event in events}
         due = [v for v in self.registry.views if v.parameters & changed]
+        followers = self.registry.followers(changed)
         sel = self.state.selection
         doc = served_doc()
         if doc is None or self._now:
             if changed & IMAGE_PARAMS and not self._cached(sel):
                 self.cost.start()
+            self._follow(followers)
             self._refresh_all(due, sel)
             self.cost.learn()
             self._push_notebook()
@@ -266,18 +269,23 @@ class Scheduler:
         # user acts on repaints first. A new image takes the browser ~100 ms to map and
         # paint (software GL); the other views' updates would block that frame, so they
         # wait that long (a moved marker is cheap: 30 ms). Pending views coalesce across
-        # fast events (a dragged slider). A change whose maps must be recomputed and whose
-        # redraw is expected to be slow shows the busy indicator first (``_slow``).
-        # (A background engine's workers show the indicator themselves, when slow.)
+        # fast events (a dragged slider). A change of what every view shows (another
+        # sample or layer: ``CONTEXT_PARAMS``) goes as one message, every view and its
+        # followers together: never two samples on the page at once. A change whose maps
+        # must be recomputed and whose redraw is expected to be slow shows the busy
+        # indicator first (``_slow``). (A background engine's workers show the indicator
+        # themselves, when slow.)
+        whole = bool(changed & CONTEXT_PARAMS)
         if self.background is None and changed & IMAGE_PARAMS and not self._cached(sel):
             self.cost.start()
             if self.cost.expected_seconds() > BUSY_AFTER_S:
-                self._slow(doc, due)
+                self._slow(doc, due, followers)
                 return
         with pn.io.hold(doc):  # one message for all of them, not one per property
-            self._refresh_all([view for view in due if view.first], sel)
+            self._follow(followers)
+            self._refresh_all([view for view in due if view.first or whole], sel)
             for view in due:
-                if not view.first:
+                if not (view.first or whole):
                     self._pending[id(view)] = view
         if self._pending and not self._scheduled:
             self._scheduled = True
@@ -288,13 +296,20 @@ class Scheduler:
         elif not self._pending:
             self.cost.learn()
 
+    def _follow(self, followers) -> None:
+        for follower in followers:
+            try:
+                follower.callback()
+            except Exception as err:  # noqa: BLE001 - any failure goes to the user
+                report(self.state, err, "following the change")
+
     def _cached(self, sel) -> bool:
         try:
             return stages_cached(self.state.trace, sel, self.state.cache)
         except Exception:  # noqa: BLE001 - the views report their own errors
             return True
 
-    def _slow(self, doc, due: list[LiveView]) -> None:
+    def _slow(self, doc, due: list[LiveView], followers) -> None:
         """A change whose maps must be recomputed from q and k (a mask or sample not seen
         yet) and whose redraw is expected to take over :data:`BUSY_AFTER_S`: the page's
         busy indicator shows first, then the views are drawn together and it goes."""
@@ -304,7 +319,7 @@ class Scheduler:
 
         def draw():
             try:
-                self._refresh_pending(doc)
+                self._refresh_pending(doc, followers)
             finally:
                 with set_curdoc(doc):
                     self.indicator.visible = False
@@ -318,11 +333,12 @@ class Scheduler:
             # (a server session syncs them by itself).
             push_notebook(self.root)
 
-    def _refresh_pending(self, doc) -> None:
+    def _refresh_pending(self, doc, followers=()) -> None:
         self._scheduled = False
         pending, self._pending = list(self._pending.values()), {}
         sel = self.state.selection
         with set_curdoc(doc), pn.io.hold(doc):
+            self._follow(followers)
             self._refresh_all(pending, sel)
         self.cost.learn()
 

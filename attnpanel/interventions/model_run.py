@@ -10,9 +10,9 @@ reference series (``(series, position)``) and the model's metrics against the tr
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -27,10 +27,13 @@ from attnpanel.interventions.importance import output_tensor, relative_change
 from attnpanel.interventions.patching import PatchingError, patch
 from attnpanel.surveys.survey import survey
 from attnpanel.traces.positions import Layout
+from attnpanel.util.kept import Kept
 
 CACHED_RUNS = 512  # predictions kept (sample x heads off): a ranking of 3 x 8 heads is 25
 MAX_SERIES = 8  # a default prediction of more channels is drawn as its norm
-CACHED_CAPTURES = 2  # captures of one sample kept (every layer's maps: tens of MB)
+# captures of one sample kept (every layer's maps: tens of MB): the shown sample and the two
+# beside it, computed ahead (attnpanel.app.neighbours)
+CACHED_CAPTURES = 3
 
 
 def mean_absolute_error(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -62,28 +65,6 @@ class Patching:
     other: int = 1  # the other sample (ANOTHER_SAMPLE)
     span: tuple[int, int] = (0, 1)  # the positions replaced (SPAN_*)
     what: str = "output"  # what of a head: output, q, k, v, weights
-
-
-class _Kept:
-    """The last ``size`` values by key, shared by threads (a server's sessions)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._values: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key, compute: Callable):
-        """The value kept under ``key``, else ``compute()`` (outside the lock), kept."""
-        with self._lock:
-            if key in self._values:
-                self._values.move_to_end(key)
-                return self._values[key]
-        value = compute()
-        with self._lock:
-            self._values[key] = value
-            while len(self._values) > self.size:
-                self._values.popitem(last=False)
-        return value
 
 
 @dataclass(eq=False)
@@ -132,13 +113,13 @@ class ModelRun:
     step: float | None = None
 
     def __post_init__(self):
-        self._predictions = _Kept(CACHED_RUNS)  # shared by every session
-        self._captures = _Kept(CACHED_CAPTURES)
-        self._gradients = _Kept(CACHED_CAPTURES)
+        self._predictions = Kept(CACHED_RUNS)  # shared by every session
+        self._captures = Kept(CACHED_CAPTURES)
+        self._gradients = Kept(CACHED_CAPTURES)
         self._survey: xr.Dataset | None = None
         self._survey_lock = threading.Lock()
         self._heads: dict[str, int] | None = None
-        self._effects = _Kept(CACHED_RUNS)
+        self._effects = Kept(CACHED_RUNS)
 
     @property
     def batch(self) -> int:
@@ -237,6 +218,14 @@ class ModelRun:
             return attention_gradients(self.model, *inputs, trace=self.capture(sample), **kwargs)
 
         return self._gradients.get(sample, compute)
+
+    def importance_forwards(self, sample: int) -> list[Callable[[], np.ndarray]]:
+        """The forwards :meth:`importance` of ``sample`` runs, one call each (kept once
+        run): work done ahead, a piece at a time, while a served page is idle."""
+        calls = [partial(self.prediction, sample)]
+        for layer, count in self.heads().items():
+            calls += [partial(self.prediction, sample, {layer: [head]}) for head in range(count)]
+        return calls
 
     def importance(self, sample: int) -> xr.DataArray:
         """Each head's importance for one sample: the relative change of the prediction

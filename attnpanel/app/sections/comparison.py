@@ -122,7 +122,7 @@ class ComparedMaps(Section):
     def __init__(self, **params):
         super().__init__(**params)
         self.caption = pn.pane.Markdown("", margin=(0, 10), sizing_mode="stretch_width")
-        self.state.param.watch(self._caption, ["layer", "head"])
+        self.engine.follow(self._caption, ["layer", "head"])
         self._caption()
 
     def build(self):

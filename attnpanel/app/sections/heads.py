@@ -25,6 +25,7 @@ from attnpanel.render.elements import HEAD_MAP_KEY, PlotKey
 from attnpanel.render.head_grid import GAP_PX, HeadGrid
 from attnpanel.render.palette import head_color
 from attnpanel.render.styling import WRAP
+from attnpanel.util.kept import Kept
 
 HEAD_MAP_SIZE = 140
 GRID_PANE = "head maps"  # the one figure holding every head's tile
@@ -50,7 +51,9 @@ class HeadComparison(Section):
         self.toggles: pn.widgets.CheckButtonGroup | None = None
         self.average = HeadAverage(state=self.state, engine=self.engine)
         self.state.param.watch(self._recolor, "enabled_heads")
-        self.state.param.watch(lambda *_: self.engine.soon(self.name_tiles), ["sample", "layer"])
+        self.engine.follow(self.name_tiles, ["sample", "layer"])
+        self._names = Kept(3)  # the shown sample's tile names and its neighbours'
+        self.engine.ahead(lambda sel: [partial(self.tile_names, sel)])
 
     def build(self):
         try:
@@ -150,11 +153,15 @@ class HeadComparison(Section):
         sizes = self.trace.sizes
         if n_heads * sizes["query"] * sizes["key"] > ROLE_CELLS:
             return [f"head {h}" for h in range(n_heads)]  # too long to read on a click
-        found = trace_roles(self.trace, sel.sample)
-        if found is None:
-            return [f"head {h}" for h in range(n_heads)]
-        roles = found["role"].values[0]
-        return [f"head {h} · {roles[h]}" for h in range(n_heads)]
+
+        def compute():
+            found = trace_roles(self.trace, sel.sample)
+            if found is None:
+                return [f"head {h}" for h in range(n_heads)]
+            roles = found["role"].values[0]
+            return [f"head {h} · {roles[h]}" for h in range(n_heads)]
+
+        return self._names.get((sel.layer, sel.sample), compute)
 
     def name_tiles(self) -> None:
         """Write the tiles' names for the shown layer and sample."""

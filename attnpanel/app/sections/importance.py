@@ -62,6 +62,7 @@ class HeadImportance(ModelHeadsSection):
                 self.heading(), pn.pane.Markdown(NEEDS_MODEL, margin=(0, 10)), margin=0
             )
         parts = [self._map()]
+        self.engine.ahead(lambda sel: self.run.importance_forwards(sel.sample))
         if "truth" in self.trace:
             parts.append(self._metrics())
         return pn.Column(

@@ -80,10 +80,10 @@ class Clock:
     """The clock-time labels of a section's position axes and hover fields, following
     the selected sample (another sample has other hours)."""
 
-    def __init__(self, state):
-        self.state = state
+    def __init__(self, engine):
+        self.state = engine.state
         self._formatters: list = []
-        state.param.watch(self._follow, ["sample", "layer"])
+        engine.follow(self._follow, ["sample", "layer"])  # with the maps, not ahead of them
 
     def _args(self) -> dict | None:
         return clock_args(self.state.trace, self.state.sample)
@@ -149,7 +149,7 @@ class LongSequence(Section):
     def __init__(self, x_range, **params):
         super().__init__(**params)
         self.x_range = x_range
-        self.clock = Clock(self.state)
+        self.clock = Clock(self.engine)
         self._changed_at = 0.0
         self._scheduled = False
 
@@ -247,7 +247,7 @@ class QueryRow(Section):
     def __init__(self, x_range, **params):
         super().__init__(**params)
         self.x_range = x_range
-        self.clock = Clock(self.state)
+        self.clock = Clock(self.engine)
 
     def row(self, sel) -> np.ndarray:
         """The selected query's weights over every key, float32 (blocked keys 0)."""
@@ -328,7 +328,7 @@ class WindowedMatrix(Section):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.clock = Clock(self.state)
+        self.clock = Clock(self.engine)
         self.prefetch: MatrixPrefetch | None = None  # the map's neighbours sent ahead
         self.state.param.watch(self._on_colormap, "colormap")
 

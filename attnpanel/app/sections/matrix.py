@@ -7,6 +7,8 @@ query never touches the image. A click on a row picks that query.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import panel as pn
 from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
@@ -97,7 +99,7 @@ class PositionMap(Section):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.state.param.watch(self._relabel_axes, ["sample", "layer"], precedence=1)
+        self.engine.follow(self._relabel_axes, ["sample", "layer"])
         self.engine.on_render(self._on_render)
 
     def click(self, x=None, y=None) -> None:
@@ -142,6 +144,7 @@ class AttentionMatrix(PositionMap):
             main = self._matrix("matrix")
         except MissingVariable as err:
             return pn.Column(self.missing(err, MATRIX_SIZE))
+        self.engine.ahead(self._ahead)
         # Hidden (and taking no room) until side_by_side; built the first time it shows.
         self._beside = pn.Column(
             pn.pane.Markdown("**without mask**", margin=(0, 5)),
@@ -187,6 +190,12 @@ class AttentionMatrix(PositionMap):
         style = matrix_style(self.state.colormap, **self._ticks())
         # zooms with the head maps
         return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
+
+    def _ahead(self, sel) -> list:
+        """The maps another sample shows: its stage here, the softmax in the head maps."""
+        stages = dict.fromkeys((sel.stage, "softmax"))
+        trace, cache = self.trace, self.cache
+        return [partial(core.stage_heads, trace, sel.with_(stage=s), cache) for s in stages]
 
     def switch_in_browser(self, widgets: dict, bars: str | None = None) -> None:
         """Let the head, stage and mask widgets redraw the matrix in the browser from maps

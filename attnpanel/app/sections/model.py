@@ -47,7 +47,7 @@ class TopAttended(Section):
         if not self.shown:
             return pn.Spacer(height=0, margin=0)
         self.pane = pn.pane.HoloViews(self._table(), width=530, margin=(0, 5))
-        self.state.param.watch(self._update, TABLE_PARAMS, precedence=1)
+        self.engine.follow(self._update, TABLE_PARAMS)
         return pn.Column(self.heading(), self.pane)
 
     def _update(self, *_events) -> None:

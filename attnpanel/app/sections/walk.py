@@ -117,7 +117,7 @@ class GuidedWalk(Section):
         self.steering: list[pn.widgets.Button] = []  # previous, next, close: while walking
         self.opened: set[str] = set()  # the sections the walk opened, closed with it
         self.state.param.watch(self._on_step, "step")
-        self.state.param.watch(self._refresh, ["sample", "head", "query", "mask", "layer"])
+        self.engine.follow(self._refresh, ["sample", "head", "query", "mask", "layer"])
 
     def build(self):
         start = pn.widgets.Button(label="Walk through one query", width=200)

@@ -1,0 +1,74 @@
+"""The samples beside the shown one, made ready while the page is idle.
+
+A sample change redraws every view in one message (:mod:`attnpanel.app.scheduler`). What
+makes it slow is what the new sample needs computed: its maps recomputed from ``q`` and
+``k``, the model run again with each head off (head importance), every layer captured
+(the rollout). :class:`NeighbourSamples` computes those of the next and the previous
+sample while the page is idle, one piece a step
+(:meth:`~attnpanel.app.scheduler.Scheduler.when_idle`: a click waits for one piece at
+most, tens of milliseconds), into the caches the views read; the arrow keys' next sample
+then redraws from them. Each section says what a sample needs with
+:meth:`NeighbourSamples.add`: ``warm(sel) -> [call, ...]`` for a selection of another
+sample, each call one piece.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from attnpanel.readouts.core import Selection  # noqa: TC001 - the type of Warm
+
+Warm = Callable[[Selection], Iterable[Callable[[], object]]]
+
+
+class NeighbourSamples:
+    """Computes, while the page is idle, what the samples beside the shown one need.
+
+    Parameters
+    ----------
+    state : attnpanel.app.state.ExplorerState
+        The shown selection (its ``sample``, ``layer``, ``mask``, ``stage``).
+    when_idle : callable
+        The engine's :meth:`~attnpanel.app.engine.LiveEngine.when_idle`.
+    """
+
+    def __init__(self, state, when_idle: Callable):
+        self.state = state
+        self._when_idle = when_idle
+        self._warms: list[Warm] = []
+        self._queue: deque = deque()
+        self._for: tuple | None = None  # what the queued work is for (see _step)
+        state.param.watch(self._start, ["sample", "layer"])
+
+    def add(self, warm: Warm) -> None:
+        """Also compute ``warm(sel)``'s calls for the neighbours' selections ``sel``."""
+        self._warms.append(warm)
+        self._start()
+
+    def samples(self) -> list[int]:
+        """The neighbours of the shown sample: the next, then the previous."""
+        shown, count = self.state.sample, self.state.trace.sizes.get("batch", 1)
+        return [s for s in (shown + 1, shown - 1) if 0 <= s < count]
+
+    def _start(self, *_events) -> None:
+        # before the other idle work (the maps of the other heads sent ahead): the next
+        # sample is the slow change (its head importance alone is 25 forwards of the demo)
+        if self._warms:
+            self._when_idle(self._step, first=True)
+
+    def _step(self) -> bool:
+        """One piece of the neighbours' work; False once every piece is done."""
+        sel = self.state.selection
+        shown = (sel.sample, sel.layer, sel.mask, sel.stage)  # what the pieces depend on
+        if shown != self._for:  # the user moved on: the new neighbours' work replaces it
+            self._for = shown
+            self._queue = deque(
+                call
+                for sample in self.samples()
+                for warm in self._warms
+                for call in warm(sel.with_(sample=sample))
+            )
+        if self._queue:
+            self._queue.popleft()()
+        return bool(self._queue)
