@@ -59,12 +59,13 @@ from attnpanel.app.serving import TRIM_DELAY_S  # noqa: E402
 from attnpanel.readouts import core  # noqa: E402
 
 MATRIX = "() => attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
+NEXT = "next"  # the sample after the shown one
 CHANGES = {
     # a jump to a sample nobody has looked at, nor at one beside it: nothing is ready
     # for it (no two of these samples are within 2 of each other; each is jumped to once)
     "jump": ("Sample", [16, 4, 28, 10, 22, 1, 31, 13, 25, 7, 19], "sample"),
     # the arrow keys' next sample, the page idle a while before (a person reads it)
-    "sample": ("Sample", list(range(1, 32)), "sample"),
+    "sample": ("Sample", [NEXT], "sample"),
     "head": ("Head", [f"head {h}" for h in (1, 2, 3, 4, 5, 6, 7, 0)], "head"),
     "query": ("Query", [37, 121, 250, 333, 402, 460, 15, 199], "query"),
     "mask": ("Mask", ["none", "causal", "diagonal"], "mask"),
@@ -146,6 +147,7 @@ async ([title, value]) => {{
 # how long the page is left between two sample changes (a person reads the new sample;
 # the server makes the samples beside it ready meanwhile, attnpanel.app.neighbours)
 SAMPLE_DWELL_MS = 2500
+DEMO_SAMPLES = 32
 PARAM_VALUES = {
     "sample": [1, 2, 3, 4, 5, 6, 7, 0],
     "head": [1, 2, 3, 4, 5, 6, 7, 0],
@@ -196,6 +198,8 @@ def _changes(page, repeats: int, gap_ms: int, changes) -> dict:
         totals, patches, aggregation, every, in_browser = [], [], [], [], 0
         count = min(repeats, len(values)) if name == "jump" else repeats
         for value in itertools.islice(itertools.cycle(values), count):
+            if value == NEXT:
+                value = (page.evaluate("attn.widget('Sample').value") + 1) % DEMO_SAMPLES
             timing = page.evaluate(TIMED_JS, [title, value])
             totals.append(timing["total"])
             if timing["every"] is not None:

@@ -513,3 +513,57 @@ def test_the_section_checkboxes_wrap_tightly_beside_the_player(app):
     assert len(lines[1280]) == 2 and lines[1280][1] - lines[1280][0] < 35, lines
     page.set_viewport_size({"width": 1600, "height": 1300})
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
+
+
+# Records, from now, the server's document patches that are a change's own (not the maps
+# sent ahead, ColumnsStreamed; not the URL; not the busy indicator showing or going): per
+# patch, the models' types, attributes and titles it changed.
+PATCHES_JS = """
+() => {
+  const doc = Bokeh.documents[0], apply = doc.apply_json_patch;
+  window.attn_patches = [];
+  doc.apply_json_patch = function (patch, buffers) {
+    const out = apply.call(this, patch, buffers);
+    const own = [];
+    for (const e of patch.events || []) {
+      const m = e.model && doc.get_model_by_id(e.model.id);
+      if (!m || e.kind === "ColumnsStreamed" || String(m.type).includes("Location")) continue;
+      if (m.type === "panel.models.markup.HTML" && e.attr === "visible") continue;
+      if ("value" in m.properties && m.title === "Sample") continue;  // its own echo
+      own.push({ type: String(m.type), attr: e.attr || "", text: m.text || "" });
+    }
+    if (own.length) window.attn_patches.push(own);
+    return out;
+  };
+}
+"""
+SAMPLE_TITLES_JS = """
+(n) => attn.plots().filter((v) => v.el.offsetParent !== null)  // shown
+  .map((v) => v.model.title ? v.model.title.text : "")
+  .filter((t) => /sample \\d+/.test(t))
+  .every((t) => new RegExp(`sample ${n}\\\\b`).test(t))
+"""
+
+
+def test_a_sample_change_reaches_every_view_in_one_message(app):
+    """Another sample is one document patch: every title naming the sample, the clock tick
+    labels and the maps together, never the new sample's ticks under the old one's title
+    (which the page showed, its views sent in three messages)."""
+    page, _ = app
+    now = page.evaluate("attn.widget('Sample').value")
+    target = (now + 1) % 32
+    page.evaluate(PATCHES_JS)
+    set_widget(page, "Sample", target)
+    page.wait_for_function(SAMPLE_TITLES_JS, arg=target, timeout=60_000)
+    page.wait_for_function("() => Bokeh.documents[0].is_idle")
+    patches = page.evaluate("window.attn_patches")
+    titled = [p for p in patches if any(e["type"] == "Title" for e in p)]
+    assert len(titled) == 1, [[(e["type"], e["attr"]) for e in p][:6] for p in patches]
+    (whole,) = titled
+    changed = {(e["type"], e["attr"]) for e in whole}
+    assert ("CustomJSTickFormatter", "args") in changed  # the new sample's clock
+    titles = [e["text"] for e in whole if e["type"] == "Title"]
+    assert any(t.startswith(f"sample {target}, head") for t in titles)
+    assert any(t.startswith(f"sample {target}: ") for t in titles)  # the top view
+    # nothing of the change came in another message (the sections' views included)
+    assert patches == [whole], [[(e["type"], e["attr"]) for e in p][:6] for p in patches]

@@ -652,3 +652,52 @@ def test_the_heading_is_the_sources_first_line_cut_only_after_a_whole_word(trace
     explorer = AttentionExplorer(trace.assign_attrs(source=source))
     assert explorer.title == title
     assert len(explorer.title) <= 162
+
+
+def counted_builds(explorer, monkeypatch) -> list[str]:
+    """The names of the views built from now (each view's build wrapped)."""
+    built: list[str] = []
+    for view in explorer.engine.views:
+
+        def build(sel, view=view, inner=view.build):
+            built.append(view.name)
+            return inner(sel)
+
+        monkeypatch.setattr(view, "build", build)
+    return built
+
+
+def test_the_next_sample_is_drawn_from_views_built_while_the_page_was_idle(
+    explorer, trace, monkeypatch
+):
+    """A served page builds the next sample's views while idle (attnpanel.app.neighbours):
+    the step to it builds none, and draws that sample."""
+    explorer.engine.finish_idle()  # what a served page does while idle
+    built = counted_builds(explorer, monkeypatch)
+    explorer.sample = 1
+    assert built == []
+    assert explorer.engine.title("matrix").startswith("sample 1, ")
+    curve = handles(explorer, "sequence", "Curve", "Sequence")["source"].data
+    np.testing.assert_allclose(curve["signal"], trace["signal"].isel(batch=1))
+    np.testing.assert_allclose(
+        shown_matrix(explorer),
+        core.attention_values(trace, explorer.selection, explorer.cache)[:LENGTH, :LENGTH],
+        rtol=1e-5,
+    )
+
+
+def test_views_built_ahead_are_forgotten_when_what_they_read_changes(explorer, monkeypatch):
+    """An element built ahead reads more than the selection (the reference series shown):
+    a change of that drops it, and the step to the next sample builds its views anew."""
+    from attnpanel.render.axes import LEGEND_ITEM
+
+    explorer.engine.finish_idle()
+    explorer.show_reference = False
+    built = counted_builds(explorer, monkeypatch)
+    explorer.sample = 1
+    assert "sequence view" in built
+    found = explorer.engine.plots("sequence")
+    reference = [
+        found[k][0] for k in found if k.group == "Sequence" and k.label != "aggregate power"
+    ]
+    assert reference and not any(h[LEGEND_ITEM].visible for h in reference)

@@ -13,6 +13,7 @@ where a ``DynamicMap`` refresh took 25-45 ms (see ``docs/explorer.md``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from attnpanel.app.neighbours import NeighbourSamples, Warm
 from attnpanel.app.registry import LINKED_GROUPS, LiveView, ViewRegistry
@@ -38,7 +39,9 @@ class LiveEngine(ViewRegistry):
     def __init__(self, state: ExplorerState, background: bool = False):
         super().__init__(state)
         self.scheduler = Scheduler(self, background)
-        self.neighbours = NeighbourSamples(state, self.when_idle)
+        self.neighbours = NeighbourSamples(
+            state, self.when_idle, self._views_ahead, self.forget_ahead
+        )
 
     @property
     def indicator(self):
@@ -59,8 +62,18 @@ class LiveEngine(ViewRegistry):
         self.scheduler.soon(callback, *args, **kwargs)
 
     def redraw(self, where: Callable[[LiveView], bool]) -> None:
-        """Redraw the views for which ``where(view)`` is true, now."""
+        """Redraw the views for which ``where(view)`` is true, now (what they read beside
+        the selection has changed: the elements built ahead are forgotten)."""
+        self.forget_ahead()
         self.scheduler.redraw(where)
+
+    def _views_ahead(self, sel) -> list[Callable[[], None]]:
+        """Build the shown views' elements of another sample, one a call."""
+        return [
+            partial(self.build_ahead, view, sel)
+            for view in self.views
+            if "sample" in view.parameters and view.shown and self.background is None
+        ]
 
     def expected_seconds(self) -> float:
         """How long a change whose maps are not cached is expected to take (the sample's

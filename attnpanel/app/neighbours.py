@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from attnpanel.readouts.core import Selection  # noqa: TC001 - the type of Warm
+from attnpanel.app.state import SELECTION_PARAMS
+from attnpanel.readouts.core import Selection
 
 Warm = Callable[[Selection], Iterable[Callable[[], object]]]
 
@@ -31,15 +32,22 @@ class NeighbourSamples:
         The shown selection (its ``sample``, ``layer``, ``mask``, ``stage``).
     when_idle : callable
         The engine's :meth:`~attnpanel.app.engine.LiveEngine.when_idle`.
+    views : callable
+        ``views(sel) -> [call, ...]``: the views' elements of ``sel`` built ahead, after
+        every section's pieces (which they read).
+    forget : callable
+        Drops the elements built ahead for the neighbours of a selection no longer shown.
     """
 
-    def __init__(self, state, when_idle: Callable):
+    def __init__(self, state, when_idle: Callable, views: Warm, forget: Callable[[], None]):
         self.state = state
         self._when_idle = when_idle
+        self._views, self._forget = views, forget
         self._warms: list[Warm] = []
         self._queue: deque = deque()
-        self._for: tuple | None = None  # what the queued work is for (see _step)
-        state.param.watch(self._start, ["sample", "layer"])
+        self._for: Selection | None = None  # the selection whose neighbours are queued
+        # another selection: the elements built for the old one's neighbours are no use
+        state.param.watch(self._start, list(SELECTION_PARAMS))
 
     def add(self, warm: Warm) -> None:
         """Also compute ``warm(sel)``'s calls for the neighbours' selections ``sel``."""
@@ -54,19 +62,18 @@ class NeighbourSamples:
     def _start(self, *_events) -> None:
         # before the other idle work (the maps of the other heads sent ahead): the next
         # sample is the slow change (its head importance alone is 25 forwards of the demo)
-        if self._warms:
-            self._when_idle(self._step, first=True)
+        self._when_idle(self._step, first=True)
 
     def _step(self) -> bool:
         """One piece of the neighbours' work; False once every piece is done."""
         sel = self.state.selection
-        shown = (sel.sample, sel.layer, sel.mask, sel.stage)  # what the pieces depend on
-        if shown != self._for:  # the user moved on: the new neighbours' work replaces it
-            self._for = shown
+        if sel != self._for:  # the user moved on: the new neighbours' work replaces it
+            self._for = sel
+            self._forget()
             self._queue = deque(
                 call
                 for sample in self.samples()
-                for warm in self._warms
+                for warm in (*self._warms, self._views)
                 for call in warm(sel.with_(sample=sample))
             )
         if self._queue:

@@ -27,7 +27,7 @@ import panel as pn
 from bokeh.events import Tap
 from bokeh.models import Range1d
 
-from attnpanel.app.state import ExplorerState
+from attnpanel.app.state import SELECTION_PARAMS, ExplorerState
 from attnpanel.readouts.raster import window_raster
 from attnpanel.render import styling
 from attnpanel.render.elements import PlotKey, Raster
@@ -109,6 +109,11 @@ class ViewRegistry:
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._clients: dict[str, BrowserDrawn] = {}  # panes whose map the browser may draw
         self._followers: list[Follower] = []
+        # elements built ahead for a selection the user may go to next (build_ahead): any
+        # change of the state but the selection forgets them (they read more than ``sel``)
+        self._ahead: dict = {}
+        unselected = [p for p in state.param if p not in SELECTION_PARAMS and p != "name"]
+        state.param.watch(lambda *_: self.forget_ahead(), unselected)
 
     def follow(self, callback: Callable[[], None], parameters) -> None:
         """Call ``callback()`` when one of ``parameters`` changes, with the views that
@@ -326,6 +331,20 @@ class ViewRegistry:
         """Who says whether the browser draws this view's map itself (a map only)."""
         return self._clients.get(view.pane) if view.raster is not None else None
 
+    def _ahead_key(self, view: LiveView, sel) -> tuple:
+        return id(view), sel, self.window if view.group in LINKED_GROUPS else None
+
+    def build_ahead(self, view: LiveView, sel) -> None:
+        """Build a view's element for ``sel`` now, for :meth:`update` to draw when the
+        state comes to ``sel`` (another sample, while the page is idle)."""
+        key = self._ahead_key(view, sel)
+        if key not in self._ahead:
+            self._ahead[key] = self.element(view, sel)
+
+    def forget_ahead(self) -> None:
+        """Drop the elements built ahead (the state they were built for has changed)."""
+        self._ahead.clear()
+
     def update(self, view: LiveView, sel) -> None:
         """Redraw a view for ``sel``: its element written into its models, or, for a map
         the browser draws itself, only the words around it."""
@@ -333,7 +352,8 @@ class ViewRegistry:
         if client is not None and client.draws(sel):
             client.follow(sel)
             return
-        self.draw(view, self.element(view, sel))
+        element = self._ahead.pop(self._ahead_key(view, sel), None)
+        self.draw(view, self.element(view, sel) if element is None else element)
         if client is not None:
             client.drawn(sel)
 

@@ -34,7 +34,7 @@ IMAGE_PARAMS = {"sample", "head", "mask", "stage", "layer"}  # changes that repa
 CONTEXT_PARAMS = {"sample", "layer"}  # changes of what every view shows: one message
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
-SLOW_DELAY_MS = 10  # the loading indicator goes out, then the slow maps are computed
+SLOW_DELAY_MS = 50  # the busy indicator goes out, then the slow maps are computed
 # Work done while the page is idle (maps sent ahead to the browser) waits this long after
 # the last change, longer than a change's own deferred views, and goes one step a tick.
 IDLE_AFTER_S = 0.25
@@ -319,10 +319,10 @@ class Scheduler:
 
         def draw():
             try:
-                self._refresh_pending(doc, followers)
+                self._refresh_pending(doc, followers, done=self._indicator_off)
             finally:
                 with set_curdoc(doc):
-                    self.indicator.visible = False
+                    self._indicator_off()
 
         # a timeout, not the next tick: the indicator's message must go out first
         doc.add_timeout_callback(draw, SLOW_DELAY_MS)
@@ -333,13 +333,19 @@ class Scheduler:
             # (a server session syncs them by itself).
             push_notebook(self.root)
 
-    def _refresh_pending(self, doc, followers=()) -> None:
+    def _indicator_off(self) -> None:
+        self.indicator.visible = False
+
+    def _refresh_pending(self, doc, followers=(), done: Callable | None = None) -> None:
+        """Draw the pending views and ``followers``, then ``done()``: one message."""
         self._scheduled = False
         pending, self._pending = list(self._pending.values()), {}
         sel = self.state.selection
         with set_curdoc(doc), pn.io.hold(doc):
             self._follow(followers)
             self._refresh_all(pending, sel)
+            if done is not None:
+                done()  # (the busy indicator goes with the views it announced)
         self.cost.learn()
 
     def _refresh_all(self, views: list[LiveView], sel) -> None:
