@@ -567,3 +567,61 @@ def test_a_sample_change_reaches_every_view_in_one_message(app):
     assert any(t.startswith(f"sample {target}: ") for t in titles)  # the top view
     # nothing of the change came in another message (the sections' views included)
     assert patches == [whole], [[(e["type"], e["attr"]) for e in p][:6] for p in patches]
+
+
+# The text of the hover tooltips shown now.
+TIPS_JS = """
+() => { const out = []; const walk = (n) => { if (!n) return;
+  if (n.nodeType === 1 && /tooltip/i.test(n.className || "") && n.offsetParent !== null
+      && n.innerText.trim()) out.push(n.innerText);
+  if (n.shadowRoot) walk(n.shadowRoot); for (const c of n.childNodes || []) walk(c); };
+  walk(document.body); return out.join("\\n"); }
+"""
+
+
+def hover_text(page, plot_js: str, x: float, y: float) -> str:
+    """The tooltip over the data point ``(x, y)`` of a plot (its words, as a person reads)."""
+    point = page.evaluate(
+        f"""([x, y]) => {{ const pv = ({plot_js}); pv.el.scrollIntoView({{block: "center"}});
+            const r = pv.el.getBoundingClientRect();
+            return {{x: r.left + pv.frame.x_scale.compute(x),
+                     y: r.top + pv.frame.y_scale.compute(y)}}; }}""",
+        [x, y],
+    )
+    return hover_point(page, point)
+
+
+def hover_point(page, point: dict) -> str:
+    """The tooltip with the mouse at a page point."""
+    page.mouse.move(point["x"], point["y"])
+    try:
+        page.wait_for_function(f"() => ({TIPS_JS})().length > 0", timeout=5000)
+        return page.evaluate(TIPS_JS)
+    finally:
+        page.mouse.move(0, 0)
+
+
+def test_a_blocked_cell_hovers_in_words_and_a_note_says_what_black_is(app):
+    """BokehJS prints "NaN" for a NaN value before any formatter sees it: the diagonal
+    hovered "softmax weights: NaN". A blocked cell now reads what it is, in the matrix
+    (server's image and browser's copy) and in the head tiles; the note names black."""
+    page, _ = app
+    set_widget(page, "Mask", "diagonal")
+    set_widget(page, "Stage", "softmax")
+    page.wait_for_function(f"() => ({matrix_js()}).model.title.text.includes('(mask diagonal)')")
+    for head in ("head 2", "head 3"):  # the second is drawn from the browser's copy or not
+        set_widget(page, "Head", head)
+        page.wait_for_function(f"() => ({matrix_js()}).model.title.text.includes('{head},')")
+        blocked = hover_text(page, matrix_js(), 240.5, 240.5)
+        assert "softmax weights:\tblocked by the mask: weight 0 after the softmax" in blocked
+        assert "NaN" not in blocked
+        shown = hover_text(page, matrix_js(), 100.5, 300.5)  # a cell the mask lets through
+        assert re.search(r"softmax weights:\s+\d\.\d{4}", shown), shown
+    # a head's tile, regridded to its pixels: a cell mostly blocked reads so too
+    page.evaluate("attn.plot('head maps').el.scrollIntoView({block: 'center'})")
+    for fraction in (0.3, 0.5, 0.7):
+        tile = hover_point(page, page.evaluate(f"attn.tile_point(0, {fraction}, {fraction})"))
+        assert "weight:" in tile and "NaN" not in tile
+    page.evaluate("window.scrollTo(0, 0)")
+    text = page.evaluate(PAGE_TEXT_JS)
+    assert "black: cells the diagonal mask blocks (the model fills their scores with" in text

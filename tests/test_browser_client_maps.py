@@ -27,8 +27,10 @@ ROWS_JS = f"() => ({HELD_JS})('__rows')"  # the heads' weights it holds
 # (widget title, the value a user's choice gives its page model, URL argument and value)
 CHANGES = [
     ("Head", "3", ("head", "3")),
-    ("Stage", "raw", ("stage", "raw")),
+    # the mask before the raw stage: raw scores are the mask's own, and their title names
+    # no mask, so a mask change there would repaint nothing
     ("Mask", "causal", ("mask", "causal")),
+    ("Stage", "raw", ("stage", "raw")),
     ("Head", "mean", ("head", "mean")),
 ]
 

@@ -36,7 +36,9 @@ def test_url_reopens_the_same_view_and_follows_changes(browser, artifacts, demo_
             "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text)).model.title.text"
         )
         assert title.startswith("sample 2, head 3"), title
-        assert "causal" in title and "scaled" in title, title
+        # scaled scores come before the mask: the title names none, the menu the link's
+        assert "scaled" in title and "(before the mask)" in title, title
+        assert page.evaluate("attn.widget('Mask').value") == "causal"
         marker = page.evaluate("attn.plot('sample 2').model.title.text")
         assert marker.startswith("sample 2")
         page.screenshot(path=str(artifacts / "browser_url_state.png"), full_page=True)

@@ -224,7 +224,7 @@ def test_another_sample_keeps_the_hover_of_the_browsers_copy_working(explorer):
     layer = explorer.sections["matrix"].prefetch.layer
     explorer.sample = 4  # the clock's labels of another sample go to the clock formatters
     formatters = layer.hover.formatters
-    assert set(formatters["@image"].args) == {"scale"}  # its value's range, untouched
+    assert set(formatters["$image_index"].args) == {"scale", "blocked"}  # untouched
     assert formatters["$x"].args["labels"] == core.clock_labels(explorer.trace, 4)
 
 
@@ -254,11 +254,12 @@ def test_the_maps_sent_ahead_leave_no_copy_in_the_servers_cache(explorer):
     cache = explorer.cache
     explorer.param.update(sample=6)  # a sample no other test visited: what its page draws
     kept = set(cache.keys())
-    held = cache.nbytes
     prefetch = explorer.sections["matrix"].prefetch
     explorer.engine.finish_idle()
     assert prefetch.sent > 20  # every head, the head's every stage and mask: in the browser
-    assert set(cache.keys()) == kept and cache.nbytes == held
+    # what was kept meanwhile is the samples beside it, made ready on purpose (neighbours)
+    added = set(cache.keys()) - kept
+    assert {key[2] for key in added} == {5, 7} and kept <= set(cache.keys())
     # and the user going there still gets the exact map, recomputed by the server
     explorer.param.update(stage="scaled", mask="causal", head=2)  # sent, and not cached
     shown = explorer.drawn()

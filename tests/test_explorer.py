@@ -109,7 +109,7 @@ def test_head_mask_stage_redraw_the_matrix(explorer, trace):
         expected = core.attention_values(trace, explorer.selection)
         np.testing.assert_array_equal(shown_matrix(explorer), expected, err_msg=str(change))
     assert explorer.engine.title("matrix") == (
-        "sample 1, mean of heads: raw scores q·k (mask causal)"
+        "sample 1, mean of heads: raw scores q·k (before the mask)"
     )
     bar = handles(explorer, "matrix", "Image", "Attention")["colorbar"]
     assert bar.title == "raw scores q·k (±p99.5 of |value|)"
@@ -570,9 +570,10 @@ def test_the_maps_hover_names_the_stage_shown_and_a_blocked_cell_in_words(explor
         matrix = handles(explorer, "matrix", "Image", "Attention")
         name, field = matrix["hover"].tooltips[-1]
         assert name == core.STAGE_LABELS[stage], stage
-        assert field == "@image{custom}"
-    formatter = matrix["hover"].formatters["@image"]
-    assert "blocked by the mask" in formatter.code and "toFixed(4)" in formatter.code
+        assert field == "$image_index{custom}"  # its cell: BokehJS shows a NaN value as "NaN"
+    formatter = matrix["hover"].formatters["$image_index"]
+    assert formatter.args["blank"] == "blocked by the mask: weight 0 after the softmax"
+    assert "blank" in formatter.code and "toFixed(4)" in formatter.code
     with explorer.engine.drawing_now():
         explorer.param.update(stage="softmax")
     image = shown_matrix(explorer)

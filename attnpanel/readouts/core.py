@@ -29,6 +29,7 @@ from attnpanel.traces.stages import attention_stage, masked_cells
 from attnpanel.util.locks import KeyLocks
 
 PREDICTED = " (predicted)"  # a model's prediction of a series: drawn dashed in its colour
+PRE_MASK = ("raw", "scaled")  # the stages computed before the mask is applied
 STAGE_LABELS = {
     "raw": "raw scores q·k",
     "scaled": "scaled scores q·k / √E",
@@ -315,9 +316,21 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
         padded = int(np.asarray(ds["padding"].isel(batch=sel.sample).values).sum())
         if padded:
             mask += f"; {padded} padded positions masked"
-    return fitted_title(
-        f"sample {sel.sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} (mask {mask})"
-    )
+    # the scores before the mask name no mask: none is applied to them yet
+    words = f"mask {mask}" if sel.stage not in PRE_MASK else "before the mask"
+    return fitted_title(f"sample {sel.sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} ({words})")
+
+
+def blocked_note(ds: xr.Dataset, sel: Selection) -> str:
+    """What the black cells of the selection's map are, in words ("" where none are)."""
+    mask = mask_mode(ds, sel)
+    padded = "padding" in ds and bool(np.asarray(ds["padding"].isel(batch=sel.sample)).any())
+    if sel.stage in PRE_MASK or (mask == "none" and not padded):
+        return ""
+    what = f"the {mask} mask" if mask != "none" else "padding"
+    fill = ds.attrs.get("mask_fill") if mask == ds.attrs.get("mask", "none") else None
+    filled = f" (the model fills their scores with {fill})" if fill else ""
+    return f"black: cells {what} blocks{filled}, weight exactly 0 after the softmax"
 
 
 def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:

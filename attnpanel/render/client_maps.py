@@ -47,6 +47,7 @@ from bokeh.models import (
 from bokeh.models import Image as ImageGlyph
 
 from attnpanel.readouts.raster import scale_title
+from attnpanel.render.figures import BLOCKED, CELL, CELL_JS
 from attnpanel.render.push import name_map
 
 EMPTY = np.zeros(0, dtype=np.uint8)
@@ -247,16 +248,19 @@ show();
 """
 # A cell's range: its colour's interval on the map's scale; the end colours also hold what
 # the scale clips.
-LEVEL_RANGE_JS = """
-if (Number.isNaN(value)) return "blocked by the mask";
+LEVEL_RANGE_JS = (
+    CELL_JS
+    + """
+if (Number.isNaN(cell)) return blocked;
 const n = scale.palette.length, step = (scale.high - scale.low) / n;
-const level = Math.floor(value);
+const level = Math.floor(cell);
 const from = scale.low + level * step, to = from + step;
 const drawn = " (its colour's range: an 8-bit copy drawn in the browser)";
 if (level === n - 1) return `≥ ${from.toFixed(4)}${drawn}`;
 if (level === 0 && scale.low < 0) return `≤ ${to.toFixed(4)}${drawn}`;
 return `${from.toFixed(4)} to ${to.toFixed(4)}${drawn}`;
 """
+)
 
 
 def _code(body: str) -> str:
@@ -298,12 +302,13 @@ class ClientLayer:
         plot.renderers.append(self.renderer)
         main_hover = handles.get("hover") or HoverTool(renderers=[main], tooltips=[])
         tips = [tuple(tip) for tip in main_hover.tooltips or []]
-        value_tip = (tips[-1][0] if tips else "value", "@image{level}")
-        level_range = CustomJSHover(args=dict(scale=self.scale), code=LEVEL_RANGE_JS)
+        value_tip = (tips[-1][0] if tips else "value", CELL + "{level}")
+        words = dict(scale=self.scale, blocked=BLOCKED)
+        level_range = CustomJSHover(args=words, code=LEVEL_RANGE_JS)
         self.hover = HoverTool(
             renderers=[self.renderer],
             tooltips=[*tips[:-1], value_tip],
-            formatters={**dict(main_hover.formatters or {}), "@image": level_range},
+            formatters={**dict(main_hover.formatters or {}), CELL: level_range},
             visible=False,  # no second button: the map's own hover button stands for both
         )
         plot.add_tools(self.hover)

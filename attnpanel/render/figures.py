@@ -480,14 +480,36 @@ def _axes(x_axis, y_axis, first, xticks, yticks, xrotation) -> None:
         x_axis.formatter = BasicTickFormatter(use_scientific=False)  # 0.0001, not 1.000e-4
 
 
-# A map's cell in the hover: 4 decimals, and where the map holds NaN (drawn blank) the
-# words, not "NaN": in an attention map, a cell the mask blocks; elsewhere, no value.
-MASKED_GROUPS = ("Attention", "HeadMap")
+# A map's cell in the hover: 4 decimals, and where the map holds NaN (drawn black or blank)
+# what the cell is, never "NaN": in an attention map, a cell the mask blocks (its weight is
+# exactly 0 after the softmax, whatever stage is drawn); elsewhere the map's own reason.
+BLOCKED = "blocked by the mask: weight 0 after the softmax"
+BLANK_WORDS = {
+    "Attention": BLOCKED,
+    "HeadMap": BLOCKED,
+    "Difference": "blocked by the mask in A or in B",
+    "Importance": "the layer has no such head",
+    "Patching": "the layer has no such head",
+}
+
+
+# BokehJS writes "NaN" for a NaN value before any formatter sees it, so a map's value is
+# read by its cell (the image index: a special variable, never NaN) from the hovered
+# image's own source: ``cell`` is the value, NaN included.
+CELL = "$image_index"  # the tooltip's field: a map's value, formatted as its cell's
+CELL_JS = """
+const source = special_vars.glyph_view.renderer.model.data_source;
+const data = source.data.image[value.index];
+const cell = Array.isArray(data[0]) ? data[value.j][value.i] : data[value.flat_index];
+"""
 
 
 def cell_format(group: str) -> CustomJSHover:
-    words = "blocked by the mask" if group in MASKED_GROUPS else "no value"
-    return CustomJSHover(code=f"return Number.isNaN(value) ? '{words}' : value.toFixed(4)")
+    """The hover's formatter of a map's value (:data:`CELL`): 4 decimals, its blank cells
+    in words."""
+    words = BLANK_WORDS.get(group, "no value")
+    code = CELL_JS + "return Number.isNaN(cell) ? blank : cell.toFixed(4);"
+    return CustomJSHover(args=dict(blank=words), code=code)
 
 
 def _hover(found, layers) -> HoverTool:
@@ -506,9 +528,9 @@ def _hover(found, layers) -> HoverTool:
             named = isinstance(layer, hv.Image)  # a Raster is an attention map
             x, y = (d.label for d in layer.kdims[:2]) if named else ("key", "query")
             value = layer.vdims[0].label if named else "value"
-            tips = [(x, "$x{0}"), (y, "$y{0}"), (value, "@image{custom}")]
+            tips = [(x, "$x{0}"), (y, "$y{0}"), (value, CELL + "{custom}")]
             hover = HoverTool(renderers=[renderer], tooltips=tips)
-            hover.formatters = {"@image": cell_format(key.group)}
+            hover.formatters = {CELL: cell_format(key.group)}
             return hover
         elif key.kind == "Scatter" and "sample" in columns:  # a survey's points
             x, y = layer.kdims[0], layer.vdims[0]

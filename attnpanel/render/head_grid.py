@@ -38,7 +38,7 @@ from bokeh.models import Image as ImageGlyph
 from bokeh.plotting import figure as bokeh_figure
 
 from attnpanel.readouts.raster import image_limits
-from attnpanel.render.figures import cell_format
+from attnpanel.render.figures import CELL, cell_format
 from attnpanel.render.palette import HIGHLIGHT
 
 EXTENT = ("left", "bottom", "right", "top")  # the shown window, in positions
@@ -211,9 +211,9 @@ class HeadGrid:
                 ("", "$name"),
                 ("key", "$x{custom}"),
                 ("query", "$y{custom}"),
-                ("weight", "@image{custom}"),
+                ("weight", CELL + "{custom}"),
             ],
-            formatters={"$x": position["x"], "$y": position["y"], "@image": cell_format("HeadMap")},
+            formatters={"$x": position["x"], "$y": position["y"], CELL: cell_format("HeadMap")},
         )
         select = BoxSelectTool(
             renderers=renderers[:1],

@@ -7,6 +7,7 @@ query never touches the image. A click on a row picks that query.
 
 from __future__ import annotations
 
+import html
 from functools import partial
 
 import numpy as np
@@ -20,8 +21,10 @@ from attnpanel.readouts import core
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
 from attnpanel.render.elements import MAP_KEY, PlotKey
+from attnpanel.render.figures import CELL, cell_format
 
 MATRIX_SIZE = 480  # one pixel per cell at the demo length
+NOTE_STYLE = {"font-size": "12px", "color": "#444"}
 # Browser-side lookups of a position's clock time (the labels are data passed as args).
 TICK_CODE = "const i = Math.round(tick); return (i >= 0 && i < labels.length) ? labels[i] : '';"
 HOVER_CODE = (
@@ -44,7 +47,7 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
         figure.xaxis.major_label_orientation = SLANTED  # spans ("00:06–00:21") side by side
     formatter = CustomJSHover(args=dict(labels=labels), code=HOVER_CODE)
     for hover in figure.select({"type": HoverTool}):
-        fields = {k: v for k, v in (hover.formatters or {}).items() if k == "@image"}
+        fields = {k: v for k, v in (hover.formatters or {}).items() if k not in ("$x", "$y")}
         if n_key == len(labels):
             fields["$x"] = formatter
         if n_query == len(labels):
@@ -53,7 +56,9 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
         tips = list(hover.tooltips or [])
         names = [name for name, _ in tips]
         names = names if len(names) == 3 else ["key", "query", "value"]
-        value = tips[2][1] if len(tips) == 3 else "@image{0.0000}"
+        value = tips[2][1] if len(tips) == 3 else CELL + "{custom}"
+        if value.startswith(CELL):
+            fields.setdefault(CELL, cell_format("Attention"))
         hover.tooltips = [  # the names the map gave (key, query, its value's own), as clocks
             (names[0], "$x{custom}" if "$x" in fields else "$x{0}"),
             (names[1], "$y{custom}" if "$y" in fields else "$y{0}"),
@@ -145,6 +150,12 @@ class AttentionMatrix(PositionMap):
         except MissingVariable as err:
             return pn.Column(self.missing(err, MATRIX_SIZE))
         self.engine.ahead(self._ahead)
+        # what black is, under the map (the hover says it of each cell)
+        # (of a fixed size: new words lay nothing out again)
+        self.note = pn.pane.HTML(
+            self._note(), width=MATRIX_SIZE + 40, height=34, margin=(0, 10), styles=NOTE_STYLE
+        )
+        self.engine.follow(self._renote, ["sample", "mask", "stage", "layer"])
         # Hidden (and taking no room) until side_by_side; built the first time it shows.
         self._beside = pn.Column(
             pn.pane.Markdown("**without mask**", margin=(0, 5)),
@@ -153,7 +164,14 @@ class AttentionMatrix(PositionMap):
         )
         if self.state.side_by_side:
             self._show_unmasked()
-        return pn.Row(pn.Column(self.heading(), main, margin=0), self._beside, margin=0)
+        return pn.Row(pn.Column(self.heading(), main, self.note, margin=0), self._beside, margin=0)
+
+    def _note(self) -> str:
+        words = core.blocked_note(self.trace, self.state.selection)
+        return f"<span style='color:#000'>■</span> {html.escape(words)}" if words else ""
+
+    def _renote(self) -> None:
+        self.note.object = self._note()
 
     def _show_unmasked(self) -> None:
         if self._unmasked is None:
