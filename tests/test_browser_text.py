@@ -146,6 +146,25 @@ def test_model_view_click_opens_the_map(app, artifacts):
     )
     page.wait_for_function("attn.plot('weights of query').model.title.text.endsWith('(head 7)')")
     shot(page, artifacts, "text_model_view_click")
+    # the link keeps the layer the click opened (it reopened layer 0, head 7)
+    page.wait_for_function("() => /[?&]layer=5(&|$)/.test(location.search)")
+    assert "head=7" in page.url
+
+
+def test_a_link_reopens_the_layer_and_takes_the_menus_own_words(app, browser):
+    """A link opens the layer it names, takes a menu's label (``stage=raw scores``: it
+    opened softmax and said why in the server log only), and writes back the value."""
+    page, _ = app
+    base = page.url.split("?", 1)[0]
+    link = f"{base}?layer=3&head=8&stage=raw+scores&colormap=fire&beside=true"
+    with opened(browser, link) as (other, console):
+        assert shown(other, "Layer").startswith("3: ")
+        assert shown(other, "Head") == "head 8" and shown(other, "Stage") == "raw scores"
+        assert other.evaluate("attn.widget('Colormap').value") == "fire"
+        other.wait_for_function("() => /[?&]stage=raw(&|$)/.test(location.search)")
+        title = other.evaluate(f"{matrix_js()}.model.title.text")
+        assert title.startswith("sample 0, head 8, layer encoder.layer.3."), title
+        assert not [m for m in console if m[0] in ("error", "pageerror")]
 
 
 def test_the_text_page_fits_1280_and_1600_pixels(app):

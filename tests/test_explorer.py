@@ -702,3 +702,12 @@ def test_views_built_ahead_are_forgotten_when_what_they_read_changes(explorer, m
         found[k][0] for k in found if k.group == "Sequence" and k.label != "aggregate power"
     ]
     assert reference and not any(h[LEGEND_ITEM].visible for h in reference)
+
+
+def test_every_control_of_the_page_is_in_its_link(explorer):
+    """What a person can change on the page round-trips through its URL (the heads switched
+    off as ``off=``): the layer, the colour map and the section switches were not in it."""
+    linked = set(AttentionExplorer.URL_PARAMS) | {"enabled_heads"}
+    driven = {name for name in explorer.widgets if name in explorer.param}  # (player: stage)
+    assert {"colormap", "side_by_side", "show_reference"} <= driven
+    assert driven <= linked, driven - linked

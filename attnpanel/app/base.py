@@ -207,6 +207,16 @@ class LayerExplorer(ExplorerState, Explorer):
             self.engine.when_idle(self.later.fill_one, first=True)
         return layout
 
+    def menu_words(self) -> dict[str, dict]:
+        """Each menu's labels and the values they stand for, by the parameter it drives."""
+        controls = self.sections.get("controls")
+        found = getattr(controls, "widgets", None) or {}
+        return {
+            name: dict(widget.options)
+            for name, widget in found.items()
+            if isinstance(getattr(widget, "options", None), dict)
+        }
+
     def sync_url(self) -> None:
         """Mirror the parameters of ``URL_PARAMS`` in the page's URL (a link reopens the
         view); outside a server this does nothing."""
@@ -220,5 +230,6 @@ class LayerExplorer(ExplorerState, Explorer):
                 later=once_loaded,
                 location=location,
                 said=set(),  # the browser hands the link over again as it connects
+                words=self.menu_words(),
             )
             location.sync(self, self.URL_PARAMS, on_error=refused)

@@ -79,7 +79,13 @@ class AttentionExplorer(LayerExplorer):
 
     # the state mirrored in the page URL: parameter -> query argument (a link opens the view)
     URL_PARAMS = {
-        **{name: name for name in ("sample", "head", "query", "mask", "stage", "step")},
+        # the layer first: a head, and what the other values mean, are the layer's
+        **{name: name for name in ("layer", "sample", "head", "query", "mask", "stage")},
+        **{name: name for name in ("step", "colormap")},
+        "side_by_side": "beside",
+        "show_reference": "reference",
+        "show_positional": "positional",
+        "show_head_average": "average",
         "show_projection": "projection",
         "show_merge": "merge",
         "show_survey": "survey",

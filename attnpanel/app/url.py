@@ -59,6 +59,7 @@ def apply_each(
     later=None,
     location=None,
     said: set | None = None,
+    words: dict[str, dict] | None = None,
 ) -> None:
     """Apply a link's values (by parameter) one at a time, the layer first (a head is the
     layer's); name each one refused.
@@ -68,22 +69,28 @@ def apply_each(
     whose consequence failed is named with that failure's own words. With ``location``
     (Panel's ``Location``), the URL then gives the state's own value in place of each one
     refused; with ``said``, a refusal already in it is not named again (it is added).
+    ``words`` maps a parameter to its menu's labels and their values: a link may give the
+    label a person reads (``stage=raw scores``, ``head=head 3``).
     """
     later = later or (lambda callback, *args: callback(*args))
     refused, kept = [], []
     for name in sorted(mapped, key=lambda name: name != "layer"):
         value = mapped[name]
+        labels = (words or {}).get(name, {})
+        if isinstance(value, str) and value in labels:
+            value = labels[value]  # the menu's words: the URL then gives the value's own
+            kept.append(name)
         try:
             state.param.update({name: value})
         except Exception as err:  # noqa: BLE001 - every failure is named, the rest go on
             taken = getattr(state, name, None) == value
             why = str(err) if taken else refusal(state.param[name], value)
             refused.append(f"{arguments.get(name, name)}={value}: {why}")
-            if not taken:
+            if not taken and name not in kept:
                 kept.append(name)
     if kept and location is not None:
         later(show_in_url, state, location, {name: arguments.get(name, name) for name in kept})
-    new = [words for words in refused if said is None or words not in said]
+    new = [said_once for said_once in refused if said is None or said_once not in said]
     if said is not None:
         said.update(new)
     if new:
