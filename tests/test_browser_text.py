@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from minilm import TOKENS
-from served_app import ROOT, opened, page_widths, serve, shot
+from served_app import PAGE_TEXT_JS, ROOT, opened, page_widths, serve, shot
 
 APP = ROOT / "apps" / "text.py"
 STRIP = "sample 0: tokens"
@@ -171,3 +171,35 @@ def test_the_text_page_fits_1280_and_1600_pixels(app):
     """12 heads, 6 layers and the layer selector: no horizontal scroll (once 1401 px)."""
     page, _ = app
     assert page_widths(page) == {1280: 1280, 1600: 1600}
+
+
+# The labels of a plot's x axis written in place of its numbers (a Map in BokehJS).
+X_LABELS_JS = """
+(prefix) => { const axis = attn.plot(prefix).model.below[0];
+  const found = axis.major_label_overrides;
+  return found instanceof Map ? [...found.values()] : Object.values(found ?? {}); }
+"""
+# Each option of a Select, and whether its text fits the menu (measured in its own font).
+MENU_FITS_JS = """
+(title) => { const view = attn.views().find((v) => v.model && v.model.title === title);
+  const select = view.el.shadowRoot.querySelector("select");
+  const style = getComputedStyle(select);
+  const ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = `${style.fontSize} ${style.fontFamily}`;
+  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return [...select.options].map((o) => [o.text, ctx.measureText(o.text).width <= room]); }
+"""
+
+
+def test_the_text_pages_words_fit_and_its_positions_are_tokens(app):
+    """The heading names the model's folder, not this machine's path; the Layer menu shows
+    each whole layer name (it cut ``3: encoder.layer.3.attention.s``); the rollout and the
+    query's weights name their positions by token, as the matrix does (they read 0-12)."""
+    page, _ = app
+    heading = page.evaluate(PAGE_TEXT_JS).split("Layer")[0]
+    assert "attnpanel · BertModel (…/" in heading and "site-packages" not in heading
+    fits = page.evaluate(MENU_FITS_JS, "Layer")
+    assert len(fits) == 6 and all(fit for _, fit in fits), fits
+    for prefix in ("rollout through", "weights of query"):
+        labels = page.evaluate(X_LABELS_JS, prefix)
+        assert labels[:3] == list(TOKENS[:3]), (prefix, labels)

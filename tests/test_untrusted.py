@@ -131,3 +131,14 @@ def test_a_notebook_output_says_what_is_missing_until_the_explorer_draws(browser
         page.wait_for_function("() => !document.querySelector('.attnpanel-waiting')", timeout=5000)
     finally:
         page.close()
+
+
+def test_a_heading_names_the_models_folder_not_the_machines_path():
+    from attnpanel.util.untrusted import page_title, short_paths
+
+    long = "BertModel (/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/minilm/model)"
+    assert short_paths(long) == "BertModel (…/minilm/model)"
+    assert short_paths("a (C:\\Users\\me\\models\\bert\\model)") == "a (…/bert/model)"
+    for kept in ("NILMFormer demo (nilmformer.pt)", "x /a/b", "rel/one/two/three"):
+        assert short_paths(kept) == kept
+    assert page_title(long) == "attnpanel · BertModel (…/minilm/model)"

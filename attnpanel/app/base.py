@@ -127,7 +127,7 @@ class LayerExplorer(ExplorerState, Explorer):
         """The first line of the trace's ``source``, as the page's heading shows it: one
         longer than :data:`TITLE_CHARS` cut after a whole word, with an ellipsis."""
         source = str(self.trace.attrs.get("source", "")).strip() or "trace"
-        first = source.splitlines()[0]
+        first = untrusted.short_paths(source.splitlines()[0])
         if len(first) <= TITLE_CHARS:
             return first
         return first[:TITLE_CHARS].rsplit(" ", 1)[0].rstrip(" ,;:") + " …"

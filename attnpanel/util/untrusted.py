@@ -77,7 +77,17 @@ def shortened(text: str, most: int) -> str:
     return f"{cut}…"
 
 
+_LONG_PATH = re.compile(r"(?:[A-Za-z]:)?[/\\](?:[^\s()/\\]+[/\\]){2,}([^\s()/\\]+[/\\][^\s()/\\]+)")
+
+
+def short_paths(text: str) -> str:
+    """``text`` with each long file path cut to its last two parts (``…/minilm/model``): a
+    heading names the model's folder, not the machine's layout."""
+    return _LONG_PATH.sub(lambda found: "…/" + found.group(1).replace("\\", "/"), text)
+
+
 def page_title(source: str, most: int = 100) -> str:
-    """A page's title from a capture's ``source``: its first line, cut at a word."""
-    first = str(source).splitlines()[0] if str(source).strip() else ""
+    """A page's title from a capture's ``source``: its first line, long paths cut, cut at a
+    word."""
+    first = short_paths(str(source).splitlines()[0]) if str(source).strip() else ""
     return "attnpanel" + (f" · {shortened(first, most)}" if first else "")

@@ -5,16 +5,22 @@ from __future__ import annotations
 import panel as pn
 
 from attnpanel.app.sections.base import Section
-from attnpanel.render import views
+from attnpanel.render import model_views, views
 
 WIDTH = 300
 DEPENDS = ["sample", "head", "query", "mask", "enabled_heads"]
+TOKEN_LABELS_PX = 50  # the height tokens written upright under the keys take
 
 
 class ValueAggregation(Section):
     """The weights of the query over every key, the most-attended values, and Σ w · v."""
 
     title = "Value aggregation"
+
+    def _key_ticks(self) -> dict:
+        """A token trace's keys by their tokens (the matrix's own ticks), else nothing."""
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        return dict(xticks=list(ticks.items()), xrotation=90) if ticks else {}
 
     def build(self):
         return pn.Column(
@@ -24,7 +30,8 @@ class ValueAggregation(Section):
                 lambda sel: views.aggregation_weights(self.trace, sel, self.cache),
                 DEPENDS,
                 WIDTH,
-                180,
+                180 + (TOKEN_LABELS_PX if self._key_ticks() else 0),  # a frame as tall
+                **self._key_ticks(),
             ),
             # In a row of its own: Bokeh aligns the frames of the plots of one column, and
             # this one's key labels and colour bar would narrow the others' frames.

@@ -44,16 +44,23 @@ class ImmediateIntSlider(pn.widgets.IntSlider):
     _debounce = 0
 
 
+MENU_CHAR_PX = 7.5  # a menu's 13 px font, per character (measured: 7.1 to 7.4)
+MENU_ARROW_PX = 40  # its padding and arrow
+LAYER_MENU_MOST = 360
+
+
 def layer_selector(state) -> dict:
     """``{"layer": select}`` for a trace with several layers, else ``{}``."""
     if state.layers is None:
         return {}
-    names = layer_names(state.layers)
+    options = {f"{i}: {name}": i for i, name in enumerate(layer_names(state.layers))}
+    # wide enough for its longest name (it cut "3: encoder.layer.3.attention.s" at 200 px)
+    longest = max(map(len, options), default=0)
     select = ImmediateSelect.from_param(
         state.param.layer,
         name="Layer",
-        width=200,
-        options={f"{i}: {name}": i for i, name in enumerate(names)},
+        width=int(min(LAYER_MENU_MOST, max(120, MENU_CHAR_PX * longest + MENU_ARROW_PX))),
+        options=options,
     )
     return {"layer": select}
 

@@ -121,13 +121,26 @@ class PositionMap(Section):
             return
         clock_axes(figure, labels, self.trace.sizes["query"], self.trace.sizes["key"])
 
+    def _ticks(self) -> dict:
+        """A token trace's maps: each position's token on both axes (the style's ticks)."""
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        if not ticks:
+            return {}
+        pairs = list(ticks.items())
+        return dict(xticks=pairs, yticks=pairs, xrotation=90)
+
     def _relabel_axes(self, *_events) -> None:
-        """The shown sample's clock times on every map of the section."""
+        """The shown sample's clock times, or tokens, on every map of the section."""
         labels = core.clock_labels(self.trace, self.state.sample)
-        if labels is not None:
-            for pane, key in self.map_panes:
-                for handles in self.engine.handles(pane, key):
+        ticks = model_views.token_ticks(self.trace, self.state.sample)
+        overrides = {int(k): v for k, v in (ticks or {}).items()}
+        for pane, key in self.map_panes:
+            for handles in self.engine.handles(pane, key):
+                if labels is not None:
                     set_clock_labels(handles["plot"], labels)
+                for axis in ("xaxis", "yaxis"):
+                    if overrides and axis in handles:
+                        handles[axis].major_label_overrides = overrides
 
 
 class AttentionMatrix(PositionMap):
@@ -221,25 +234,6 @@ class AttentionMatrix(PositionMap):
         drawn in pane ``bars`` (:func:`attnpanel.app.prefetch.switch_in_browser`)."""
         if self.prefetch is None:
             self.prefetch = switch_in_browser(self.engine, widgets, bars=bars)
-
-    def _ticks(self) -> dict:
-        ticks = model_views.token_ticks(self.trace, self.state.sample)
-        if not ticks:
-            return {}
-        pairs = list(ticks.items())
-        return dict(xticks=pairs, yticks=pairs, xrotation=90)
-
-    def _relabel_axes(self, *_events) -> None:
-        super()._relabel_axes()
-        ticks = model_views.token_ticks(self.trace, self.state.sample)
-        if not ticks:
-            return
-        overrides = {int(k): v for k, v in ticks.items()}
-        for pane, key in self.map_panes:
-            for handles in self.engine.handles(pane, key):
-                for axis in ("xaxis", "yaxis"):
-                    if axis in handles:
-                        handles[axis].major_label_overrides = overrides
 
     def _on_colormap(self, event) -> None:
         palette = process_cmap(event.new, 256)

@@ -106,7 +106,7 @@ class Rollout(PositionMap):
         )
         # the samples beside the shown one: their capture, then their rollout
         self.engine.ahead(lambda sel: [partial(self.rolled_out, sel), partial(self.rollout, sel)])
-        style = matrix_style(None, title_size="10pt", size=ROLLOUT_SIZE)
+        style = matrix_style(None, title_size="10pt", size=ROLLOUT_SIZE, **self._ticks())
         image = raster.element(hv.Dimension("flow", label=raster.value_label))
         plot = self.marked(image, "query marker", "rollout")  # the row of the shown query
         return self.engine.render(plot, "rollout", style=style, on_tap=self.click)
