@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.document import Document
-from drawn import handles, shown_matrix
+from drawn import handles, shown_matrix, table_rows
 from minilm import SENTENCE, TOKENS
 from torch import nn
 
@@ -224,3 +224,9 @@ def test_own_model_example_builds_the_explorer(tmp_path, capsys):
     expected = core.attention_values(traces.isel(layer=1), explorer.selection)
     np.testing.assert_array_equal(shown_matrix(explorer), expected)
     assert explorer.last_error == ""
+
+
+def test_the_head_summary_counts_distances_in_tokens(explorer):
+    """A text's distances are counted in tokens (the table said "distance (steps)")."""
+    rows = table_rows(explorer, "head summary")
+    assert rows and "distance (tokens)" in rows[0] and "distance (steps)" not in rows[0]

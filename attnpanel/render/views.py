@@ -443,7 +443,7 @@ def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None =
         columns["tokens"] = np.round(stats["token_share"], 3)
     labels = {
         "tokens": f"weight on {' and '.join(tokens)}",
-        "distance": "distance (steps)",
+        "distance": f"distance ({distance_unit(ds)})",
         "span": "distance (time)",
         "lag": "top lag",
         "share": "queries at lag",
@@ -456,6 +456,16 @@ def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None =
         vdims=vdims,
         group="HeadSummary",
     )
+
+
+def distance_unit(ds: xr.Dataset) -> str:
+    """What a distance between positions counts: tokens of a text, patches of a series cut
+    into spans, else time steps."""
+    if "token" in ds.coords:
+        return "tokens"
+    if "time_end" in ds.coords and (ds["time_end"] != ds["time"]).any():
+        return "patches"
+    return "steps"
 
 
 def _duration(delta) -> str:
