@@ -81,6 +81,30 @@ class LiveView:
         return self.active is None or self.active()
 
 
+class ElementsAhead:
+    """Views' elements built for a selection the user may go to next, by view, selection
+    and window. Any change of the state but the selection forgets them: they read more than
+    the selection (the reference curves shown, a section's switches)."""
+
+    def __init__(self, state: ExplorerState):
+        self._elements: dict = {}
+        unselected = [p for p in state.param if p not in SELECTION_PARAMS and p != "name"]
+        state.param.watch(lambda *_: self.forget(), unselected)
+
+    def keep(self, key, build: Callable) -> None:
+        """Keep ``build()`` under ``key`` (built once)."""
+        if key not in self._elements:
+            self._elements[key] = build()
+
+    def take(self, key):
+        """The element kept under ``key`` (no longer kept), or None."""
+        return self._elements.pop(key, None)
+
+    def forget(self) -> None:
+        """Drop every element kept."""
+        self._elements.clear()
+
+
 @dataclass(frozen=True)
 class Follower:
     """Model changes other than a view's redraw that follow the state (a clock's tick
@@ -109,11 +133,7 @@ class ViewRegistry:
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._clients: dict[str, BrowserDrawn] = {}  # panes whose map the browser may draw
         self._followers: list[Follower] = []
-        # elements built ahead for a selection the user may go to next (build_ahead): any
-        # change of the state but the selection forgets them (they read more than ``sel``)
-        self._ahead: dict = {}
-        unselected = [p for p in state.param if p not in SELECTION_PARAMS and p != "name"]
-        state.param.watch(lambda *_: self.forget_ahead(), unselected)
+        self.ahead = ElementsAhead(state)  # elements built for another sample (build_ahead)
 
     def follow(self, callback: Callable[[], None], parameters) -> None:
         """Call ``callback()`` when one of ``parameters`` changes, with the views that
@@ -337,13 +357,7 @@ class ViewRegistry:
     def build_ahead(self, view: LiveView, sel) -> None:
         """Build a view's element for ``sel`` now, for :meth:`update` to draw when the
         state comes to ``sel`` (another sample, while the page is idle)."""
-        key = self._ahead_key(view, sel)
-        if key not in self._ahead:
-            self._ahead[key] = self.element(view, sel)
-
-    def forget_ahead(self) -> None:
-        """Drop the elements built ahead (the state they were built for has changed)."""
-        self._ahead.clear()
+        self.ahead.keep(self._ahead_key(view, sel), lambda: self.element(view, sel))
 
     def update(self, view: LiveView, sel) -> None:
         """Redraw a view for ``sel``: its element written into its models, or, for a map
@@ -352,7 +366,7 @@ class ViewRegistry:
         if client is not None and client.draws(sel):
             client.follow(sel)
             return
-        element = self._ahead.pop(self._ahead_key(view, sel), None)
+        element = self.ahead.take(self._ahead_key(view, sel))
         self.draw(view, self.element(view, sel) if element is None else element)
         if client is not None:
             client.drawn(sel)

@@ -321,18 +321,6 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
     return fitted_title(f"sample {sel.sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} ({words})")
 
 
-def blocked_note(ds: xr.Dataset, sel: Selection) -> str:
-    """What the black cells of the selection's map are, in words ("" where none are)."""
-    mask = mask_mode(ds, sel)
-    padded = "padding" in ds and bool(np.asarray(ds["padding"].isel(batch=sel.sample)).any())
-    if sel.stage in PRE_MASK or (mask == "none" and not padded):
-        return ""
-    what = f"the {mask} mask" if mask != "none" else "padding"
-    fill = ds.attrs.get("mask_fill") if mask == ds.attrs.get("mask", "none") else None
-    filled = f" (the model fills their scores with {fill})" if fill else ""
-    return f"black: cells {what} blocks{filled}, weight exactly 0 after the softmax"
-
-
 def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:
     """The x values of the top view: timestamps where known, else integer positions."""
     if "time" in ds.coords:

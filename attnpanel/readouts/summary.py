@@ -10,7 +10,8 @@ import pandas as pd
 import xarray as xr
 
 from attnpanel.kernels.masks import MASK_FILL, fill_words
-from attnpanel.readouts.core import head_patterns
+from attnpanel.readouts import core
+from attnpanel.readouts.core import Selection, head_patterns
 from attnpanel.traces.positions import Positions
 
 
@@ -202,3 +203,15 @@ def _masked_words(ds: xr.Dataset, mask) -> str:
     if not blocks:
         return "nothing blocked (mask none)"
     return f"{own} (mask {mask})"
+
+
+def blocked_note(ds: xr.Dataset, sel: Selection) -> str:
+    """What the black cells of the selection's map are, in words ("" where none are)."""
+    mask = core.mask_mode(ds, sel)
+    padded = "padding" in ds and bool(np.asarray(ds["padding"].isel(batch=sel.sample)).any())
+    if sel.stage in core.PRE_MASK or (mask == "none" and not padded):
+        return ""
+    what = f"the {mask} mask" if mask != "none" else "padding"
+    fill = ds.attrs.get("mask_fill") if mask == ds.attrs.get("mask", "none") else None
+    filled = f" (the model fills their scores with {fill})" if fill else ""
+    return f"black: cells {what} blocks{filled}, weight exactly 0 after the softmax"

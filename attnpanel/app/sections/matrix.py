@@ -17,7 +17,7 @@ from holoviews.plotting.util import process_cmap
 
 from attnpanel.app.prefetch import MatrixPrefetch, switch_in_browser
 from attnpanel.app.sections.base import Section
-from attnpanel.readouts import core
+from attnpanel.readouts import core, summary
 from attnpanel.readouts.core import MissingVariable
 from attnpanel.render import model_views
 from attnpanel.render.elements import MAP_KEY, PlotKey
@@ -180,7 +180,7 @@ class AttentionMatrix(PositionMap):
         return pn.Row(pn.Column(self.heading(), main, self.note, margin=0), self._beside, margin=0)
 
     def _note(self) -> str:
-        words = core.blocked_note(self.trace, self.state.selection)
+        words = summary.blocked_note(self.trace, self.state.selection)
         return f"<span style='color:#000'>■</span> {html.escape(words)}" if words else ""
 
     def _renote(self) -> None:
