@@ -40,7 +40,7 @@ class LiveEngine(ViewRegistry):
         super().__init__(state)
         self.scheduler = Scheduler(self, background)
         self.neighbours = NeighbourSamples(
-            state, self.when_idle, self._views_ahead, self.ahead.forget
+            state, self.when_idle, self._views_ahead, self.built_ahead.forget
         )
 
     @property
@@ -64,7 +64,7 @@ class LiveEngine(ViewRegistry):
     def redraw(self, where: Callable[[LiveView], bool]) -> None:
         """Redraw the views for which ``where(view)`` is true, now (what they read beside
         the selection has changed: the elements built ahead are forgotten)."""
-        self.ahead.forget()
+        self.built_ahead.forget()
         self.scheduler.redraw(where)
 
     def _views_ahead(self, sel) -> list[Callable[[], None]]:

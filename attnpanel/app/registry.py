@@ -133,7 +133,7 @@ class ViewRegistry:
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._clients: dict[str, BrowserDrawn] = {}  # panes whose map the browser may draw
         self._followers: list[Follower] = []
-        self.ahead = ElementsAhead(state)  # elements built for another sample (build_ahead)
+        self.built_ahead = ElementsAhead(state)  # elements built for another sample (build_ahead)
 
     def follow(self, callback: Callable[[], None], parameters) -> None:
         """Call ``callback()`` when one of ``parameters`` changes, with the views that
@@ -357,7 +357,7 @@ class ViewRegistry:
     def build_ahead(self, view: LiveView, sel) -> None:
         """Build a view's element for ``sel`` now, for :meth:`update` to draw when the
         state comes to ``sel`` (another sample, while the page is idle)."""
-        self.ahead.keep(self._ahead_key(view, sel), lambda: self.element(view, sel))
+        self.built_ahead.keep(self._ahead_key(view, sel), lambda: self.element(view, sel))
 
     def update(self, view: LiveView, sel) -> None:
         """Redraw a view for ``sel``: its element written into its models, or, for a map
@@ -366,7 +366,7 @@ class ViewRegistry:
         if client is not None and client.draws(sel):
             client.follow(sel)
             return
-        element = self.ahead.take(self._ahead_key(view, sel))
+        element = self.built_ahead.take(self._ahead_key(view, sel))
         self.draw(view, self.element(view, sel) if element is None else element)
         if client is not None:
             client.drawn(sel)
