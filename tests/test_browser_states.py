@@ -24,7 +24,7 @@ import pytest
 from served_app import HELPERS_JS, RENDERED_JS, opened, shot
 
 from attnpanel.kernels.masks import MASK_MODES
-from attnpanel.readouts.core import STAGE_LABELS
+from attnpanel.readouts.core import PRE_MASK, STAGE_LABELS
 from attnpanel.traces.schema import STAGES
 
 SAMPLES = (1, 2)  # 1 from the link, 2 by the keyboard
@@ -238,7 +238,9 @@ def test_every_view_follows_every_state(browser, artifacts, demo_url, width):
                     for stage in STAGES:
                         set_value(page, "Stage", stage)
                         label = STAGE_LABELS[stage]
-                        settle(page, sample, head, f"{label} (mask {mask}")
+                        # (scores before the mask name none: their title says so)
+                        masked = "before the mask)" if stage in PRE_MASK else f"mask {mask}"
+                        settle(page, sample, head, f"{label} ({masked}")
                         state = f"{width} px, sample {sample}, head {head}, {mask}, {stage}"
                         found = page.evaluate(CHECK_JS, [label])
                         problems += [f"{state}: {p}" for p in found]

@@ -369,7 +369,7 @@ def test_clock_axes_follow_the_sample(pair):
         for figure in figures.values():
             found.add(figure.xaxis[0].formatter.args["start"])
             hover = figure.select({"type": HoverTool})[0]
-            found |= {f.args["start"] for k, f in hover.formatters.items() if k[0] == "$"}
+            found |= {f.args["start"] for k, f in hover.formatters.items() if k in ("$x", "$y")}
         return found
 
     ms = start.astype("datetime64[ms]").astype(np.int64)
