@@ -12,8 +12,9 @@ from functools import partial
 
 import numpy as np
 import panel as pn
-from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
+from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool, InlineStyleSheet
 from holoviews.plotting.util import process_cmap
+from panel.models import HTML
 
 from attnpanel.app.prefetch import MatrixPrefetch, switch_in_browser
 from attnpanel.app.sections.base import Section
@@ -24,7 +25,7 @@ from attnpanel.render.elements import MAP_KEY, PlotKey
 from attnpanel.render.figures import CELL, cell_format
 
 MATRIX_SIZE = 480  # one pixel per cell at the demo length
-NOTE_STYLE = {"font-size": "12px", "color": "#444"}
+NOTE_CSS = ":host { font-size: 12px; color: #444; } .swatch { color: #000; }"
 # Browser-side lookups of a position's clock time (the labels are data passed as args).
 TICK_CODE = "const i = Math.round(tick); return (i >= 0 && i < labels.length) ? labels[i] : '';"
 HOVER_CODE = (
@@ -163,11 +164,17 @@ class AttentionMatrix(PositionMap):
         except MissingVariable as err:
             return pn.Column(self.missing(err, MATRIX_SIZE))
         self.engine.ahead(self._ahead)
-        # what black is, under the map (the hover says it of each cell)
-        # (of a fixed size: new words lay nothing out again)
-        self.note = pn.pane.HTML(
-            self._note(), width=MATRIX_SIZE + 40, height=34, margin=(0, 10), styles=NOTE_STYLE
+        # what black is, under the map (the hover says it of each cell): Panel's HTML model
+        # as the tables have it (a pane brought Panel's design style sheets from its CDN
+        # into an offline notebook), of a fixed size (new words lay nothing out again)
+        self.note = HTML(
+            width=MATRIX_SIZE + 40,
+            height=34,
+            disable_math=True,
+            run_scripts=False,
+            stylesheets=[InlineStyleSheet(css=NOTE_CSS)],
         )
+        self._renote()
         self.engine.follow(self._renote, ["sample", "mask", "stage", "layer"])
         # Hidden (and taking no room) until side_by_side; built the first time it shows.
         self._beside = pn.Column(
@@ -177,14 +184,14 @@ class AttentionMatrix(PositionMap):
         )
         if self.state.side_by_side:
             self._show_unmasked()
-        return pn.Row(pn.Column(self.heading(), main, self.note, margin=0), self._beside, margin=0)
-
-    def _note(self) -> str:
-        words = summary.blocked_note(self.trace, self.state.selection)
-        return f"<span style='color:#000'>■</span> {html.escape(words)}" if words else ""
+        note = pn.pane.Bokeh(self.note, margin=(0, 10))
+        return pn.Row(pn.Column(self.heading(), main, note, margin=0), self._beside, margin=0)
 
     def _renote(self) -> None:
-        self.note.object = self._note()
+        """The note's words for the shown map (escaped once more, as Panel sends HTML)."""
+        words = summary.blocked_note(self.trace, self.state.selection)
+        shown = f"<span class='swatch'>■</span> {html.escape(words)}" if words else ""
+        self.note.text = html.escape(shown)
 
     def _show_unmasked(self) -> None:
         if self._unmasked is None:
