@@ -91,3 +91,19 @@ def write_nilmtk(path: Path, houses: dict[str, pd.DataFrame], metadata: bool = T
                     ],
                 }  # fmt: skip
     return path
+
+
+def command_flags(root: Path, factory: str, **changes) -> list[str]:
+    """The flags of a recording command on ``root``'s UK-DALE house and trained checkpoint
+    (``--model factory``, kettle, scale and clip 6000); ``changes`` override or add flags
+    (None drops one)."""
+    options = {
+        "--model": factory,
+        "--checkpoint": str(root / "trainer.pt"),
+        "--recording": str(root / "ukdale"),
+        "--target": "kettle",
+        "--scale": "6000",
+        "--clip": "6000",
+        **changes,
+    }
+    return [x for kv in options.items() for x in kv if kv[1] is not None]

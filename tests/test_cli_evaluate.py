@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from recordings import house_power, write_ukdale
+from recordings import command_flags, house_power, write_ukdale
 from reference_nilmformer import reference_nilmformer, trained
 
 from attnpanel import series
@@ -26,17 +26,7 @@ def setup(tmp_path_factory):
 
 
 def argv(root, **changes) -> list[str]:
-    options = {
-        "--model": FACTORY,
-        "--checkpoint": str(root / "trainer.pt"),
-        "--recording": str(root / "ukdale"),
-        "--target": "kettle",
-        "--scale": "6000",
-        "--clip": "6000",
-        "--threshold": "kettle=2000",
-    }
-    options.update(changes)
-    return ["evaluate", *[x for kv in options.items() for x in kv if kv[1] is not None]]
+    return ["evaluate", *command_flags(root, FACTORY, **{"--threshold": "kettle=2000", **changes})]
 
 
 def test_evaluate_writes_what_the_model_itself_predicts(setup, capsys):

@@ -8,7 +8,7 @@ import argparse
 
 import numpy as np
 import pytest
-from recordings import house_power, write_ukdale
+from recordings import command_flags, house_power, write_ukdale
 from reference_nilmformer import small_nilmformer, trained
 
 import attnpanel
@@ -30,16 +30,7 @@ def setup(tmp_path_factory):
 
 
 def flags(root, **changes) -> list[str]:
-    options = {
-        "--model": FACTORY,
-        "--checkpoint": str(root / "trainer.pt"),
-        "--recording": str(root / "ukdale"),
-        "--target": "kettle",
-        "--scale": "6000",
-        "--clip": "6000",
-    }
-    options.update(changes)
-    return [x for kv in options.items() for x in kv if kv[1] is not None]
+    return command_flags(root, FACTORY, **changes)
 
 
 def test_importance_ranks_the_heads_of_your_model_on_your_windows(setup):

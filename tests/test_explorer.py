@@ -711,3 +711,18 @@ def test_every_control_of_the_page_is_in_its_link(explorer):
     driven = {name for name in explorer.widgets if name in explorer.param}  # (player: stage)
     assert {"colormap", "side_by_side", "show_reference"} <= driven
     assert driven <= linked, driven - linked
+
+
+def test_a_query_change_rebuilds_ahead_only_the_views_that_read_the_query(explorer, monkeypatch):
+    """The next sample's views built while idle are kept across a change they do not read:
+    after another query, only the views that read it are built again."""
+    explorer.engine.finish_idle()
+    built = counted_builds(explorer, monkeypatch)
+    explorer.query = 7
+    built.clear()  # the change's own redraw of the shown sample
+    explorer.engine.finish_idle()
+    reads = {v.name for v in explorer.engine.views if "query" in v.parameters}
+    assert built and set(built) <= reads, set(built) - reads
+    built.clear()
+    explorer.sample = 1
+    assert built == []

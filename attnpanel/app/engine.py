@@ -40,7 +40,7 @@ class LiveEngine(ViewRegistry):
         super().__init__(state)
         self.scheduler = Scheduler(self, background)
         self.neighbours = NeighbourSamples(
-            state, self.when_idle, self._views_ahead, self.built_ahead.forget
+            state, self.when_idle, self._views_ahead, self._retain_ahead
         )
 
     @property
@@ -63,17 +63,26 @@ class LiveEngine(ViewRegistry):
 
     def redraw(self, where: Callable[[LiveView], bool]) -> None:
         """Redraw the views for which ``where(view)`` is true, now (what they read beside
-        the selection has changed: the elements built ahead are forgotten)."""
-        self.built_ahead.forget()
+        the selection has changed: the samples beside it are made ready again)."""
+        self.neighbours.restart()
         self.scheduler.redraw(where)
+
+    def _ahead_views(self) -> list[LiveView]:
+        """The views whose elements are built ahead: the shown ones that read the sample
+        (a background engine draws its maps as they come, none ahead)."""
+        if self.background is not None:
+            return []
+        return [view for view in self.views if "sample" in view.parameters and view.shown]
 
     def _views_ahead(self, sel) -> list[Callable[[], None]]:
         """Build the shown views' elements of another sample, one a call."""
-        return [
-            partial(self.build_ahead, view, sel)
-            for view in self.views
-            if "sample" in view.parameters and view.shown and self.background is None
-        ]
+        return [partial(self.build_ahead, view, sel) for view in self._ahead_views()]
+
+    def _retain_ahead(self, sels) -> None:
+        """Keep the elements built ahead for ``sels`` only (a view that does not read the
+        part of the selection that changed keeps its element)."""
+        views = self._ahead_views()
+        self.built_ahead.retain({self._ahead_key(view, sel) for sel in sels for view in views})
 
     def expected_seconds(self) -> float:
         """How long a change whose maps are not cached is expected to take (the sample's

@@ -35,19 +35,24 @@ class NeighbourSamples:
     views : callable
         ``views(sel) -> [call, ...]``: the views' elements of ``sel`` built ahead, after
         every section's pieces (which they read).
-    forget : callable
-        Drops the elements built ahead for the neighbours of a selection no longer shown.
+    retain : callable
+        ``retain(sels)``: keeps the elements built ahead for the neighbours' selections
+        ``sels`` only (those of a selection no longer shown go).
     """
 
-    def __init__(self, state, when_idle: Callable, views: Warm, forget: Callable[[], None]):
+    def __init__(self, state, when_idle: Callable, views: Warm, retain: Callable):
         self.state = state
         self._when_idle = when_idle
-        self._views, self._forget = views, forget
+        self._views, self._retain = views, retain
         self._warms: list[Warm] = []
         self._queue: deque = deque()
         self._for: Selection | None = None  # the selection whose neighbours are queued
-        # another selection: the elements built for the old one's neighbours are no use
+        # another selection: its neighbours' work replaces the old one's (_step); any other
+        # change of the state (the reference curves shown, a section's switch) may change
+        # what the views built ahead draw: they are built again
         state.param.watch(self._start, list(SELECTION_PARAMS))
+        unselected = [p for p in state.param if p not in SELECTION_PARAMS and p != "name"]
+        state.param.watch(self.restart, unselected)
 
     def add(self, warm: Warm) -> None:
         """Also compute ``warm(sel)``'s calls for the neighbours' selections ``sel``."""
@@ -59,6 +64,12 @@ class NeighbourSamples:
         shown, count = self.state.sample, self.state.trace.sizes.get("batch", 1)
         return [s for s in (shown + 1, shown - 1) if 0 <= s < count]
 
+    def restart(self, *_events) -> None:
+        """Drop what was built ahead and build it again (what it read has changed)."""
+        self._for = None
+        self._retain([])
+        self._start()
+
     def _start(self, *_events) -> None:
         # before the other idle work (the maps of the other heads sent ahead): the next
         # sample is the slow change (its head importance alone is 25 forwards of the demo)
@@ -69,13 +80,10 @@ class NeighbourSamples:
         sel = self.state.selection
         if sel != self._for:  # the user moved on: the new neighbours' work replaces it
             self._for = sel
-            self._forget()
-            self._queue = deque(
-                call
-                for sample in self.samples()
-                for warm in (*self._warms, self._views)
-                for call in warm(sel.with_(sample=sample))
-            )
+            near = [sel.with_(sample=sample) for sample in self.samples()]
+            self._retain(near)
+            warms = (*self._warms, self._views)
+            self._queue = deque(call for other in near for warm in warms for call in warm(other))
         if self._queue:
             self._queue.popleft()()
         return bool(self._queue)

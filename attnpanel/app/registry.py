@@ -82,14 +82,12 @@ class LiveView:
 
 
 class ElementsAhead:
-    """Views' elements built for a selection the user may go to next, by view, selection
-    and window. Any change of the state but the selection forgets them: they read more than
-    the selection (the reference curves shown, a section's switches)."""
+    """Views' elements built for a selection the user may go to next, by view, the part of
+    the selection it reads, and window (:class:`attnpanel.app.neighbours.NeighbourSamples`
+    says which to keep)."""
 
-    def __init__(self, state: ExplorerState):
+    def __init__(self):
         self._elements: dict = {}
-        unselected = [p for p in state.param if p not in SELECTION_PARAMS and p != "name"]
-        state.param.watch(lambda *_: self.forget(), unselected)
 
     def keep(self, key, build: Callable) -> None:
         """Keep ``build()`` under ``key`` (built once)."""
@@ -100,9 +98,9 @@ class ElementsAhead:
         """The element kept under ``key`` (no longer kept), or None."""
         return self._elements.pop(key, None)
 
-    def forget(self) -> None:
-        """Drop every element kept."""
-        self._elements.clear()
+    def retain(self, keys) -> None:
+        """Drop every element but those kept under ``keys``."""
+        self._elements = {key: found for key, found in self._elements.items() if key in keys}
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,7 @@ class ViewRegistry:
         self._ranges: dict | None = None  # the linked maps' shared ranges
         self._clients: dict[str, BrowserDrawn] = {}  # panes whose map the browser may draw
         self._followers: list[Follower] = []
-        self.built_ahead = ElementsAhead(state)  # elements built for another sample (build_ahead)
+        self.built_ahead = ElementsAhead()  # elements built for another sample (build_ahead)
 
     def follow(self, callback: Callable[[], None], parameters) -> None:
         """Call ``callback()`` when one of ``parameters`` changes, with the views that
@@ -352,7 +350,9 @@ class ViewRegistry:
         return self._clients.get(view.pane) if view.raster is not None else None
 
     def _ahead_key(self, view: LiveView, sel) -> tuple:
-        return id(view), sel, self.window if view.group in LINKED_GROUPS else None
+        # the part of the selection the view reads: a change of another part keeps it
+        read = tuple(getattr(sel, name) for name in SELECTION_PARAMS if name in view.parameters)
+        return id(view), read, self.window if view.group in LINKED_GROUPS else None
 
     def build_ahead(self, view: LiveView, sel) -> None:
         """Build a view's element for ``sel`` now, for :meth:`update` to draw when the

@@ -56,8 +56,9 @@ def survey_lines(found) -> list[str]:
 
 
 def _batches(args) -> tuple:
-    """The model, its inputs cut into batches of ``--batch``, the step in seconds and the
-    positions' layout (a recording's model: its named tokens)."""
+    """The model, its inputs cut into batches of ``--batch``, and the survey's options for
+    them: the step in seconds, and for a recording's model the positions' layout (its named
+    tokens) and its batches' reading (each is already the model's ``(args, kwargs)``)."""
     if wants_recording(args):
         run_model = recording_model(args)  # every window of the recording
         windows = run_model.windows
@@ -67,7 +68,9 @@ def _batches(args) -> tuple:
             batches.append(part.inputs())
         from attnpanel.series.windows import step_seconds
 
-        return run_model.model, batches, step_seconds(windows), run_model.recipe.position_layout()
+        layout = run_model.recipe.position_layout()
+        options = dict(step=step_seconds(windows), layout=layout, prepare=_as_kept)
+        return run_model.model, batches, options
     if (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint or --model with --text-file")
     if args.model is not None:
@@ -84,16 +87,16 @@ def _batches(args) -> tuple:
             model_inputs(model, tokenizer, texts[i : i + args.batch])
             for i in range(0, len(texts), args.batch)
         ]
-        return model, batches, None, None
+        return model, batches, {}
     model, (aggregate, features), _ = checkpoint_run(Path(args.checkpoint), args.windows)
     batches = [
         (aggregate[i : i + args.batch], features[i : i + args.batch])
         for i in range(0, len(aggregate), args.batch)
     ]
-    return model, batches, 60.0 * float(args.step_minutes), None
+    return model, batches, dict(step=60.0 * float(args.step_minutes))
 
 
-def _split(batch) -> tuple[tuple, dict]:
+def _as_kept(batch) -> tuple[tuple, dict]:
     """A recording's batch as it is kept: the recipe's ``(args, kwargs)``."""
     return batch
 
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.output.lower().rstrip("/").endswith(".zarr"):
         raise CommandError(f"a survey is kept in a zarr store: {args.output} does not end in .zarr")
     store = SurveyStore(Path(args.output))
-    model, batches, step, layout = _batches(args)
+    model, batches, options = _batches(args)
     try:
         held = store.attrs()
     except SurveyStoreError as error:
@@ -115,15 +118,7 @@ def run(args: argparse.Namespace) -> None:
     if held is not None:
         say(f"resuming {args.output}: {held.get('samples_done', 0)} samples done")
     try:
-        found = survey(
-            model,
-            batches,
-            scheduler=args.scheduler,
-            store=args.output,
-            step=step,
-            layout=layout,
-            prepare=_split if layout is not None else None,
-        )
+        found = survey(model, batches, scheduler=args.scheduler, store=args.output, **options)
     except KeyboardInterrupt:
         done = (store.attrs() or {}).get("samples_done", 0)
         say(

@@ -34,7 +34,6 @@ from attnpanel.readouts.core import (
     require,
     selected_weights,
     stage_heads,
-    time_step,
     values_for,
 )
 from attnpanel.readouts.raster import (
@@ -47,7 +46,7 @@ from attnpanel.render.styling import (
     head_colors,
     shade,
 )
-from attnpanel.traces.positions import Positions
+from attnpanel.traces.positions import TIME, TIME_END, Positions
 
 TOP_VALUES = 5  # the values listed beside the context vector
 FIGURE_SPACE = "\u2007"  # a space as wide as a digit (U+2007)
@@ -427,8 +426,9 @@ def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None =
     softmax weights the explorer draws (recomputed for another mask than the trace's).
     """
     weights = stage_heads(ds, sel.with_(stage="softmax"), cache)
-    stats = head_patterns(np.nan_to_num(weights), Positions.of(ds, sel.sample).named)
-    step = time_step(ds, sel.sample)
+    positions = Positions.of(ds, sel.sample)
+    stats = head_patterns(np.nan_to_num(weights), positions.named)
+    step = positions.step()
     columns = {
         "head": np.array([f"head {h}" for h in range(len(weights))]),
         "distance": np.round(stats["distance"], 1),
@@ -438,7 +438,7 @@ def head_summary_view(ds: xr.Dataset, sel: Selection, cache: StageCache | None =
     columns["lag"] = stats["lag"]
     columns["share"] = np.round(stats["lag_share"], 3)
     columns["entropy"] = np.round(stats["entropy"], 3)
-    tokens = [str(n) for n in Positions.of(ds, sel.sample).names if n]
+    tokens = [str(n) for n in positions.names if n]
     if "token_share" in stats:
         columns["tokens"] = np.round(stats["token_share"], 3)
     labels = {
@@ -463,7 +463,7 @@ def distance_unit(ds: xr.Dataset) -> str:
     into spans, else time steps."""
     if "token" in ds.coords:
         return "tokens"
-    if "time_end" in ds.coords and (ds["time_end"] != ds["time"]).any():
+    if TIME_END in ds.coords and (ds[TIME_END] != ds[TIME]).any():
         return "patches"
     return "steps"
 

@@ -237,10 +237,6 @@ class Positions:
         """True at named tokens (bool, one per position)."""
         return self.names != ""
 
-    def name(self, index: int) -> str | None:
-        """The token's name at ``index``; None where the position is a step or span."""
-        return str(self.names[index]) or None
-
     def kind(self, index: int) -> str:
         """ "token", "span" or "time step" (a position of a trace without a clock: "step")."""
         if self.names[index]:
@@ -329,19 +325,6 @@ class Positions:
         if steps.size == 0 or np.isnat(steps).any() or not (steps == steps[0]).all():
             return None
         return steps[0]
-
-
-def named_positions(ds: xr.Dataset) -> np.ndarray | None:
-    """``(batch, position)`` bool, True at named tokens; None where the trace has none."""
-    if POSITION_NAME not in ds.coords:
-        return None
-    names = ds[POSITION_NAME]
-    named = np.asarray(names.values) != ""
-    if not named.any():
-        return None
-    if "batch" not in names.dims:
-        named = np.broadcast_to(named, (ds.sizes["batch"], named.shape[-1]))
-    return np.ascontiguousarray(named)
 
 
 def _duration(step: np.timedelta64) -> str:

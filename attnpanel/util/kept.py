@@ -27,7 +27,3 @@ class Kept:
             while len(self._values) > self.size:
                 self._values.popitem(last=False)
         return value
-
-    def __contains__(self, key) -> bool:
-        with self._lock:
-            return key in self._values

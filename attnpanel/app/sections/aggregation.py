@@ -23,6 +23,7 @@ class ValueAggregation(Section):
         return dict(xticks=list(ticks.items()), xrotation=90) if ticks else {}
 
     def build(self):
+        ticks = self._key_ticks()
         return pn.Column(
             self.heading(),
             self.bars(
@@ -30,8 +31,8 @@ class ValueAggregation(Section):
                 lambda sel: views.aggregation_weights(self.trace, sel, self.cache),
                 DEPENDS,
                 WIDTH,
-                180 + (TOKEN_LABELS_PX if self._key_ticks() else 0),  # a frame as tall
-                **self._key_ticks(),
+                180 + (TOKEN_LABELS_PX if ticks else 0),  # a frame as tall
+                **ticks,
             ),
             # In a row of its own: Bokeh aligns the frames of the plots of one column, and
             # this one's key labels and colour bar would narrow the others' frames.

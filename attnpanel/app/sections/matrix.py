@@ -8,7 +8,6 @@ query never touches the image. A click on a row picks that query.
 from __future__ import annotations
 
 import html
-from functools import partial
 
 import numpy as np
 import panel as pn
@@ -163,7 +162,6 @@ class AttentionMatrix(PositionMap):
             main = self._matrix("matrix")
         except MissingVariable as err:
             return pn.Column(self.missing(err, MATRIX_SIZE))
-        self.engine.ahead(self._ahead)
         # what black is, under the map (the hover says it of each cell): Panel's HTML model
         # as the tables have it (a pane brought Panel's design style sheets from its CDN
         # into an offline notebook), of a fixed size (new words lay nothing out again)
@@ -228,12 +226,6 @@ class AttentionMatrix(PositionMap):
         style = matrix_style(self.state.colormap, **self._ticks())
         # zooms with the head maps
         return self.engine.render(plot, pane, style=style, linked=True, on_tap=self.click)
-
-    def _ahead(self, sel) -> list:
-        """The maps another sample shows: its stage here, the softmax in the head maps."""
-        stages = dict.fromkeys((sel.stage, "softmax"))
-        trace, cache = self.trace, self.cache
-        return [partial(core.stage_heads, trace, sel.with_(stage=s), cache) for s in stages]
 
     def switch_in_browser(self, widgets: dict, bars: str | None = None) -> None:
         """Let the head, stage and mask widgets redraw the matrix in the browser from maps

@@ -9,8 +9,6 @@ one layer and no model shows nothing here.
 
 from __future__ import annotations
 
-from functools import partial
-
 import holoviews as hv
 import panel as pn
 import param
@@ -20,7 +18,6 @@ from attnpanel.app.sections.matrix import PositionMap, matrix_style
 from attnpanel.readouts.flow import rollout
 from attnpanel.render import importance_views
 from attnpanel.render.elements import PlotKey
-from attnpanel.util.kept import Kept
 
 ROLLOUT_SIZE = 230
 ROLLOUT_KEY = PlotKey("Image", "Rollout")
@@ -40,7 +37,6 @@ class Rollout(PositionMap):
     def __init__(self, **params):
         super().__init__(**params)
         self.param.watch(self._on_weighing, "weighing")
-        self._rollouts = Kept(3)  # the shown sample's and its neighbours' (see _map)
 
     @property
     def run(self):
@@ -76,14 +72,10 @@ class Rollout(PositionMap):
 
     def rollout(self, sel) -> xr.DataArray:
         """The rollout of the shown sample, weighed as the buttons say."""
-
-        def compute():
-            layers = self.rolled_out(sel)
-            if self.weighted:
-                return rollout(layers, gradients=self.run.gradients(sel.sample))
-            return rollout(layers)
-
-        return self._rollouts.get((sel.sample, self.weighted), compute)
+        layers = self.rolled_out(sel)
+        if self.weighted:
+            return rollout(layers, gradients=self.run.gradients(sel.sample))
+        return rollout(layers)
 
     def build(self):
         if self.rolled_out(self.state.selection) is None:
@@ -104,8 +96,6 @@ class Rollout(PositionMap):
             group="Rollout",
             follows_layer=False,
         )
-        # the samples beside the shown one: their capture, then their rollout
-        self.engine.ahead(lambda sel: [partial(self.rolled_out, sel), partial(self.rollout, sel)])
         style = matrix_style(None, title_size="10pt", size=ROLLOUT_SIZE, **self._ticks())
         image = raster.element(hv.Dimension("flow", label=raster.value_label))
         plot = self.marked(image, "query marker", "rollout")  # the row of the shown query
