@@ -15,7 +15,6 @@ the first visitor's page opens as a later one does; without it, the first page s
 demo being built (``serving.LoadingPage``), then the explorer.
 """
 
-import sys
 import threading
 from functools import partial
 
@@ -38,11 +37,6 @@ def page(trace, model):
     return serving.built_ahead("demo", partial(AttentionExplorer.built, trace, model=model))
 
 
-# ``panel serve apps/main.py --warm`` runs this file once as the server starts: the demo is
-# built then, with the first explorer (and the next one, built ahead for the first visitor)
-WARMING = "--warm" in sys.orig_argv  # (Panel gives the app its own sys.argv)
-
-
 def shared_trace():
     # its maps recomputed per sample when read, bit for bit: 450 MB the server never holds
     return serving.shared_trace("demo", partial(attnpanel.demo, on_demand=True))  # READY[0]
@@ -52,14 +46,14 @@ def shared_model():
     return serving.shared(READY[1], demo_model_run)
 
 
-if WARMING or all(serving.is_shared(key) for key in READY):
-    page(shared_trace(), shared_model()).servable(title=TITLE)
-else:  # the first page after the server starts: a loading page at once, then the explorer
-    steps = [
-        ("the trace of 32 held-out windows", shared_trace),
-        ("the model at hand", shared_model),
-    ]
-    serving.LoadingPage("the demo", steps, lambda found: page(*found)).servable(title=TITLE)
+# with ``--warm`` (the README's command) the demo is built as the server starts, with the
+# first explorer (and the next one, built ahead for the first visitor); without it, the
+# first page shows the demo being built, step by step, then the explorer
+STEPS = [
+    ("the trace of 32 held-out windows", READY[0], shared_trace),
+    ("the model at hand", READY[1], shared_model),
+]
+serving.served_when_built(TITLE, "the demo", STEPS, lambda found: page(*found))
 
 
 def warm_survey() -> threading.Thread:

@@ -1,6 +1,9 @@
 """Request to complete first paint of the served explorer, beside a naive DynamicMap page.
 
-Run: ``python benchmarks/first_paint.py [--pages 6] [--gap 0]``.
+Run: ``python benchmarks/first_paint.py [--pages 6] [--gap 0] [--app demo|text]``.
+
+``--app text`` serves ``apps/text.py`` (the shipped MiniLM) started cold (its first page
+shows the model loading, then the explorer) and with ``--warm``, beside the one-map floor.
 
 Serves ``apps/main.py`` and, as the baseline in the same run, ``benchmarks/naive_app.py``
 (the same views as HoloViews DynamicMaps) with ``panel serve`` on loopback, opens each
@@ -102,36 +105,68 @@ def main() -> None:
     parser.add_argument(
         "--gap", type=float, default=0.0, help="seconds between pages (default 0: back to back)"
     )
+    parser.add_argument(
+        "--app",
+        choices=("demo", "text"),
+        default="demo",
+        help="demo: apps/main.py beside its baselines (default); text: apps/text.py (MiniLM) "
+        "started cold and with --warm, beside the one-map floor",
+    )
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = launch_chromium(p)
-        rows = {
-            "explorer (apps/main.py)": first_paints(browser, APP, args.pages, args.gap),
-            "explorer, server started with --warm (the README's)": first_paints(
-                browser, APP, args.pages, args.gap, extra=("--warm",)
-            ),
-            "naive DynamicMaps (baseline)": first_paints(
-                browser, ROOT / "benchmarks" / "naive_app.py", args.pages, args.gap
-            ),
-            "the README's page with its data cut away (structure only)": first_paints(
-                browser,
-                ROOT / "benchmarks" / "skeleton_app.py",
-                args.pages,
-                args.gap,
-                extra=("--warm",),
-                every_section=False,
-            ),
-            "floor: one 480 x 480 map alone": first_paints(
-                browser, ROOT / "benchmarks" / "one_map_app.py", args.pages, args.gap
-            ),
-        }
+        rows = text_rows(browser, args) if args.app == "text" else demo_rows(browser, args)
         browser.close()
-    print(
-        "request -> complete first paint (document idle), demo 32 x 8 x 480 x 480, "
-        f"pages {args.gap:g} s apart"
-    )
+    report(rows, args)
+
+
+def text_rows(browser, args) -> dict:
+    """The text page (apps/text.py on the shipped MiniLM): a cold server's first page is its
+    loading page then the explorer; a warm one's first page is built as the server starts."""
+    text = ROOT / "apps" / "text.py"
+    return {
+        "text page (apps/text.py), server started cold": first_paints(
+            browser, text, args.pages, args.gap
+        ),
+        "text page, server started with --warm": first_paints(
+            browser, text, args.pages, args.gap, extra=("--warm",)
+        ),
+        "floor: one 480 x 480 map alone": first_paints(
+            browser, ROOT / "benchmarks" / "one_map_app.py", args.pages, args.gap
+        ),
+    }
+
+
+def demo_rows(browser, args) -> dict:
+    """The demo page (apps/main.py), cold and warm, beside its baselines."""
+    rows = {
+        "explorer (apps/main.py)": first_paints(browser, APP, args.pages, args.gap),
+        "explorer, server started with --warm (the README's)": first_paints(
+            browser, APP, args.pages, args.gap, extra=("--warm",)
+        ),
+        "naive DynamicMaps (baseline)": first_paints(
+            browser, ROOT / "benchmarks" / "naive_app.py", args.pages, args.gap
+        ),
+        "the README's page with its data cut away (structure only)": first_paints(
+            browser,
+            ROOT / "benchmarks" / "skeleton_app.py",
+            args.pages,
+            args.gap,
+            extra=("--warm",),
+            every_section=False,
+        ),
+        "floor: one 480 x 480 map alone": first_paints(
+            browser, ROOT / "benchmarks" / "one_map_app.py", args.pages, args.gap
+        ),
+    }
+    return rows
+
+
+def report(rows: dict, args) -> None:
+    what = "demo 32 x 8 x 480 x 480" if args.app == "demo" else "MiniLM, 6 x 12 x 13 x 13"
+    print(f"request -> complete first paint (document idle), {what}, pages {args.gap:g} s apart")
     print(
         "| page | first page (s) | median (s) | p95 (s) | server answer, median (s) "
         "| every section in place, median (p95) (s) |"
@@ -145,6 +180,14 @@ def main() -> None:
             f"| {statistics.median(answers[1:]):.2f} "
             f"| {statistics.median(done):.2f} ({p95(done):.2f}) |"
         )
+    print(
+        "first page over the later pages' median (the first visitor's wait): "
+        + ", ".join(
+            f"{name.split(' (')[0]} {times[0] / statistics.median(times[1:]):.2f}x"
+            for name, (times, _, _) in rows.items()
+            if not name.startswith("floor")
+        )
+    )
     print(
         "first paint over the floor (medians): "
         + ", ".join(

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import param
 import pytest
 import torch
-from served_app import CHROMIUM, launch_chromium, serve
+from served_app import (
+    CHROMIUM,
+    HELPERS_JS,
+    RENDERED_JS,
+    image_js,
+    launch_chromium,
+    serve,
+    shot,
+)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
@@ -15,10 +24,18 @@ param.parameterized.warnings_as_exceptions = True
 
 
 def pytest_collection_modifyitems(items):
-    """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them)."""
+    """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them).
+
+    The suite runs in two pytest-xdist workers (``addopts``: ``-n 2 --dist loadgroup``): the
+    tests that drive Chromium in one, in their order, with one browser and one demo server,
+    beside the others, a module at a time (its fixtures built once).
+    """
     for item in items:
-        if "browser" in getattr(item, "fixturenames", ()):
+        browser = "browser" in getattr(item, "fixturenames", ())
+        if browser:
             item.add_marker(pytest.mark.browser)
+        group = "browser" if browser else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
@@ -46,9 +63,48 @@ def browser():
         browser.close()
 
 
+@dataclasses.dataclass
+class DemoServer:
+    """The README's server of the demo, and what its first visitor's page showed."""
+
+    url: str
+    log: Path  # its output (attnpanel's INFO lines included)
+    first: dict  # the first page (``FIRST_LINK``): figures in its first document, its titles,
+    # the matrix's values
+
+
+FIRST_LINK = "?sample=1&head=2"
+
+
 @pytest.fixture(scope="session")
-def demo_url() -> str:
-    """``panel serve apps/main.py``, started once for every browser test of the demo; each
-    test module opens its own page (its own session, its own explorer state)."""
-    with serve() as (url, _proc):
-        yield url
+def demo_server(browser, artifacts) -> DemoServer:
+    """``panel serve apps/main.py --warm`` (the README's command), started once for every
+    browser test of the demo, its log showing attnpanel's INFO lines; each test module opens
+    its own page (its own session, its own explorer state). Its first page is opened here,
+    as soon as it listens: what a warm server's first visitor gets."""
+    setup = ("--setup", str(Path(__file__).parent / "log_info.py"))
+    with serve(extra_args=("--warm", *setup)) as (url, _proc):
+        port = url.split(":")[2].split("/")[0]
+        page = browser.new_page(viewport={"width": 1600, "height": 1300})
+        try:
+            page.goto(url + FIRST_LINK, timeout=180_000)
+            page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0")
+            figures = page.evaluate(
+                "[...Bokeh.documents[0].all_models].filter((m) => m.type === 'Figure').length"
+            )
+            page.evaluate(HELPERS_JS)
+            page.wait_for_function(RENDERED_JS, timeout=180_000)
+            first = {
+                "figures": figures,
+                "titles": page.evaluate("attn.plots().map((v) => v.model.title.text)"),
+                "image": page.evaluate(image_js("sample 1, head 2")),
+            }
+            shot(page, artifacts, "warm_first_page")
+        finally:
+            page.close()
+        yield DemoServer(url, ARTIFACTS / f"serve-{port}.log", first)
+
+
+@pytest.fixture(scope="session")
+def demo_url(demo_server) -> str:
+    return demo_server.url

@@ -242,10 +242,13 @@ def serving(cmd: list[str], port: int, url: str, timeout: float = 240.0):
         log.close()
 
 
-def open_app(browser, url: str, console: list, timeout_ms: int = 180_000, before=None):
+def open_app(
+    browser, url: str, console: list, timeout_ms: int = 180_000, before=None, loading=None
+):
     """Open the served explorer in a new page; wait until its matrix is drawn.
 
-    ``before(page)``, if given, runs before the page loads (to listen to its websocket)."""
+    ``before(page)``, if given, runs before the page loads (to listen to its websocket);
+    ``loading(page)``, once it has loaded (a loading page's words, before the explorer)."""
     page = browser.new_page(viewport={"width": 1600, "height": 1300})
     if before is not None:
         before(page)
@@ -253,6 +256,8 @@ def open_app(browser, url: str, console: list, timeout_ms: int = 180_000, before
     page.on("pageerror", lambda err: console.append(("pageerror", str(err))))
     page.on("dialog", lambda dialog: (console.append(("dialog", dialog.message)), dialog.dismiss()))
     page.goto(url, timeout=timeout_ms)
+    if loading is not None:
+        loading(page)
     page.wait_for_function(
         "() => window.Bokeh && Bokeh.index && Object.keys(Bokeh.index).length > 0",
         timeout=timeout_ms,

@@ -3,7 +3,7 @@ their place once it is idle (attnpanel/app/later.py)."""
 
 from __future__ import annotations
 
-from served_app import LATER_JS, PAGE_TEXT_JS, open_app, serve
+from served_app import LATER_JS, PAGE_TEXT_JS, open_app
 
 # Recorded in the page from its first moment: whether the sections below the fold were
 # still placeholders when the document was first idle (its first paint).
@@ -24,21 +24,20 @@ FIRST_IDLE_JS = f"""
 FIGURES_JS = "() => [...Bokeh.documents[0].all_models].filter((m) => m.type === 'Figure').length"
 
 
-def test_the_first_paint_draws_the_top_and_the_rest_follows(browser):
-    """On the README's server (``--warm``): the page built ahead of its session."""
+def test_the_first_paint_draws_the_top_and_the_rest_follows(browser, demo_url):
+    """On the README's server (``--warm``, the demo's): the page built ahead of its session."""
     console: list = []
-    with serve(extra_args=["--warm"]) as (url, _proc):
-        page = open_app(browser, url, console, before=lambda p: p.add_init_script(FIRST_IDLE_JS))
-        try:
-            # the first paint: the page above the fold, the sections below not there yet
-            assert page.evaluate("() => window.__first_idle_placeholders") is True
-            first = page.evaluate("() => window.__first_idle_figures")
-            # now (open_app waits for them): every section in place, with its figures,
-            # and the line that said they were coming hidden
-            assert page.evaluate(LATER_JS) is True
-            assert page.evaluate(FIGURES_JS) > first
-            text = page.evaluate(PAGE_TEXT_JS)
-            assert "Which heads the prediction needs" in text  # a section below the fold
-            assert not [m for m in console if m[0] in ("error", "pageerror")]
-        finally:
-            page.close()
+    page = open_app(browser, demo_url, console, before=lambda p: p.add_init_script(FIRST_IDLE_JS))
+    try:
+        # the first paint: the page above the fold, the sections below not there yet
+        assert page.evaluate("() => window.__first_idle_placeholders") is True
+        first = page.evaluate("() => window.__first_idle_figures")
+        # now (open_app waits for them): every section in place, with its figures,
+        # and the line that said they were coming hidden
+        assert page.evaluate(LATER_JS) is True
+        assert page.evaluate(FIGURES_JS) > first
+        text = page.evaluate(PAGE_TEXT_JS)
+        assert "Which heads the prediction needs" in text  # a section below the fold
+        assert not [m for m in console if m[0] in ("error", "pageerror")]
+    finally:
+        page.close()

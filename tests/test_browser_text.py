@@ -7,9 +7,11 @@ it. Chromium missing makes the ``browser`` fixture fail, never skip.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from minilm import TOKENS
-from served_app import PAGE_TEXT_JS, ROOT, opened, page_widths, serve, shot
+from served_app import PAGE_TEXT_JS, ROOT, open_app, opened, page_widths, serve, shot
 
 APP = ROOT / "apps" / "text.py"
 STRIP = "sample 0: tokens"
@@ -20,10 +22,43 @@ def matrix_js() -> str:
     return "attn.plots().find((v) => /^sample \\d+, /.test(v.model.title.text))"
 
 
+LOADING = re.compile(r"Building the text model: (MiniLM and its tokenizer|the attention of)")
+
+
 @pytest.fixture(scope="module")
-def app(browser):
-    with serve(APP) as (url, _proc), opened(browser, url) as served:
-        yield served
+def first_visit(browser, artifacts):
+    """The first page of a server started without ``--warm``: what it showed while the model
+    loaded (its words and a screenshot), then the page and its console."""
+    seen = {}
+
+    def loading(page):
+        words = page.get_by_text(LOADING).first
+        words.wait_for(timeout=120_000)
+        seen["words"] = words.inner_text()
+        page.screenshot(path=str(artifacts / "browser_text_loading.png"))
+
+    with serve(APP) as (url, _proc):
+        console: list = []
+        page = open_app(browser, url, console, loading=loading)
+        try:
+            yield page, console, seen
+        finally:
+            page.close()
+
+
+@pytest.fixture(scope="module")
+def app(first_visit):
+    page, console, _seen = first_visit
+    return page, console
+
+
+def test_the_first_visit_shows_the_model_loading_step_by_step(first_visit):
+    """The text page's first visit was a blank tab for ~21 s: it now shows what it builds,
+    step by step, then the explorer in the same page."""
+    page, console, seen = first_visit
+    assert LOADING.match(seen["words"]), seen
+    assert page.get_by_text("Building the text model").count() == 0  # the explorer replaced it
+    assert [m for m in console if m[0] == "pageerror"] == []
 
 
 def matrix_hash(page) -> int:

@@ -372,3 +372,34 @@ def test_pages_loading_or_closing_together_give_memory_back_once_after_the_last(
     assert delay == serving.TRIM_DELAY_S
     run()
     assert trims == [True]  # one collection and trim for the five
+
+
+def test_a_page_opens_directly_when_warm_or_built_and_shows_its_building_otherwise(monkeypatch):
+    """``served_when_built`` (apps/main.py, apps/text.py): the first page of a cold server
+    is the loading page, and builds nothing itself; a server started with ``--warm`` builds
+    the steps as it starts and serves the page; once built, every page is the page."""
+    import uuid
+
+    keys = [f"test:{uuid.uuid4()}" for _ in range(2)]
+    calls = []
+
+    def step(key, value):
+        return lambda: serving.shared(key, lambda: calls.append(value) or value)
+
+    steps = [("the first", keys[0], step(keys[0], 2)), ("the second", keys[1], step(keys[1], 3))]
+
+    def page(found):
+        return pn.pane.Markdown(f"made of {found}")
+
+    loaded = []  # (outside a server Panel runs an onload callback at once)
+    monkeypatch.setattr(pn.state, "onload", lambda callback, **_: loaded.append(callback))
+    monkeypatch.setattr(sys, "orig_argv", ["panel", "serve", "app.py"])
+    cold = serving.served_when_built("title", "the thing", steps, page)
+    assert "Building the thing" in cold[2].object and calls == []
+    assert len(loaded) == 1  # the building starts once the loading page has loaded
+    monkeypatch.setattr(sys, "orig_argv", ["panel", "serve", "app.py", "--warm"])
+    assert serving.served_when_built("title", "the thing", steps, page).object == "made of [2, 3]"
+    assert calls == [2, 3]
+    monkeypatch.setattr(sys, "orig_argv", ["panel", "serve", "app.py"])
+    assert serving.served_when_built("title", "the thing", steps, page).object == "made of [2, 3]"
+    assert calls == [2, 3]  # built once

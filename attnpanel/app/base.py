@@ -34,6 +34,8 @@ TITLE_CHARS = 160  # the page's heading: a trace's source line, at most this lon
 class Explorer(pn.viewable.Viewer):
     """A page of a capture: shown by Panel (served, in a notebook), saved as offline HTML."""
 
+    URL_PARAMS: ClassVar[dict[str, str]] = {}  # parameter -> query argument of the page URL
+
     def __new__(cls, *args, **kwargs):
         explorer = super().__new__(cls)
         # what it was made of: ``pn.serve(explorer)`` gives each further page its own
@@ -48,6 +50,28 @@ class Explorer(pn.viewable.Viewer):
     def save(self, path, sample: int | None = None, overwrite: bool = False, **options):
         """Write a standalone HTML file that works offline; returns its path."""
         raise NotImplementedError(f"{type(self).__name__} has no offline export")
+
+    def menu_words(self) -> dict[str, dict]:
+        """Each menu's labels and the values they stand for, by the parameter it drives
+        (a link may give a label): none here."""
+        return {}
+
+    def sync_url(self) -> None:
+        """Mirror the parameters of ``URL_PARAMS`` in the page's URL (a link reopens the
+        view); outside a server this does nothing."""
+        location = pn.state.location
+        if location is not None:
+            # Panel drops every value of a link when one is refused: apply them one by one
+            refused = partial(
+                apply_each,
+                self,
+                arguments=self.URL_PARAMS,
+                later=once_loaded,
+                location=location,
+                said=set(),  # the browser hands the link over again as it connects
+                words=self.menu_words(),
+            )
+            location.sync(self, self.URL_PARAMS, on_error=refused)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = untrusted.notebook_bundle(super()._repr_mimebundle_(include, exclude))
@@ -91,7 +115,6 @@ class LayerExplorer(ExplorerState, Explorer):
         Initial values of the state's parameters (``sample``, ``head``, ``layer`` ...).
     """
 
-    URL_PARAMS: ClassVar[dict[str, str]] = {}  # parameter -> query argument of the page URL
     BACKGROUND: ClassVar[bool] = False  # compute maps on worker threads (LiveEngine)
 
     def __init__(self, trace: xr.Dataset, **params):
@@ -216,20 +239,3 @@ class LayerExplorer(ExplorerState, Explorer):
             for name, widget in found.items()
             if isinstance(getattr(widget, "options", None), dict)
         }
-
-    def sync_url(self) -> None:
-        """Mirror the parameters of ``URL_PARAMS`` in the page's URL (a link reopens the
-        view); outside a server this does nothing."""
-        location = pn.state.location
-        if location is not None:
-            # Panel drops every value of a link when one is refused: apply them one by one
-            refused = partial(
-                apply_each,
-                self,
-                arguments=self.URL_PARAMS,
-                later=once_loaded,
-                location=location,
-                said=set(),  # the browser hands the link over again as it connects
-                words=self.menu_words(),
-            )
-            location.sync(self, self.URL_PARAMS, on_error=refused)

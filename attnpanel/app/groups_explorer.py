@@ -4,6 +4,11 @@ A :class:`GroupsExplorer` holds one :class:`~attnpanel.app.explorer.AttentionExp
 group of an ``xarray.DataTree`` capture, built when the group is first shown, and one
 layer picker that spans every group: picking a decoder layer shows the decoder group's
 explorer at that layer; the group explorer's own layer selector moves the picker too.
+
+The page's link holds the layer across every group, by name (``?layer=decoder.layers.1...``),
+and the shown group's selection (sample, head, query ...); a group shown next takes the
+selection of the one shown before where it has it (a head number it has, a query within
+its length).
 """
 
 from __future__ import annotations
@@ -15,6 +20,13 @@ import xarray as xr
 from attnpanel.app.base import Explorer
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.traces import layers
+
+
+class GroupLayerExplorer(AttentionExplorer):
+    """One group's explorer on a page of several groups: its link leaves the layer to the
+    page (:class:`GroupsExplorer`'s, by name across every group)."""
+
+    URL_PARAMS = {k: v for k, v in AttentionExplorer.URL_PARAMS.items() if k != "layer"}
 
 
 class GroupsExplorer(Explorer):
@@ -31,6 +43,9 @@ class GroupsExplorer(Explorer):
     """
 
     layer = param.Selector(default=None, objects=[], doc="Layer shown, from any group, by name.")
+    last_error = param.String(default="", doc="The last error reported (a link refused).")
+
+    URL_PARAMS = {"layer": "layer"}
 
     def __init__(self, capture: xr.DataTree, layer: int | str | None = None, **params):
         self.capture = capture
@@ -41,6 +56,7 @@ class GroupsExplorer(Explorer):
         self._explorer_params = params
         self._explorers: dict[str, AttentionExplorer] = {}
         self._following = False
+        self._url_synced = False
         with param.parameterized.discard_events(self):
             self.layer = first
         picker = pn.widgets.Select.from_param(
@@ -64,7 +80,7 @@ class GroupsExplorer(Explorer):
             # The group's name rides along (a shallow copy) so that titles tell apart
             # layers whose numbers repeat across groups.
             ds = layers.groups(self.capture)[entry.group].assign_attrs(group=entry.group)
-            found = AttentionExplorer(ds, layer=entry.index, **self._explorer_params)
+            found = GroupLayerExplorer(ds, layer=entry.index, **self._explorer_params)
             found.param.watch(self._follow, "layer")
             self._explorers[entry.group] = found
         elif found.layer != entry.index:
@@ -73,10 +89,15 @@ class GroupsExplorer(Explorer):
                 found.layer = entry.index
             finally:
                 self._following = False
+        self._url_synced = False
         return found
 
     def _show(self, event) -> None:
-        self._body.objects = [self.explorer]
+        before = self._explorers.get(self._entries[event.old].group)
+        shown = self.explorer
+        if before is not None and before is not shown:
+            carry(before, shown)
+        self._body.objects = [shown]
 
     def _follow(self, event) -> None:
         if self._following:
@@ -87,6 +108,9 @@ class GroupsExplorer(Explorer):
         )
 
     def __panel__(self):
+        if not self._url_synced:  # the link's layer first: the group shown is its
+            self._url_synced = True
+            self.sync_url()
         return self._layout
 
     def save(
@@ -94,3 +118,16 @@ class GroupsExplorer(Explorer):
     ):
         """The offline HTML export of the layer shown (see ``AttentionExplorer.save``)."""
         return self.explorer.save(path, sample=sample, size=size, overwrite=overwrite)
+
+
+def carry(before: AttentionExplorer, after: AttentionExplorer) -> None:
+    """Give ``after`` (another group's explorer) the selection ``before`` shows, each value
+    it can take: a head number the other group lacks, a query beyond its length, stay."""
+    for name in GroupLayerExplorer.URL_PARAMS:
+        value = getattr(before, name)
+        if getattr(after, name) == value:
+            continue
+        try:
+            after.param.update({name: value})
+        except ValueError:  # not a value of this group (its heads, its length): kept
+            continue

@@ -54,7 +54,8 @@ class LongExplorer(LayerExplorer):
     """
 
     URL_PARAMS = {
-        **{name: name for name in ("sample", "head", "query", "mask")},
+        # the layer first: a head, and what the other values mean, are the layer's
+        **{name: name for name in ("layer", "sample", "head", "query", "mask", "colormap")},
         "maps_ahead": "ahead",
     }
     BACKGROUND = True  # maps never block the server

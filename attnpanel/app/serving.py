@@ -268,6 +268,27 @@ class LoadingPage:
         self.layout[:] = [self.page(results)]
 
 
+def warming() -> bool:
+    """Whether this process is a server started with ``--warm`` (``panel serve APP --warm``
+    runs the app once as it starts; Panel gives the app its own ``sys.argv``)."""
+    return "--warm" in sys.orig_argv
+
+
+def served_when_built(title: str, what: str, steps: list, page: Callable):
+    """Serve ``page(results)`` once every step's shared result is built, with a
+    :class:`LoadingPage` meanwhile on the first page that finds one not yet built.
+
+    ``steps`` are ``(name, key, work)``: ``work()`` returns what :func:`shared` keeps under
+    ``key`` (building it the first time). A server started with ``--warm`` (:func:`warming`)
+    builds them as it starts, and every page, the first included, arrives with ``page``
+    in its first document; so does every page after the first built them.
+    """
+    if warming() or all(is_shared(key) for _, key, _ in steps):
+        return page([work() for _, _, work in steps]).servable(title=title)
+    loading = LoadingPage(what, [(name, work) for name, _, work in steps], page)
+    return loading.servable(title=title)
+
+
 def built_ahead(key: str, build: Callable[[], T]) -> T:
     """This session's ``build()``, taken from the one built ahead for it, and the next one
     started once this session's page has loaded.
