@@ -72,6 +72,49 @@ def test_the_heads_figure_is_each_heads_own_weights(page, tmp_path):
     check_files(tmp_path / "h", element)
 
 
+def plot_options(element) -> dict:
+    return element.opts.get("plot", "matplotlib").kwargs
+
+
+def test_each_head_has_its_own_colour_scale_and_axes_and_its_map_is_square(page):
+    """On one scale (0 to 0.145 on the demo) seven of the eight heads looked uniformly
+    dark, and the maps had no axes: each head is now on its own scale, its bar beside it
+    (or, asked, one scale stated in the title), with clock ticks, and each map square."""
+    with page.engine.drawing_now():
+        page.param.update(sample=1, head=0, mask="diagonal", stage="softmax")
+    element = paper.view_of("heads", page.trace, page.selection)
+    weights = np.where(np.eye(480, dtype=bool), np.nan, page.trace["weights"].isel(batch=1).values)
+    clock = core.clock_labels(page.trace, 1)  # the sample's own clock, as the page's axes
+    ticks = [(i, clock[i]) for i in range(0, 480, 160)]
+    for head, shown in enumerate(element):
+        options = plot_options(shown)
+        own = (np.nanmin(weights[head]), np.nanmax(weights[head]))
+        np.testing.assert_allclose(options["clim"], own, rtol=1e-6)
+        assert options["colorbar"] is True and options["xticks"] == ticks
+    highs = [plot_options(e)["clim"][1] for e in element]
+    assert max(highs) > 2 * min(highs)  # what one scale for every head hid
+    title = element.opts.get("plot", "matplotlib").kwargs["title"]
+    assert title.endswith("; each head on its own colour scale"), title
+    shared = paper.view_of("heads", page.trace, page.selection, scale="shared")
+    limits = {tuple(plot_options(e)["clim"]) for e in shared}
+    assert len(limits) == 1 and [plot_options(e)["colorbar"] for e in shared].count(True) == 1
+    low, high = limits.pop()
+    assert plot_options(shared)["title"].endswith(
+        f"one colour scale for every head, {low:.3g} to {high:.3g}"
+    )
+    figure = paper.rendered(element)
+    maps = [axes for axes in figure.axes if axes.get_images()]
+    assert len(maps) == 8
+    for index, axes in enumerate(maps):
+        box = axes.get_window_extent()
+        assert abs(box.width / box.height - 1) < 0.02, (box.width, box.height)
+        assert axes.get_ylabel() == ("query" if index % 4 == 0 else "")  # once, at the left
+        assert axes.get_xlabel() == ("key" if index >= 4 else "")  # once, at the bottom
+        assert [t.get_text() for t in axes.get_xticklabels()] == [t for _, t in ticks]
+    with pytest.raises(ValueError, match="scale 'loud': one of own, shared"):
+        paper.view_of("heads", page.trace, page.selection, scale="loud")
+
+
 def test_the_importance_figure_is_the_pages_map(page, tmp_path):
     with page.engine.drawing_now():
         page.param.update(sample=1)
@@ -95,8 +138,12 @@ def test_the_model_figure_is_every_layer_and_head(tmp_path):
     mosaic = model_views.model_mosaic(capture, sel).values
     np.testing.assert_array_equal(paper.data_of(element), mosaic)
     check_files(tmp_path / "model", element)
-    with pytest.raises(ValueError, match="several layers"):
-        paper.view_of("model", capture.isel(layer=0), sel)
+    one = paper.view_of("model", capture.isel(layer=0), sel)  # a trace of one layer: its row
+    np.testing.assert_array_equal(
+        paper.data_of(one), model_views.model_mosaic(capture.isel(layer=0), sel).values
+    )
+    layer = str(capture["layer"].values[0])
+    assert plot_options(one)["title"].startswith(f"sample 0: every head of {layer}")
 
 
 def test_the_figure_command(tmp_path, capsys):
@@ -114,7 +161,13 @@ def test_the_figure_command(tmp_path, capsys):
     assert "a figure is written as .svg, .pdf or .png" in capsys.readouterr().err
     assert main([*args[:4], "--head", "9", "-o", str(tmp_path / "x.svg")]) == 2
     assert "--head 9 is out of range" in capsys.readouterr().err
-    assert main(["figure", str(path), "--view", "model", "-o", str(tmp_path / "m.svg")]) == 2
-    assert "several layers" in capsys.readouterr().err
+    assert main(["figure", str(path), "--view", "model", "-o", str(tmp_path / "m.svg")]) == 0
+    assert "wrote" in capsys.readouterr().out  # the README's demo file: its layer's heads
     assert main(["figure", str(path), "--view", "importance", "-o", str(tmp_path / "i.svg")]) == 2
     assert "--view importance takes a head ranking" in capsys.readouterr().err
+
+
+def test_the_commands_colour_scales_are_the_figures():
+    from attnpanel.cli import figure
+
+    assert figure.SCALES == paper.SCALES  # (the command does not import paper for --help)

@@ -108,17 +108,18 @@ class AttentionExplorer(LayerExplorer):
     def laid_out(self) -> None:
         self.sections["matrix"].switch_in_browser(self.widgets, bars="aggregation weights")
 
-    def figure(self, view: str, path, overwrite: bool = False):
+    def figure(self, view: str, path, overwrite: bool = False, scale: str = "own"):
         """Write ``view`` (``matrix``, ``heads``, ``model``, ``importance``) as it stands
         now (sample, head, layer, mask, stage) as a figure for a paper: ``.svg``, ``.pdf``
-        or ``.png`` (:mod:`attnpanel.render.paper`). Returns the written path."""
+        or ``.png`` (:mod:`attnpanel.render.paper`; ``scale``: the heads' colour scales,
+        each head's own or ``"shared"``). Returns the written path."""
         from attnpanel.render import paper
 
         sel = self.selection
         ranking = None
         if view == "importance" and self.model is not None:
             ranking = self.model.importance(sel.sample)
-        element = paper.view_of(view, self.trace, sel, self.layers, ranking)
+        element = paper.view_of(view, self.trace, sel, self.layers, ranking, scale)
         return paper.write_figure(element, path, overwrite=overwrite)
 
     def make_sections(self, parts: dict) -> dict:

@@ -8,7 +8,7 @@ explorer at that layer; the group explorer's own layer selector moves the picker
 The page's link holds the layer across every group, by name (``?layer=decoder.layers.1...``),
 and the shown group's selection (sample, head, query ...); a group shown next takes the
 selection of the one shown before where it has it (a head number it has, a query within
-its length).
+its length), but not its mask: each group keeps its own.
 """
 
 from __future__ import annotations
@@ -120,10 +120,16 @@ class GroupsExplorer(Explorer):
         return self.explorer.save(path, sample=sample, size=size, overwrite=overwrite)
 
 
+# What a group shown next takes of the one shown before: not its mask, the group's own (a
+# decoder's causal mask is not the encoder's none)
+CARRIED = tuple(name for name in GroupLayerExplorer.URL_PARAMS if name != "mask")
+
+
 def carry(before: AttentionExplorer, after: AttentionExplorer) -> None:
     """Give ``after`` (another group's explorer) the selection ``before`` shows, each value
-    it can take: a head number the other group lacks, a query beyond its length, stay."""
-    for name in GroupLayerExplorer.URL_PARAMS:
+    it can take: a head number the other group lacks, a query beyond its length, stay; so
+    does its mask, its own."""
+    for name in CARRIED:
         value = getattr(before, name)
         if getattr(after, name) == value:
             continue

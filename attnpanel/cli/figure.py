@@ -8,6 +8,8 @@ import argparse
 from attnpanel.cli.common import CommandError, check_sample, first_line, load_trace, say
 from attnpanel.traces.schema import FIGURE_VIEWS, STAGES
 
+SCALES = ("own", "shared")  # render.paper.SCALES (not imported: --help stays quick)
+
 
 def run(args: argparse.Namespace) -> None:
     """Write the view as a figure."""
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> None:
         group = groups(capture)[entry.group]
         stacked = group if "layer" in group.dims else None
         try:
-            element = paper.view_of(args.view, ds, sel, stacked)
+            element = paper.view_of(args.view, ds, sel, stacked, scale=args.scale)
         except (ValueError, KeyError) as error:
             raise CommandError(first_line(error)) from error
         shown = f"layer {entry.name or 0}, sample {args.sample}"
@@ -70,5 +72,11 @@ def add_parser(sub) -> None:
     figure.add_argument("--layer", help="a layer by name or index (default: the first)")
     figure.add_argument("--mask", choices=("none", "diagonal", "causal"), help="default: its own")
     figure.add_argument("--stage", choices=STAGES, default="softmax")
+    figure.add_argument(
+        "--scale",
+        choices=SCALES,
+        default="own",
+        help="heads: each head on its own colour scale (default), or one shared by every head",
+    )
     figure.add_argument("--force", action="store_true", help="replace an existing figure")
     figure.set_defaults(func=run)

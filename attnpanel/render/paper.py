@@ -10,9 +10,10 @@ the process itself.
 
 =============  ==============================================================================
 ``matrix``     the selected head's map at the selected stage and mask (``core.attention_values``)
-``heads``      every head's map of the sample at that stage and mask, four to a row
-``model``      every layer x head map of the sample (the model view's mosaic; a capture of
-               several layers)
+``heads``      every head's map of the sample at that stage and mask, four to a row across
+               the page, each on its own colour scale (or one for all, stated)
+``model``      every layer x head map of the sample (the model view's mosaic; a trace of
+               one layer: its heads in one row)
 ``importance`` a head ranking (``attnpanel importance``, ``head_importance``): layer x head
 =============  ==============================================================================
 """
@@ -35,6 +36,10 @@ from attnpanel.util.files import write_safely
 
 FIGURE_FORMATS = {".svg": "svg", ".pdf": "pdf", ".png": "png"}
 COLUMN_INCHES = 3.4  # one column of a two-column paper
+PAGE_INCHES = 7.0  # both columns (the heads figure)
+HEADS_PER_ROW = 4
+SMALL_TICKS = 3  # clock or token ticks along a head's map
+SCALES = ("own", "shared")  # the heads figure's colour scales: each head's, or one for all
 FONT_PT = 8
 TICKS = 6  # clock or token ticks along a map's axis
 DPI = 300  # a PNG's resolution
@@ -47,38 +52,63 @@ def matrix(ds: xr.Dataset, sel: core.Selection) -> hv.Image:
     return _map(values, title, core.STAGE_LABELS[sel.stage], _ticks(ds, sel.sample))
 
 
-def heads(ds: xr.Dataset, sel: core.Selection) -> hv.Layout:
-    """Every head's map of ``sel``'s sample, stage and mask."""
+def heads(ds: xr.Dataset, sel: core.Selection, scale: str = "own") -> hv.Layout:
+    """Every head's map of ``sel``'s sample, stage and mask, four to a row across a page.
+
+    ``scale="own"`` (the default): each head on its own colour scale, its bar beside it (on
+    one scale, the heads whose weights are spread look uniformly dark beside a sharp one);
+    ``"shared"``: one scale for every head, its range stated in the title.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale {scale!r}: one of {', '.join(SCALES)}")
+    names = ds["head"].values.tolist()
     every = [
         np.asarray(core.attention_values(ds, sel.with_(head=int(h))), dtype=np.float32)
-        for h in ds["head"].values.tolist()
+        for h in names
     ]
-    low, high = (float(f(np.stack(every))) for f in (np.nanmin, np.nanmax))
+    label = core.STAGE_LABELS[sel.stage]
+    ticks = _ticks(ds, sel.sample, count=SMALL_TICKS)
+    shared = _limits(np.stack(every)) if scale == "shared" else None
     maps = []
-    for index, (head, values) in enumerate(zip(ds["head"].values.tolist(), every, strict=True)):
-        label = core.STAGE_LABELS[sel.stage]
-        element = _map(values, f"head {head}", label, None, small=True)
-        last = index == len(every) - 1  # one colour scale for every head, its bar on the last
-        maps.append(element.opts(backend="matplotlib", clim=(low, high), colorbar=last))
+    for index, (head, values) in enumerate(zip(names, every, strict=True)):
+        element = _map(values, f"head {head}", label, ticks, small=True)
+        bar = shared is None or index == len(every) - 1
+        # the axis names once, on the left and at the bottom; the bars' name is the title's
+        labels = {"ylabel": "" if index % HEADS_PER_ROW else "query"}
+        labels["xlabel"] = "key" if index >= len(every) - HEADS_PER_ROW else ""
+        limits = shared or _limits(values)
+        maps.append(
+            element.opts(backend="matplotlib", clim=limits, colorbar=bar, clabel=" ", **labels)
+        )
+    if shared is None:
+        said = "each head on its own colour scale"
+    else:
+        said = f"one colour scale for every head, {shared[0]:.3g} to {shared[1]:.3g}"
     return (
         hv.Layout(maps)
-        .cols(4)
+        .cols(HEADS_PER_ROW)
         .opts(
             hv.opts.Layout(
                 backend="matplotlib",
-                title=_heads_title(ds, sel),
+                title=f"{_heads_title(ds, sel)}; {said}",
                 fontsize={"title": FONT_PT},
                 sublabel_format="",  # each map says its head
-                fig_inches=COLUMN_INCHES,
+                fig_inches=PAGE_INCHES / HEADS_PER_ROW,  # (a layout's: each map's)
+                hspace=0.9,
+                vspace=0.45,
             )
         )
     )
 
 
+def _limits(values: np.ndarray) -> tuple[float, float]:
+    """The colour scale of ``values``: their finite range (a constant map: around it)."""
+    low, high = (float(f(values)) for f in (np.nanmin, np.nanmax))
+    return (low, high) if high > low else (low - 0.5, high + 0.5)
+
+
 def model(ds: xr.Dataset, sel: core.Selection) -> hv.Image:
-    """Every layer x head map of one sample (a capture of several layers)."""
-    if "layer" not in ds.dims:
-        raise ValueError("the model view needs a capture of several layers; this trace is one")
+    """Every layer x head map of one sample (a trace of one layer: its heads, one row)."""
     mosaic = model_views.model_mosaic(ds, sel)
     n_layers, n_heads = mosaic.attrs["n_layers"], mosaic.attrs["n_heads"]
     element = hv.Image(
@@ -87,10 +117,12 @@ def model(ds: xr.Dataset, sel: core.Selection) -> hv.Image:
         kdims=["head", "layer"],
         vdims=[hv.Dimension("weight", label="softmax weights")],
     )
-    names = [core.layer_label(n) for n in ds["layer"].values]
+    layers = np.atleast_1d(ds["layer"].values) if "layer" in ds.coords else [0]
+    names = [core.layer_label(n) for n in layers]
+    every = "every layer and head" if n_layers > 1 else f"every head of {names[0]}"
     return element.opts(
         backend="matplotlib",
-        title=f"sample {sel.sample}: every layer and head (keys across, queries down)",
+        title=f"sample {sel.sample}: {every} (keys across, queries down)",
         xticks=[(h, str(h)) for h in range(n_heads)],
         yticks=list(enumerate(names)),
         invert_yaxis=True,
@@ -118,18 +150,18 @@ def importance(ranking: xr.DataArray) -> hv.Image:
     )
 
 
-def view_of(view: str, ds: xr.Dataset, sel: core.Selection, stacked=None, ranking=None):
+def view_of(
+    view: str, ds: xr.Dataset, sel: core.Selection, stacked=None, ranking=None, scale="own"
+):
     """The figure ``view`` (``FIGURE_VIEWS``) of the trace ``ds`` (one layer) for ``sel``;
     ``stacked``: the capture of every layer (the model view); ``ranking``: a head ranking
-    (the importance map)."""
+    (the importance map); ``scale``: the heads' colour scales (:func:`heads`)."""
     if view == "matrix":
         return matrix(ds, sel)
     if view == "heads":
-        return heads(ds, sel)
-    if view == "model":
-        if stacked is None:
-            raise ValueError("the model view needs a capture of several layers; this trace is one")
-        return model(stacked, sel)
+        return heads(ds, sel, scale)
+    if view == "model":  # a trace of one layer: that layer's heads
+        return model(ds if stacked is None else stacked, sel)
     if view == "importance":
         if ranking is None:
             raise ValueError(
@@ -146,14 +178,17 @@ def write_figure(element, path: str | Path, overwrite: bool = False) -> Path:
     kind = FIGURE_FORMATS.get(path.suffix.lower())
     if kind is None:
         raise ValueError(f"{path}: a figure is written as .svg, .pdf or .png, not {path.suffix!r}")
-    matplotlib.use("Agg")  # no screen: the figure is only written
 
     def render(target: Path) -> None:
-        renderer = hv.renderer("matplotlib").instance(fig=kind, dpi=DPI)
-        plot = renderer.get_plot(element)
-        plot.state.savefig(target, format=kind, dpi=DPI, bbox_inches="tight")
+        rendered(element, kind).savefig(target, format=kind, dpi=DPI, bbox_inches="tight")
 
     return write_safely(path, kind, render, overwrite)
+
+
+def rendered(element, kind: str = "png"):
+    """``element`` drawn by HoloViews' matplotlib backend: a ``matplotlib.figure.Figure``."""
+    matplotlib.use("Agg")  # no screen: the figure is only written
+    return hv.renderer("matplotlib").instance(fig=kind, dpi=DPI).get_plot(element).state
 
 
 def data_of(element) -> np.ndarray:
@@ -177,31 +212,31 @@ def _map(values, title: str, value_label: str, ticks, small: bool = False) -> hv
     style = _style(small)
     if ticks is not None:
         style.update(xticks=ticks, yticks=ticks, xrotation=90)
-    elif small:
-        style.update(xaxis=None, yaxis=None)
     return element.opts(backend="matplotlib", title=title, invert_yaxis=True, **style)
 
 
 def _style(small: bool = False) -> dict:
-    inches = COLUMN_INCHES / 4 if small else COLUMN_INCHES
+    inches = PAGE_INCHES / HEADS_PER_ROW if small else COLUMN_INCHES
+    text = FONT_PT - 2 if small else FONT_PT
     return dict(
         cmap="viridis",
         colorbar=not small,
         fig_inches=inches,
-        fontsize={"title": FONT_PT, "labels": FONT_PT, "ticks": FONT_PT - 1, "cticks": FONT_PT - 1},
+        fontsize={"title": text, "labels": text, "ticks": text - 1, "cticks": text - 1},
         aspect="equal",
     )
 
 
-def _ticks(ds: xr.Dataset, sample: int) -> list[tuple[int, str]] | None:
-    """A map's axis ticks: clock times (``time``) or tokens, else None (positions)."""
+def _ticks(ds: xr.Dataset, sample: int, count: int = TICKS) -> list[tuple[int, str]] | None:
+    """A map's axis ticks, about ``count``: clock times (``time``) or tokens, else None
+    (positions, matplotlib's own ticks)."""
     labels = core.clock_labels(ds, sample)
     if labels is None:
         tokens = model_views.tokens(ds, sample)
         labels = None if tokens is None else list(tokens)
     if labels is None:
         return None
-    step = max(1, int(np.ceil(len(labels) / TICKS)))
+    step = max(1, int(np.ceil(len(labels) / count)))
     return [(i, labels[i]) for i in range(0, len(labels), step)]
 
 
