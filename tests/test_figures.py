@@ -165,9 +165,3 @@ def test_the_figure_command(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out  # the README's demo file: its layer's heads
     assert main(["figure", str(path), "--view", "importance", "-o", str(tmp_path / "i.svg")]) == 2
     assert "--view importance takes a head ranking" in capsys.readouterr().err
-
-
-def test_the_commands_colour_scales_are_the_figures():
-    from attnpanel.cli import figure
-
-    assert figure.SCALES == paper.SCALES  # (the command does not import paper for --help)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 
 from attnpanel.cli.common import CommandError, check_sample, first_line, load_trace, say
-from attnpanel.traces.schema import FIGURE_VIEWS, STAGES
-
-SCALES = ("own", "shared")  # render.paper.SCALES (not imported: --help stays quick)
+from attnpanel.traces.schema import FIGURE_VIEWS, HEAD_SCALES, STAGES
 
 
 def run(args: argparse.Namespace) -> None:
@@ -74,7 +72,7 @@ def add_parser(sub) -> None:
     figure.add_argument("--stage", choices=STAGES, default="softmax")
     figure.add_argument(
         "--scale",
-        choices=SCALES,
+        choices=HEAD_SCALES,
         default="own",
         help="heads: each head on its own colour scale (default), or one shared by every head",
     )

@@ -31,7 +31,7 @@ import xarray as xr
 from attnpanel.readouts import core
 from attnpanel.render import importance_views, model_views
 from attnpanel.render.importance_views import CLICK_WORDS
-from attnpanel.traces.schema import FIGURE_VIEWS
+from attnpanel.traces.schema import FIGURE_VIEWS, HEAD_SCALES
 from attnpanel.util.files import write_safely
 
 FIGURE_FORMATS = {".svg": "svg", ".pdf": "pdf", ".png": "png"}
@@ -39,7 +39,6 @@ COLUMN_INCHES = 3.4  # one column of a two-column paper
 PAGE_INCHES = 7.0  # both columns (the heads figure)
 HEADS_PER_ROW = 4
 SMALL_TICKS = 3  # clock or token ticks along a head's map
-SCALES = ("own", "shared")  # the heads figure's colour scales: each head's, or one for all
 FONT_PT = 8
 TICKS = 6  # clock or token ticks along a map's axis
 DPI = 300  # a PNG's resolution
@@ -59,8 +58,8 @@ def heads(ds: xr.Dataset, sel: core.Selection, scale: str = "own") -> hv.Layout:
     one scale, the heads whose weights are spread look uniformly dark beside a sharp one);
     ``"shared"``: one scale for every head, its range stated in the title.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale {scale!r}: one of {', '.join(SCALES)}")
+    if scale not in HEAD_SCALES:
+        raise ValueError(f"scale {scale!r}: one of {', '.join(HEAD_SCALES)}")
     names = ds["head"].values.tolist()
     every = [
         np.asarray(core.attention_values(ds, sel.with_(head=int(h))), dtype=np.float32)

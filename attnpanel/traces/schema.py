@@ -45,4 +45,5 @@ CROSS_DIMS = {
 MASK_TRUTH = ("sample_mask", "bias")
 STAGES = ("raw", "scaled", "masked", "softmax", "value_weighted")
 FIGURE_VIEWS = ("matrix", "heads", "model", "importance")  # attnpanel.render.paper's views
+HEAD_SCALES = ("own", "shared")  # the heads figure's colour scales: each head's, or one for all
 ROW_SUM_TOLERANCE = 1e-3
