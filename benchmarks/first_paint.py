@@ -180,22 +180,17 @@ def report(rows: dict, args) -> None:
             f"| {statistics.median(answers[1:]):.2f} "
             f"| {statistics.median(done):.2f} ({p95(done):.2f}) |"
         )
-    print(
-        "first page over the later pages' median (the first visitor's wait): "
-        + ", ".join(
-            f"{name.split(' (')[0]} {times[0] / statistics.median(times[1:]):.2f}x"
-            for name, (times, _, _) in rows.items()
-            if not name.startswith("floor")
-        )
-    )
-    print(
-        "first paint over the floor (medians): "
-        + ", ".join(
-            f"{name.split(' (')[0]} {statistics.median(times[1:]) / floor:.2f}x"
-            for name, (times, _, _) in rows.items()
-            if not name.startswith("floor")
-        )
-    )
+    later = {  # each page's later pages' median first paint (the floor's row left out)
+        name.split(" (")[0]: (times[0], statistics.median(times[1:]))
+        for name, (times, _, _) in rows.items()
+        if not name.startswith("floor")
+    }
+    for what, ratio in (
+        ("first page over the later pages' median (the first visitor's wait)", lambda f, m: f / m),
+        ("first paint over the floor (medians)", lambda f, m: m / floor),
+    ):
+        ratios = ", ".join(f"{name} {ratio(*times):.2f}x" for name, times in later.items())
+        print(f"{what}: {ratios}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ its length), but not its mask: each group keeps its own.
 
 from __future__ import annotations
 
+import contextlib
+
 import panel as pn
 import param
 import xarray as xr
@@ -89,7 +91,6 @@ class GroupsExplorer(Explorer):
                 found.layer = entry.index
             finally:
                 self._following = False
-        self._url_synced = False
         return found
 
     def _show(self, event) -> None:
@@ -130,10 +131,5 @@ def carry(before: AttentionExplorer, after: AttentionExplorer) -> None:
     it can take: a head number the other group lacks, a query beyond its length, stay; so
     does its mask, its own."""
     for name in CARRIED:
-        value = getattr(before, name)
-        if getattr(after, name) == value:
-            continue
-        try:
-            after.param.update({name: value})
-        except ValueError:  # not a value of this group (its heads, its length): kept
-            continue
+        with contextlib.suppress(ValueError):  # not a value of this group: its own stays
+            after.param.update({name: getattr(before, name)})
