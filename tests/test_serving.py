@@ -276,7 +276,7 @@ def test_an_explorer_built_ahead_while_another_session_runs_belongs_to_no_sessio
     ten, ``test_browser_url``). The worker builds outside every session."""
     from bokeh.io.doc import patch_curdoc
 
-    from attnpanel.app.scheduler import served_doc
+    from attnpanel.app.documents import served_doc
 
     other = SessionDocument(arguments={"head": [b"5"]})
     trace = make_trace()

@@ -28,8 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 import panel as pn
-from panel.io.state import set_curdoc
 
+from attnpanel.app.documents import one_message
 from attnpanel.util import cancel
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class Background:
     def _show(self, doc) -> None:
         waited = time.monotonic() - self._since
         if self._in_flight and waited >= 0.9 * IN_FLIGHT_BUSY_S:
-            with set_curdoc(doc):
+            with one_message(doc):
                 self.indicator.object = self._text()
                 self.indicator.visible = True
 
@@ -170,15 +170,14 @@ class Background:
         """On the event loop: draw the result if it is the newest of its key."""
         if not quiet:  # (quiet work was never counted)
             self._in_flight -= 1
-        with set_curdoc(doc):
+        with one_message(doc):
             if self._latest.get(key) == ticket:
                 try:
                     result = future.result()
                 except Exception as err:  # noqa: BLE001 - reported to the user by ``failed``
                     failed(key, err)
                 else:
-                    with pn.io.hold(doc):
-                        draw(result)
+                    draw(result)
             if self._in_flight == 0:
                 self.indicator.visible = False
             elif self.indicator.visible:

@@ -20,10 +20,10 @@ from typing import ClassVar
 import panel as pn
 import xarray as xr
 
+from attnpanel.app.documents import served_doc
 from attnpanel.app.engine import LiveEngine
 from attnpanel.app.later import LaterSections
 from attnpanel.app.linked import LinkedMaps
-from attnpanel.app.scheduler import served_doc
 from attnpanel.app.state import ExplorerState
 from attnpanel.app.url import apply_each, once_loaded
 from attnpanel.util import untrusted

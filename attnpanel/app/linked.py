@@ -31,11 +31,10 @@ from functools import partial
 
 import holoviews as hv
 import numpy as np
-import panel as pn
 from bokeh.events import SelectionGeometry
 from bokeh.models import BoxAnnotation, BoxSelectTool, WheelZoomTool
-from panel.io.state import set_curdoc
 
+from attnpanel.app.documents import one_message
 from attnpanel.app.engine import LiveEngine
 from attnpanel.app.registry import LINKED_GROUPS
 from attnpanel.readouts import core
@@ -266,7 +265,7 @@ class LinkedMaps:
             doc.add_timeout_callback(partial(self._debounced, doc), wait_ms)
             return
         self._scheduled = False
-        with set_curdoc(doc), pn.io.hold(doc):
+        with one_message(doc):
             self.zoom(*self._pending_window)
 
     def zoom(self, x_range, y_range) -> None:

@@ -20,9 +20,9 @@ from functools import partial
 
 import panel as pn
 from panel.io.notebook import push_notebook
-from panel.io.state import set_curdoc
 
 from attnpanel.app.background import Background
+from attnpanel.app.documents import one_message, page_open, served_doc
 from attnpanel.app.registry import LiveView, ViewRegistry
 from attnpanel.app.state import SELECTION_PARAMS, VIEW_PARAMS, ExplorerState
 from attnpanel.readouts.core import stages_cached
@@ -69,19 +69,6 @@ def report(state: ExplorerState, err: BaseException, where: str) -> None:
     state.last_error = message
     if pn.state.notifications is not None:
         pn.state.notifications.error(untrusted.html_text(message), duration=8000)
-
-
-def served_doc():
-    """The served session's document, or None outside a server (a notebook, a test)."""
-    doc = pn.state.curdoc
-    return None if doc is None or doc.session_context is None else doc
-
-
-def page_open(doc) -> bool:
-    """Whether a browser still holds the served document's page: Bokeh keeps a session
-    whose page has closed until it discards it (up to half a minute), with no connection."""
-    session = getattr(doc.session_context, "session", None)
-    return session is None or session.connection_count > 0
 
 
 class RedrawCost:
@@ -170,7 +157,12 @@ class Scheduler:
         if doc is None:
             callback(*args, **kwargs)
         else:
-            doc.add_next_tick_callback(partial(callback, *args, **kwargs))
+            doc.add_next_tick_callback(partial(self._in_one_message, doc, callback, args, kwargs))
+
+    @staticmethod
+    def _in_one_message(doc, callback: Callable, args, kwargs) -> None:
+        with one_message(doc):
+            callback(*args, **kwargs)
 
     def redraw(self, where: Callable[[LiveView], bool]) -> None:
         """Redraw the views for which ``where(view)`` is true, now."""
@@ -224,7 +216,7 @@ class Scheduler:
             return
         step = self._idle[0]
         try:
-            with set_curdoc(doc):
+            with one_message(doc):
                 more = step()
         except Exception as err:  # noqa: BLE001 - idle work is a convenience: log, go on
             log.error("idle work failed\n%s", "".join(traceback.format_exception(err)))
@@ -281,7 +273,7 @@ class Scheduler:
             if self.cost.expected_seconds() > BUSY_AFTER_S:
                 self._slow(doc, due, followers)
                 return
-        with pn.io.hold(doc):  # one message for all of them, not one per property
+        with one_message(doc):  # one message for all of them, not one per property
             self._follow(followers)
             self._refresh_all([view for view in due if view.first or whole], sel)
             for view in due:
@@ -321,7 +313,7 @@ class Scheduler:
             try:
                 self._refresh_pending(doc, followers, done=self._indicator_off)
             finally:
-                with set_curdoc(doc):
+                with one_message(doc):
                     self._indicator_off()
 
         # a timeout, not the next tick: the indicator's message must go out first
@@ -341,7 +333,7 @@ class Scheduler:
         self._scheduled = False
         pending, self._pending = list(self._pending.values()), {}
         sel = self.state.selection
-        with set_curdoc(doc), pn.io.hold(doc):
+        with one_message(doc):
             self._follow(followers)
             self._refresh_all(pending, sel)
             if done is not None:

@@ -20,9 +20,8 @@ from functools import partial
 
 import numpy as np
 import panel as pn
-from panel.io.state import set_curdoc
 
-from attnpanel.app.scheduler import served_doc
+from attnpanel.app.documents import one_message, served_doc
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts.embedding import box_positions, qk_embedding
 from attnpanel.render.elements import MAP_KEY, PlotKey
@@ -183,5 +182,5 @@ class QueryKeyEmbedding(Section):
             doc.add_timeout_callback(partial(self._rested, doc), wait)
             return
         self._scheduled = False
-        with set_curdoc(doc), pn.io.hold(doc):
+        with one_message(doc):
             self.engine.redraw(lambda view: view.name == VIEW)

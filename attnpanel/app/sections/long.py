@@ -28,6 +28,7 @@ from bokeh.models import CustomJSHover, CustomJSTickFormatter, HoverTool
 from holoviews.plotting.util import process_cmap
 
 from attnpanel.app import linked
+from attnpanel.app.documents import one_message
 from attnpanel.app.prefetch import MatrixPrefetch, switch_in_browser
 from attnpanel.app.sections.base import Section
 from attnpanel.app.sections.controls import (
@@ -222,7 +223,8 @@ class LongSequence(Section):
             doc.add_timeout_callback(partial(self._rested, doc), wait)
             return
         self._scheduled = False
-        self._recut()
+        with one_message(doc):
+            self._recut()
 
     def _recut(self) -> None:
         self.engine.redraw(lambda view: view.name in RECUT)
