@@ -42,6 +42,10 @@ FOREIGN_PRIVATE = {
     "_version": "torch has no public version counter of a tensor (changed in place since?)",
     "_repr_mimebundle_": "IPython's display protocol, public despite its underscore",
     "_v_attrs": "PyTables' node attributes: its _v_ prefix names public node members",
+    "_loaded": "Panel's flag of a session whose page has loaded: no public setter (a test's "
+    "fake session marks its page loaded, tests/test_documents.py)",
+    "_connected": "as _loaded: Panel's flag of a session whose socket is open",
+    "_thread_id_": "as _loaded: the thread Panel took a session's document to be made on",
 }
 CHECKED = ("attnpanel", "apps", "tests", "benchmarks")
 
