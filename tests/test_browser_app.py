@@ -397,20 +397,24 @@ def test_head_summary_table_redraws_with_the_mask(app, artifacts):
         return [f"{d:.1f}" for d in np.round(head_patterns(np.nan_to_num(weights))["distance"], 1)]
 
     page, console = app
-    set_widget(page, "Mask", "diagonal")
-    page.wait_for_timeout(500)
-    before = page.evaluate(SUMMARY_JS)
-    assert len(before) == 8
+
+    def shown(mask) -> list:
+        """Set the mask; wait until the table shows its statistics (the whole change is
+        then on the page: the table comes after the matrix); the table's rows."""
+        set_widget(page, "Mask", mask)
+        page.wait_for_function(
+            f"(want) => JSON.stringify(({SUMMARY_JS})().map((row) => row[1]))"
+            " === JSON.stringify(want)",
+            arg=expected(mask),
+        )
+        return page.evaluate(SUMMARY_JS)
+
+    before = shown("diagonal")
     assert [row[0] for row in before] == [f"head {h}" for h in range(8)]
-    assert [row[1] for row in before] == expected("diagonal")
-    set_widget(page, "Mask", "causal")
-    page.wait_for_function(
-        f"(b) => JSON.stringify(({SUMMARY_JS})()) !== JSON.stringify(b)", arg=before
-    )
-    after = page.evaluate(SUMMARY_JS)
-    assert [row[1] for row in after] == expected("causal") != expected("diagonal")
+    after = shown("causal")
+    assert [row[1] for row in after] != [row[1] for row in before]
     shot(page, artifacts, "head_summary")
-    set_widget(page, "Mask", "diagonal")
+    shown("diagonal")  # as the page was, the change done before the next test
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 
