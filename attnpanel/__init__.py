@@ -1,91 +1,73 @@
-"""attnpanel: an interactive explorer for multi-head self-attention at full resolution."""
+"""attnpanel: an interactive explorer for multi-head self-attention at full resolution.
 
-from attnpanel.capturing.capture import FusedQKV, capture
-from attnpanel.capturing.recorder import CaptureError
-from attnpanel.interventions.effects import patching_effect
-from attnpanel.interventions.gate import AblationError, ablate, attention_heads
-from attnpanel.interventions.gradients import attention_gradients
-from attnpanel.interventions.importance import head_importance
-from attnpanel.interventions.model_run import Corruption, ModelRun
-from attnpanel.interventions.patching import PatchingError, patch
-from attnpanel.kernels.attention import MultiHeadSelfAttention
-from attnpanel.kernels.masks import build_mask
-from attnpanel.nilm.demo import demo, head_statistics
-from attnpanel.nilm.power import PowerConfig
-from attnpanel.nilm.power import generate as generate_power
-from attnpanel.readouts.compare import compare
-from attnpanel.readouts.embedding import qk_embedding
-from attnpanel.readouts.flow import rollout, value_weighted
-from attnpanel.readouts.positional import head_average, sinusoidal_encoding
-from attnpanel.series.recipes import make_recipe, read_recipe
-from attnpanel.series.recordings import read_recordings
-from attnpanel.series.runs import RecordingModel
-from attnpanel.series.windows import windows_of
-from attnpanel.surveys.roles import head_roles
-from attnpanel.surveys.survey import survey
-from attnpanel.traces.build import build_trace, trace
-from attnpanel.traces.io import load, save
-from attnpanel.traces.positions import Layout, Positions
-from attnpanel.traces.stages import attention_stage, recompute_weights
-from attnpanel.traces.validate import validate
+Every public name is imported when first used (PEP 562): ``import attnpanel`` and the
+command line's light commands (``attnpanel figure``, ``info``) do not import torch,
+panel, holoviews or bokeh until a name that needs them is read (``import attnpanel``
+took 3.0 s here, most of it torch).
+"""
 
-__all__ = [
-    "AblationError",
-    "AttentionExplorer",
-    "CaptureError",
-    "Corruption",
-    "FusedQKV",
-    "Layout",
-    "ModelRun",
-    "MultiHeadSelfAttention",
-    "PatchingError",
-    "Positions",
-    "PowerConfig",
-    "RecordingModel",
-    "ablate",
-    "attention_gradients",
-    "attention_heads",
-    "attention_stage",
-    "build_mask",
-    "build_trace",
-    "capture",
-    "compare",
-    "demo",
-    "explore",
-    "generate_power",
-    "head_average",
-    "head_importance",
-    "head_roles",
-    "head_statistics",
-    "load",
-    "make_recipe",
-    "patch",
-    "patching_effect",
-    "qk_embedding",
-    "read_recipe",
-    "read_recordings",
-    "recompute_weights",
-    "rollout",
-    "save",
-    "sinusoidal_encoding",
-    "survey",
-    "trace",
-    "validate",
-    "value_weighted",
-    "windows_of",
-]
+import importlib
+
+# public name -> (module, name in it)
+_PUBLIC = {
+    "ablate": ("attnpanel.interventions.gate", "ablate"),
+    "AblationError": ("attnpanel.interventions.gate", "AblationError"),
+    "attention_gradients": ("attnpanel.interventions.gradients", "attention_gradients"),
+    "attention_heads": ("attnpanel.interventions.gate", "attention_heads"),
+    "attention_stage": ("attnpanel.traces.stages", "attention_stage"),
+    "AttentionExplorer": ("attnpanel.app.explorer", "AttentionExplorer"),
+    "build_mask": ("attnpanel.kernels.masks", "build_mask"),
+    "build_trace": ("attnpanel.traces.build", "build_trace"),
+    "capture": ("attnpanel.capturing.capture", "capture"),
+    "CaptureError": ("attnpanel.capturing.recorder", "CaptureError"),
+    "compare": ("attnpanel.readouts.compare", "compare"),
+    "Corruption": ("attnpanel.interventions.model_run", "Corruption"),
+    "demo": ("attnpanel.nilm.demo", "demo"),
+    "explore": ("attnpanel.app.explore", "explore"),
+    "FusedQKV": ("attnpanel.capturing.capture", "FusedQKV"),
+    "generate_power": ("attnpanel.nilm.power", "generate"),
+    "head_average": ("attnpanel.readouts.positional", "head_average"),
+    "head_importance": ("attnpanel.interventions.importance", "head_importance"),
+    "head_roles": ("attnpanel.surveys.roles", "head_roles"),
+    "head_statistics": ("attnpanel.nilm.demo", "head_statistics"),
+    "Layout": ("attnpanel.traces.positions", "Layout"),
+    "load": ("attnpanel.traces.io", "load"),
+    "make_recipe": ("attnpanel.series.recipes", "make_recipe"),
+    "ModelRun": ("attnpanel.interventions.model_run", "ModelRun"),
+    "MultiHeadSelfAttention": ("attnpanel.kernels.attention", "MultiHeadSelfAttention"),
+    "patch": ("attnpanel.interventions.patching", "patch"),
+    "patching_effect": ("attnpanel.interventions.effects", "patching_effect"),
+    "PatchingError": ("attnpanel.interventions.patching", "PatchingError"),
+    "Positions": ("attnpanel.traces.positions", "Positions"),
+    "PowerConfig": ("attnpanel.nilm.power", "PowerConfig"),
+    "qk_embedding": ("attnpanel.readouts.embedding", "qk_embedding"),
+    "read_recipe": ("attnpanel.series.recipes", "read_recipe"),
+    "read_recordings": ("attnpanel.series.recordings", "read_recordings"),
+    "recompute_weights": ("attnpanel.traces.stages", "recompute_weights"),
+    "RecordingModel": ("attnpanel.series.runs", "RecordingModel"),
+    "rollout": ("attnpanel.readouts.flow", "rollout"),
+    "save": ("attnpanel.traces.io", "save"),
+    "sinusoidal_encoding": ("attnpanel.readouts.positional", "sinusoidal_encoding"),
+    "survey": ("attnpanel.surveys.survey", "survey"),
+    "trace": ("attnpanel.traces.build", "trace"),
+    "validate": ("attnpanel.traces.validate", "validate"),
+    "value_weighted": ("attnpanel.readouts.flow", "value_weighted"),
+    "windows_of": ("attnpanel.series.windows", "windows_of"),
+}
+
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # The explorer and explore() need panel; importing them lazily keeps ``import attnpanel``
-    # (and every compute module) free of panel, holoviews and bokeh.
-    if name == "AttentionExplorer":
-        from attnpanel.app.explorer import AttentionExplorer
+    try:
+        module, attribute = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'attnpanel' has no attribute {name!r}") from None
+    found = getattr(importlib.import_module(module), attribute)
+    globals()[name] = found  # once: later reads find it as a plain attribute
+    return found
 
-        return AttentionExplorer
-    if name == "explore":
-        from attnpanel.app.explore import explore
 
-        return explore
-    raise AttributeError(f"module 'attnpanel' has no attribute {name!r}")
+def __dir__():
+    return sorted({*globals(), *_PUBLIC})

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> str:
         action="store_true",
         help=(
             "then the others: capture.py, sessions.py, explorer_latency.py, first_paint.py, "
-            "linked_zoom.py, tiles.py, long_explorer.py"
+            "figures.py, linked_zoom.py, tiles.py, long_explorer.py"
         ),
     )
     args = parser.parse_args(argv)
@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> str:
             "sessions.py",
             "explorer_latency.py",
             "first_paint.py",
+            "figures.py",
             "linked_zoom.py",
             "tiles.py",
             "long_explorer.py",

@@ -20,7 +20,7 @@ from torch import nn
 
 import attnpanel
 from attnpanel.app.explorer import AttentionExplorer
-from attnpanel.readouts import core
+from attnpanel.readouts import core, model_map
 from attnpanel.render import model_views
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -54,7 +54,7 @@ def explorer(rendered):
 
 def test_minilm_trace_is_a_text_trace(trace):
     assert trace.sizes["layer"] == 6 and trace.sizes["head"] == 12
-    assert model_views.tokens(trace) == TOKENS
+    assert model_map.tokens(trace) == TOKENS
     assert core.layer_names(trace)[3] == "encoder.layer.3.attention.self"
     assert {"q", "k", "v", "context", "weights"} <= set(trace.data_vars)
 
@@ -129,7 +129,7 @@ def test_most_attended_token_per_position(explorer, trace):
 
 
 def test_model_view_tiles_every_map_and_opens_one(explorer, trace):
-    mosaic = model_views.model_mosaic(trace, core.Selection())
+    mosaic = model_map.model_mosaic(trace, core.Selection())
     assert mosaic.attrs == {"n_layers": 6, "n_heads": 12}
     cell = mosaic.where(
         (mosaic.row > 1.5) & (mosaic.row < 2.5) & (mosaic.col > 6.5) & (mosaic.col < 7.5), drop=True
@@ -186,7 +186,7 @@ def test_multi_layer_series_trace_keeps_the_curve_and_integer_positions():
     explorer = AttentionExplorer(trace)
     explorer.__panel__().get_root(Document())
     assert "sequence" in explorer.engine.panes() and "tokens" not in explorer.engine.panes()
-    assert model_views.position_labels(trace, 0) == [str(i) for i in range(20)]
+    assert model_map.position_labels(trace, 0) == [str(i) for i in range(20)]
     assert model_views.token_ticks(trace) == {}
     explorer.param.update(layer=1, mask="causal", head=2)
     expected = core.attention_values(trace.isel(layer=1), explorer.selection)

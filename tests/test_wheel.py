@@ -10,6 +10,7 @@ of this checkout, are not run there, so ``attnpanel`` can only come from the whe
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -44,10 +45,29 @@ def _run(*args, cwd, timeout=600) -> str:
     return done.stdout
 
 
+# what a checkout holds beside its source (build outputs, caches, the tests' own output)
+NOT_SOURCE = (
+    ".git",
+    "build",
+    "dist",
+    "artifacts",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".hypothesis",
+    ".benchmarks",
+    ".venv",
+)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``(wheel, sdist)`` built from the checkout with the installed setuptools (offline)."""
     out = tmp_path_factory.mktemp("dist")
+    # from a copy: setuptools builds in the source's build/, where a build left behind by an
+    # interrupted run (or one beside it) made this one fail ("File exists: build/bdist...")
+    source = tmp_path_factory.mktemp("source") / "attnpanel"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     _run(
         sys.executable,
         "-m",
@@ -57,12 +77,12 @@ def built(tmp_path_factory):
         "--no-build-isolation",
         "-w",
         out,
-        ROOT,
+        source,
         cwd=out,
     )
     (wheel,) = out.glob("attnpanel-*.whl")
     code = f"import sys; from setuptools import build_meta as b; print(b.build_sdist({str(out)!r}))"
-    _run(sys.executable, "-c", code, cwd=ROOT)
+    _run(sys.executable, "-c", code, cwd=source)
     (sdist,) = out.glob("attnpanel-*.tar.gz")
     return wheel, sdist
 

@@ -32,11 +32,14 @@ def cli_text(error: BaseException) -> str:
     return getattr(error, "cli_words", None) or str(error)
 
 
-def load_trace(path: str):
+def load_trace(path: str, sample: int | None = None):
+    """The trace at ``path``; with ``sample``, that sample alone (its data only is read)."""
     from attnpanel.traces.io import load
 
     try:
-        return load(path)
+        return load(path, samples=None if sample is None else [sample])
+    except IndexError as error:  # "sample 9 is out of range: the trace has 2 samples, ..."
+        raise CommandError(f"--{first_line(error)}") from error
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error).splitlines()[0]) from error
 

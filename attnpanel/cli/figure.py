@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnpanel.cli.common import CommandError, check_sample, first_line, load_trace, say
+from attnpanel.cli.common import CommandError, first_line, load_trace, say
 from attnpanel.traces.schema import FIGURE_VIEWS, HEAD_SCALES, STAGES
 
 
@@ -25,8 +25,7 @@ def run(args: argparse.Namespace) -> None:
         element = paper.importance(ranking)
         shown = "head importance"
     else:
-        capture = load_trace(args.trace)
-        check_sample(capture, args.sample)
+        capture = load_trace(args.trace, sample=args.sample)  # that sample alone
         try:
             entry = find(capture, args.layer)
         except ValueError as error:
@@ -38,11 +37,13 @@ def run(args: argparse.Namespace) -> None:
                 f"--head {head} is out of range: the layer has {ds.sizes['head']} heads"
             )
         mask = args.mask or ds.attrs.get("mask", "none")
-        sel = core.Selection(sample=args.sample, head=head, mask=mask, stage=args.stage)
+        sel = core.Selection(sample=0, head=head, mask=mask, stage=args.stage)
         group = groups(capture)[entry.group]
         stacked = group if "layer" in group.dims else None
         try:
-            element = paper.view_of(args.view, ds, sel, stacked, scale=args.scale)
+            element = paper.view_of(
+                args.view, ds, sel, stacked, scale=args.scale, number=args.sample
+            )
         except (ValueError, KeyError) as error:
             raise CommandError(first_line(error)) from error
         shown = f"layer {entry.name or 0}, sample {args.sample}"

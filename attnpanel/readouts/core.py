@@ -304,8 +304,9 @@ def head_words(head) -> str:
     return "mean of heads" if head == "mean" else f"head {head}"
 
 
-def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
-    """The attention matrix's title for a selection (naming the layer of a captured model)."""
+def matrix_title(ds: xr.Dataset, sel: Selection, number: int | None = None) -> str:
+    """The attention matrix's title for a selection (naming the layer of a captured model);
+    ``number``: the sample's number where ``ds`` holds some samples of a trace only."""
     head = head_words(sel.head)
     if "layer" in ds.coords and ds["layer"].ndim == 0:
         head = f"{head}, layer {layer_label(ds['layer'].item())}"
@@ -318,7 +319,8 @@ def matrix_title(ds: xr.Dataset, sel: Selection) -> str:
             mask += f"; {padded} padded positions masked"
     # the scores before the mask name no mask: none is applied to them yet
     words = f"mask {mask}" if sel.stage not in PRE_MASK else "before the mask"
-    return fitted_title(f"sample {sel.sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} ({words})")
+    sample = sel.sample if number is None else number
+    return fitted_title(f"sample {sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} ({words})")
 
 
 def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:

@@ -34,28 +34,13 @@ from attnpanel.readouts.core import (
     uses_sinusoidal,
     wrapped_title,
 )
+from attnpanel.readouts.model_map import model_mosaic, position_labels, tokens
 from attnpanel.readouts.positional import head_average, sinusoidal_encoding
 from attnpanel.readouts.raster import raster_values
 from attnpanel.render.styling import shade
 from attnpanel.render.views import FAST_DATATYPE
 
 MAX_TICKS = 64  # more token labels than this on an axis overlap; every n-th is shown
-
-
-def tokens(ds: xr.Dataset, sample: int = 0) -> list[str] | None:
-    """The token text of each position of a sample, or None for a trace without tokens."""
-    if "token" not in ds.coords:
-        return None
-    token = ds["token"]
-    if "batch" in token.dims:
-        token = token.isel(batch=sample)
-    return [str(t) for t in token.values]
-
-
-def position_labels(ds: xr.Dataset, sample: int = 0) -> list[str]:
-    """A label per position: its token for text, else its integer position."""
-    found = tokens(ds, sample)
-    return found if found is not None else [str(i) for i in range(ds.sizes["query"])]
 
 
 def token_ticks(ds: xr.Dataset, sample: int = 0) -> dict[int, str]:
@@ -149,45 +134,6 @@ def top_attended(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None
         vdims=["token", "attends most to", "weight"],
         group="TopAttended",
         label=f"most-attended token per position ({head})",
-    )
-
-
-def model_mosaic(ds: xr.Dataset, sel: Selection, gap: float = 0.12) -> xr.DataArray:
-    """Every layer x head softmax map of one sample tiled into one array (the model view).
-
-    Layer ``l``, head ``h`` occupies the cell ``[h - 0.5, h + 0.5] x [l - 0.5, l + 0.5]``
-    of the returned grid, less a ``gap`` (a fraction of the cell) of NaN between cells, so
-    a position in the grid rounds to its (head, layer). The trace's captured ``weights``
-    are used (the model view shows the model as it ran).
-
-    Returns
-    -------
-    xarray.DataArray
-        ``(row, col)`` float32 with coordinates in head (x) and layer (y) units, rows by
-        ascending layer; attrs ``n_layers``, ``n_heads``.
-    """
-    weights = ds["weights"].isel(batch=sel.sample)
-    if "layer" not in weights.dims:
-        weights = weights.expand_dims(layer=1)
-    weights = weights.transpose("layer", "head", "query", "key")
-    n_layers, n_heads, length, n_keys = weights.shape
-    pad_q = max(1, int(round(gap * length)))
-    pad_k = max(1, int(round(gap * n_keys)))
-    rows, cols = length + pad_q, n_keys + pad_k
-    grid = np.full((n_layers * rows, n_heads * cols), np.nan, dtype=np.float32)
-    values = np.asarray(weights.values, dtype=np.float32)
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            top, left = layer * rows + pad_q // 2, head * cols + pad_k // 2
-            grid[top : top + length, left : left + n_keys] = values[layer, head]
-    y = -0.5 + (np.arange(grid.shape[0]) + 0.5) / rows
-    x = -0.5 + (np.arange(grid.shape[1]) + 0.5) / cols
-    return xr.DataArray(
-        grid,
-        dims=("row", "col"),
-        coords={"row": y, "col": x},
-        name="weights",
-        attrs={"n_layers": n_layers, "n_heads": n_heads},
     )
 
 

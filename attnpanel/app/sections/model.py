@@ -13,6 +13,7 @@ import holoviews as hv
 import panel as pn
 
 from attnpanel.app.sections.base import Section
+from attnpanel.readouts import model_map
 from attnpanel.readouts.core import Selection, layer_names
 from attnpanel.readouts.roles import trace_roles
 from attnpanel.render import model_views, styling
@@ -35,7 +36,7 @@ class TopAttended(Section):
     @property
     def shown(self) -> bool:
         """Whether the trace has tokens (the section is empty otherwise)."""
-        return model_views.tokens(self.trace) is not None
+        return model_map.tokens(self.trace) is not None
 
     def _table(self):
         table = model_views.top_attended(self.trace, self.state.selection, self.cache)
