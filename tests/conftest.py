@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import param
@@ -20,16 +21,24 @@ from served_app import (
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # One core each for the two workers and the servers they start (which inherit the
+    # variables): with torch's default of one thread per core, both workers' threads spun
+    # on both cores, and the demo server's survey of 32 windows took over 120 s (60 s alone).
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = "1"
+    torch.set_num_threads(1)
+
 param.parameterized.warnings_as_exceptions = True
 
 
 def pytest_collection_modifyitems(items):
     """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them).
 
-    With ``-n 2 --dist loadgroup`` (pytest-xdist) the tests that drive Chromium run in one
-    worker, in their order, with one browser and one demo server, beside the others, a
-    module at a time (its fixtures built once): 14 min instead of 23 here. Not the default
-    yet: that worker's load exposes races of the served page (pyproject.toml says which).
+    The suite runs in two workers (``-n 2 --dist loadgroup``, pyproject.toml): the tests
+    that drive Chromium run in one, in their order, with one browser and one demo server,
+    beside the others, a module at a time (its fixtures built once): 14 min instead of 23
+    here.
     """
     for item in items:
         browser = "browser" in getattr(item, "fixturenames", ())

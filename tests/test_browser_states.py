@@ -21,7 +21,7 @@ Every problem found is collected with its state and reported together.
 
 from __future__ import annotations
 
-from served_app import HELPERS_JS, RENDERED_JS, opened, shot
+from served_app import HELPERS_JS, RENDERED_JS, WORDS_JS, opened, shot
 
 from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.readouts.core import PRE_MASK, STAGE_LABELS
@@ -32,104 +32,13 @@ HEADS = (0, 5)
 SECTIONS = "projection=true&merge=true"
 
 # Every problem of the page as it stands, as strings; [] when every view is right.
-CHECK_JS = r"""
+CHECK_JS = (
+    r"""
 ([stage_label]) => {
-  const problems = [];
-  const measure = document.createElement("canvas").getContext("2d");
-  const value = (glyph, name) => glyph[name];
-  const column = (data, spec, n) => {
-    if (spec === null || spec === undefined) return null;
-    if (typeof spec === "number") return new Array(n).fill(spec);
-    if (spec.field !== undefined) return data[spec.field] ? Array.from(data[spec.field]) : null;
-    if (typeof spec.value === "number") return new Array(n).fill(spec.value);
-    return null;
-  };
+  const problems = ("""
+    + WORDS_JS
+    + r""")();
   const finite = (xs) => xs.filter((x) => typeof x === "number" && Number.isFinite(x));
-  // The data extent along x and y of one glyph renderer: [[lo, hi] or null, ...].
-  const extent = (r) => {
-    const g = r.glyph, data = r.data_source.data;
-    const n = Math.max(1, ...Object.values(data).map((c) => (c && c.length) || 0));
-    const get = (name) => column(data, value(g, name), n);
-    const xs = [], ys = [];
-    const add = (to, ...cols) => { for (const c of cols) if (c) to.push(...finite(c)); };
-    switch (g.type) {
-      case "Image": case "ImageRGBA": {
-        const x = get("x"), y = get("y"), dw = get("dw"), dh = get("dh");
-        if (x && dw) add(xs, x, x.map((v, i) => v + dw[i]));
-        if (y && dh) add(ys, y, y.map((v, i) => v + dh[i]));
-        break;
-      }
-      case "Quad": add(xs, get("left"), get("right")); add(ys, get("bottom"), get("top")); break;
-      case "Line": case "Scatter": case "Circle": add(xs, get("x")); add(ys, get("y")); break;
-      case "VBar": {
-        const x = get("x"), w = get("width");
-        if (x && w) add(xs, x.map((v, i) => v - w[i] / 2), x.map((v, i) => v + w[i] / 2));
-        add(ys, get("bottom"), get("top"));
-        break;
-      }
-      case "Rect": {
-        const x = get("x"), w = get("width"), y = get("y"), h = get("height");
-        if (x && w) add(xs, x.map((v, i) => v - w[i] / 2), x.map((v, i) => v + w[i] / 2));
-        if (y && h) add(ys, y.map((v, i) => v - h[i] / 2), y.map((v, i) => v + h[i] / 2));
-        break;
-      }
-      case "Segment": add(xs, get("x0"), get("x1")); add(ys, get("y0"), get("y1")); break;
-      case "Text": add(xs, get("x")); add(ys, get("y")); break;  // a label's anchor
-      default: return [null, null];
-    }
-    const span = (v) => (v.length ? [Math.min(...v), Math.max(...v)] : null);
-    return [span(xs), span(ys)];
-  };
-  for (const pv of attn.plots()) {
-    if (!pv.el.isConnected || pv.bbox.width === 0) continue;
-    const m = pv.model;
-    const title = m.title ? m.title.text : "";
-    const name = title.split("\n")[0].slice(0, 60) || m.name || "(untitled plot)";
-    // 1. the title fits its canvas
-    const tv = [...pv.renderer_views.values()].find((r) => r.model === m.title);
-    if (tv && title) {
-      measure.font = tv.visuals.text.font_value();
-      const widest = Math.max(...title.split("\n").map((l) => measure.measureText(l).width));
-      const room = pv.canvas_view.bbox.width - tv.bbox.x0;
-      if (widest > room + 1) {
-        const px = (v) => `${v.toFixed(0)} px`;
-        problems.push(`${name}: title cut (${px(widest)} of text, ${px(room)} of room)`);
-      }
-    }
-    // 2. continuous ranges hold the data, no more than the padding wider
-    const glyphs = m.renderers.filter((r) => r.type === "GlyphRenderer" && r.visible && !r.muted);
-    const found = { x: [], y: [] };
-    for (const r of glyphs) {
-      const [x, y] = extent(r);
-      if (x) found.x.push(x);
-      if (y) found.y.push(y);
-    }
-    for (const axis of ["x", "y"]) {
-      const range = m[`${axis}_range`];
-      if (range.type === "FactorRange" || found[axis].length === 0) continue;
-      const lo = Math.min(...found[axis].map((e) => e[0]));
-      const hi = Math.max(...found[axis].map((e) => e[1]));
-      const a = Math.min(range.start, range.end), b = Math.max(range.start, range.end);
-      const span = hi - lo, tol = 0.01 * span + 1e-9;
-      const p = (v) => v.toPrecision(6);
-      const where = `${name}: ${axis} range ${p(a)} to ${p(b)}, data ${p(lo)} to ${p(hi)}`;
-      if (a > lo + tol || b < hi - tol) problems.push(`${where}: data outside the range`);
-      else if (span > 0 && b - a > 1.25 * span + tol) {
-        problems.push(`${where}: range wider than its data`);
-      }
-    }
-  }
-  // 3. no table is wider than its frame (a cut cell)
-  for (const v of attn.views()) {
-    const table = v.shadow_el && v.shadow_el.querySelector("table");
-    if (!table || !v.el.isConnected) continue;
-    const frame = v.el.getBoundingClientRect(), drawn = table.getBoundingClientRect();
-    if (frame.width > 0 && drawn.right > frame.right + 1) {
-      const first = table.querySelector("th, td");
-      const what = `table "${first ? first.textContent : ""}..."`;
-      problems.push(`${what}: ${drawn.width.toFixed(0)} px wide in ${frame.width.toFixed(0)} px`);
-    }
-  }
   // 4. the matrix: title, hover label and stage agree
   const matrix = attn.plots().find((v) => /^sample \d+, /.test(v.model.title.text));
   const tips = matrix.model.toolbar.tools.filter((t) => t.type === "HoverTool")
@@ -151,6 +60,7 @@ CHECK_JS = r"""
   return problems;
 }
 """
+)
 
 # The views a state shows, as the page writes them (so a wait can tell the state has landed).
 SETTLED_JS = r"""

@@ -16,62 +16,14 @@ from pathlib import Path
 import numpy as np
 import panel as pn
 import pytest
-import torch
-import zoo
+from page_kinds import KINDS
 from panel.io.location import Location
-from test_explorer import make_trace
 
-import attnpanel
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.groups_explorer import GroupsExplorer
 from attnpanel.app.url import KEY as HEADS_OFF
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "explorer.md"
-
-
-def dense():
-    return attnpanel.explore(make_trace(n_batch=3))
-
-
-def text():
-    model, args, kwargs = zoo.case("bert_padding").build()
-    return attnpanel.explore(attnpanel.capture(model, *args, **kwargs))
-
-
-def long():
-    torch.manual_seed(0)
-    layer = attnpanel.MultiHeadSelfAttention(32, 4, "diagonal").eval()
-    return attnpanel.explore(attnpanel.trace(layer, torch.randn(2, 300, 32), dense=False))
-
-
-def groups():
-    model, args, kwargs = zoo.case("bart").build()
-    return attnpanel.explore(attnpanel.capture(model, *args, **kwargs))
-
-
-def compare():
-    model, args, kwargs = zoo.case("nanogpt_sdpa_causal").build()
-    a = attnpanel.capture(model, *args, **kwargs)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return attnpanel.explore(a, compare=attnpanel.capture(model, *args, **kwargs))
-
-
-def recording():
-    from attnpanel.nilm.demo import demo, demo_model_run
-
-    return attnpanel.explore(demo(n_windows=2, on_demand=True), model=demo_model_run(n_windows=2))
-
-
-KINDS = {
-    "dense": dense,
-    "text": text,
-    "long": long,
-    "groups": groups,
-    "compare": compare,
-    "recording": recording,
-}
 
 
 SERVED: dict = {}  # the location of the page opened last, as a served session's
@@ -233,7 +185,7 @@ def test_a_groups_page_mirrors_its_link_once(monkeypatch):
     watcher of the URL each time)."""
     synced = []
     monkeypatch.setattr(GroupsExplorer, "sync_url", lambda self: synced.append(self))
-    page, _ = opened(groups)
+    page, _ = opened(KINDS["groups"])
     page.layer = page.param.layer.objects[-1]
     for _ in range(3):
         page.__panel__()

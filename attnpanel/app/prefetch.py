@@ -39,6 +39,7 @@ from attnpanel.readouts.raster import image_limits
 from attnpanel.render.client_bars import ClientBars
 from attnpanel.render.client_maps import CachedMap, ClientLayer
 from attnpanel.render.elements import CENTRED_GROUPS, MAP_KEY, PlotKey
+from attnpanel.render.titles import fit_title
 from attnpanel.render.views import weights_title
 
 SWITCHED = ("head", "stage", "mask")  # the selection's parts a map's key names
@@ -264,7 +265,8 @@ class MatrixPrefetch:
         built = None if view.refine is None else view.refine(sel)
         raster = self.engine.element(view, sel, built)
         limits = image_limits(raster.values, raster.group in CENTRED_GROUPS)
-        words = (raster.label, raster.value_label)  # the title, the value's name
+        # the title as the server writes it into the plot, and the value's name
+        words = (fit_title(self.layer.handles["plot"], raster.label), raster.value_label)
         return CachedMap.of(
             self.key(sel), raster.values, raster.bounds, limits, self.layer.colours, *words
         )

@@ -39,6 +39,7 @@ from bokeh.plotting import figure as bokeh_figure
 
 from attnpanel.readouts.embedding import matrix_positions, sample_label
 from attnpanel.render.head_grid import BOX_STYLE  # the page's look of a box selection
+from attnpanel.render.titles import fit_title
 
 EMBEDDING_SIZE = 360  # the plot's square frame, px
 QUERY_COLORS = ("#cbb8e8", "#3f007d")  # first to last query position: light to dark violet
@@ -220,6 +221,7 @@ class EmbeddingFigure:
             name=EMBEDDING_NAME,
         )
         self.figure.title.text_font_size = "10pt"
+        self.figure.title.text = fit_title(self.figure, image.label)
         self.source = ColumnDataSource(_image_data(image))
         self.renderer = GlyphRenderer(
             data_source=self.source,

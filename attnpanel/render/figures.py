@@ -47,6 +47,7 @@ from attnpanel.render.elements import CENTRED_GROUPS
 from attnpanel.render.palette import legend_swatch
 from attnpanel.render.styling import LEGEND_SWATCH, LOOK
 from attnpanel.render.tables import table_model
+from attnpanel.render.titles import COLORBAR_ROOM, fit_title
 
 MAP_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
@@ -70,7 +71,6 @@ def box_handles():
 WEBGL_MIN_POINTS = 5_000
 
 
-COLORBAR_ROOM = 84  # px right of a map's frame: its colour bar, labels and title
 SHORT_PLOT = 150  # px: a chart this tall or less gets about 3 value ticks
 
 
@@ -207,6 +207,7 @@ def draw(
         **sizing,
     )
     fig.title.text_font_size = title_size
+    fig.title.text = fit_title(fig, fig.title.text)
     if fig.toolbar is not None:
         fig.toolbar.autohide = True
         wheel = [tool for tool in fig.tools if isinstance(tool, WheelZoomTool)]

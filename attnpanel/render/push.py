@@ -22,6 +22,7 @@ from attnpanel.render.axes import (
 )
 from attnpanel.render.elements import CENTRED_GROUPS, PlotKey, Raster
 from attnpanel.render.tables import write_table
+from attnpanel.render.titles import fit_title
 
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
 
@@ -69,7 +70,7 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
     every = [handles for found in drawn.values() for handles in found]
     for figure in figures.values():
         if title:
-            figure.title.text = element.label
+            figure.title.text = fit_title(figure, element.label)
         fit_chart(figure, every)  # what every view of the figure draws now (a table: nothing)
 
 

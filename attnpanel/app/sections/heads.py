@@ -25,6 +25,7 @@ from attnpanel.render.elements import HEAD_MAP_KEY, PlotKey
 from attnpanel.render.head_grid import GAP_PX, HeadGrid
 from attnpanel.render.palette import head_color
 from attnpanel.render.styling import WRAP
+from attnpanel.render.titles import fit_title
 from attnpanel.util.kept import Kept
 
 HEAD_MAP_SIZE = 140
@@ -127,7 +128,7 @@ class HeadComparison(Section):
         )
         strip = {"plot": grid.figure, "source": grid.shares, "push": grid.push_shares}
         grid.push_shares(strip, shares)
-        grid.figure.title.text = shares.label
+        grid.figure.title.text = fit_title(grid.figure, shares.label)
         self.engine.record(GRID_PANE, SHARES_KEY, strip)
         self.linked.on_box(self._on_box)
         grid.mark_box(self.linked.box)
