@@ -56,8 +56,10 @@ HELPERS_JS = r"""
   const plots = () => views().filter((v) => v.model && v.model.type === "Figure");
   // A plot by its name (the head maps) or the start of its title.
   const plot = (prefix) => {
+    // a title's words, whichever lines the server broke it into (render/titles.py)
+    const words = (v) => v.model.title.text.replace(/\s+/g, " ");
     const found = plots().filter((v) => v.model.name === prefix ||
-                                        (v.model.title && v.model.title.text.startsWith(prefix)));
+                                        (v.model.title && words(v).startsWith(prefix)));
     if (found.length === 0) throw new Error(`no plot titled ${prefix}...`);
     return found[0];
   };

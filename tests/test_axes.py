@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 from bokeh.models import DataRange1d, Range1d
 
-from attnpanel.render.axes import STEADY_CHARS, axis_number, chart_extent
+from attnpanel.render.axes import STEADY_CHARS, axis_number, chart_extent, fit_axis
 from attnpanel.render.elements import PlotKey
 from attnpanel.render.figures import draw
 from attnpanel.render.push import write
@@ -43,7 +43,7 @@ def test_the_value_axis_follows_each_new_state_with_its_reset():
     assert figure.y_range.end == pytest.approx(1 / 480 * 1.06)
     write(found, bars(np.r_[1.0, np.zeros(479)]))
     rng = figure.y_range
-    assert (rng.start, rng.end) == pytest.approx((-0.06, 1.06))
+    assert (rng.start, rng.end) == pytest.approx((0.0, 1.06))  # weights: never below 0
     assert (rng.reset_start, rng.reset_end) == (rng.start, rng.end)  # reset: this state's
     write(found, bars([-2.0, 1.0, 0.5]))  # negative bars: their bottoms count
     assert (figure.y_range.start, figure.y_range.end) == pytest.approx((-2.18, 1.18))
@@ -127,11 +127,34 @@ def test_a_density_under_a_charts_points_is_no_map():
     figure, found = drawn_of(distribution(values, sample=3))
     y = figure.y_range
     assert y.start < y.end  # upwards, not a map's query-0-on-top
-    assert y.start < 0.0 and y.end > 1.0  # the points' extremes, padded
+    assert y.start == 0.0 and y.end > 1.0  # from 0 (none is negative), the top padded
     write(found, distribution(values * 5, sample=4))
     assert figure.y_range.end > 5.0
     (density,) = [h for key, hs in found.items() if key.group == "Density" for h in hs]
     assert np.nanmax(density["source"].data["image"][0]) > 0
+
+
+def test_a_flat_positive_curve_gets_an_axis_from_zero_and_no_quantity_a_negative_one():
+    """A LayerNorm's output norm is one value up to float noise: its axis was 1e-6 high
+    (the query's weights band, from 0, off the chart); a non-negative quantity's axis
+    never runs below 0."""
+    figure = figure_with_range()
+    fit_axis(figure, "y", (5.656850, 5.656856))
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((0.0, 5.656856 * 1.06))
+    fit_axis(figure, "y", (0.01, 0.51))  # the padding would run below 0: it stops there
+    assert figure.y_range.start == 0.0 and figure.y_range.end == pytest.approx(0.54)
+    fit_axis(figure, "y", (0.2, 0.7))  # the padding stays above 0: kept
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((0.17, 0.73))
+    fit_axis(figure, "y", (-0.5, 0.5))
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((-0.56, 0.56))
+    fit_axis(figure, "y", (-2.0, -2.0))  # one negative value: 1 either side
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((-3.0, -1.0))
+
+
+def figure_with_range():
+    from bokeh.plotting import figure
+
+    return figure(y_range=Range1d(0, 1))
 
 
 def test_lanes_markers_and_maps_never_rescale_an_axis():
@@ -142,7 +165,7 @@ def test_lanes_markers_and_maps_never_rescale_an_axis():
     figure, found = drawn_of(
         hv.Overlay([vector_bars(np.ones(96), ["k"] * 96, "f", "q"), lanes(8, 12)])
     )
-    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((-0.06, 1.06))
+    assert (figure.y_range.start, figure.y_range.end) == pytest.approx((0.0, 1.06))
     # a chart whose layers never rescale it keeps Bokeh's own range of data that stay put
     outline, _ = draw(hv.Rectangles([(0, 0, 1, 1)], group="Outline"))
     assert isinstance(outline.y_range, DataRange1d)

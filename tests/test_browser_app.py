@@ -262,7 +262,7 @@ def test_switching_a_head_off_re_runs_the_model(app, artifacts):
 ROLLOUT_JS = """() => { const pv = attn.plots().find((v) => / rollout through|^rollout through/
                                                       .test(v.model.title.text));
   const r = pv.model.renderers.find((r) => r.glyph.type === 'Image');
-  return [pv.model.title.text, Array.from(r.data_source.data.image[0])]; }"""
+  return [pv.model.title.text.replace(/\\s+/g, ' '), Array.from(r.data_source.data.image[0])]; }"""
 
 
 def test_the_rollout_sits_beside_the_matrix_and_weighs_by_gradient(app, artifacts):
@@ -315,12 +315,15 @@ def test_the_rollout_sits_beside_the_matrix_and_weighs_by_gradient(app, artifact
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 
+# the survey's plot (its title's words, whichever line they are on)
+SURVEY_TITLE = "v.model.title.text.replace(/\\s+/g, ' ').endsWith(': entropy (nats)')"
 SURVEY_JS = """(group) => {
-  const pv = attn.plots().find((v) => v.model.title.text.includes(': entropy (nats)') ||
-                                      v.model.title.text.includes(': distance'));
+  const words = (v) => v.model.title.text.replace(/\\s+/g, ' ');
+  const pv = attn.plots().find((v) => words(v).includes(': entropy (nats)') ||
+                                      words(v).includes(': distance'));
   const r = pv.model.renderers.find((r) => r.glyph.type === 'Scatter' &&
                                            r.data_source.data.value.length === group);
-  return [pv.model.title.text, Array.from(r.data_source.data.head),
+  return [pv.model.title.text.replace(/\\s+/g, ' '), Array.from(r.data_source.data.head),
           Array.from(r.data_source.data.value)];
 }"""
 
@@ -337,7 +340,7 @@ def test_the_survey_shows_every_sample_of_the_models_own_statistics(app, artifac
     page.set_viewport_size({"width": 1600, "height": 1300})
     click_checkbox(page, "every sample (survey)")
     page.wait_for_function(
-        "() => attn.plots().some((v) => v.model.title.text.endsWith(': entropy (nats)'))",
+        f"() => attn.plots().some((v) => {SURVEY_TITLE})",
         timeout=120_000,
     )
     title, heads, values = page.evaluate(SURVEY_JS, 32 * 8)
@@ -346,8 +349,7 @@ def test_the_survey_shows_every_sample_of_the_models_own_statistics(app, artifac
     drawn = np.stack([np.asarray(values)[np.round(heads).astype(int) == h] for h in range(8)], 1)
     np.testing.assert_allclose(drawn, own, rtol=1e-5)
     page.evaluate(
-        "attn.plots().find((v) => v.model.title.text.endsWith(': entropy (nats)'))"
-        ".el.scrollIntoView({block: 'center'})"
+        f"attn.plots().find((v) => {SURVEY_TITLE}).el.scrollIntoView({{block: 'center'}})"
     )
     shot(page, artifacts, "survey_1600")
     page.set_viewport_size({"width": 1280, "height": 1300})
@@ -359,7 +361,7 @@ def test_the_survey_shows_every_sample_of_the_models_own_statistics(app, artifac
     target = 9
     point = page.evaluate(
         "([x, y]) => { const pv = attn.plots().find((v) =>"
-        " v.model.title.text.endsWith(': entropy (nats)'));"
+        " v.model.title.text.replace(/\\s+/g, ' ').endsWith(': entropy (nats)'));"
         " const f = pv.frame; const b = pv.el.getBoundingClientRect();"
         " return {x: b.left + f.x_scale.compute(x), y: b.top + f.y_scale.compute(y)}; }",
         [4 + float(jitter(32)[target]), float(own[target, 4])],

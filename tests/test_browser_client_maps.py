@@ -48,6 +48,7 @@ def test_a_change_whose_map_is_there_sends_no_image_and_paints_the_servers_pixel
             # the other views follow on the server: the query's weights name the head
             bars = page.evaluate("attn.plot('weights of query').model.title.text")
             head = page.evaluate("new URLSearchParams(location.search).get('head')")
+            bars = " ".join(bars.split())  # (broken into lines where the plot is narrow)
             assert bars.endswith("(mean of heads)" if head == "mean" else f"(head {head})")
             shown[page.url.split("?", 1)[1]] = after
             idle_cache(page, 1)  # the next change's neighbours arrive while idle

@@ -127,7 +127,7 @@ def test_the_three_maps_paint_and_the_page_fits(app, artifacts):
     assert red > blue + 50 and red > green + 50, "where B attends most over A: red"
     text = " ".join(page.evaluate(PAGE_TEXT_JS).split())
     assert (
-        f"{head.removeprefix('sample 0,').strip()}: rank 1 of 16" in text
+        f"{' '.join(head.split()).removeprefix('sample 0,').strip()}: rank 1 of 16" in text
         and "Jensen-Shannon divergence" in text
     )
     widths = page_widths(page)

@@ -78,7 +78,8 @@ def test_the_matrix_is_the_models_own_attention_with_times_and_the_token_named(
     own = own_weights(model, windows.isel(window=[0]), layer=0)
     assert own.shape == (1, 4, 481, 481)
     title = tab.evaluate(f"{MATRIX}.model.title.text")
-    assert title.startswith("sample 0, head 0, layer EncoderBlock.0.attention_layer:")
+    words = " ".join(title.split())  # (broken into lines where the plot is narrow)
+    assert words.startswith("sample 0, head 0, layer EncoderBlock.0.attention_layer:")
     drawn = np.asarray(tab.evaluate(IMAGE_JS), dtype=np.float32)
     # the page draws a blocked cell (the diagonal: weight 0) as no value, then fits the 481
     # cells to its 480 pixels

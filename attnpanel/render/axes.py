@@ -15,10 +15,9 @@ from bokeh.models import BasicTickFormatter, CustomJSTickFormatter, LegendItem, 
 from attnpanel.render.elements import Raster
 
 CHART_PAD = 0.06  # a chart's value axis: its data, and 6 % of their span beyond each end
-# boxes that rescale the value axis: a vector's cells, and the query's weights painted
-# behind the input curve, which span from 0 (or the lowest value) to the highest (a constant
-# curve, a LayerNorm's output norm, had an axis 1e-6 high and its band off the chart)
-RESCALING_BOXES = ("Vector", "QueryWeights")
+# values whose span is under this share of their size are one value, a float's noise, on a
+# value axis (a LayerNorm's output norm had an axis 1e-6 high, the query's band off the chart)
+FLAT = 1e-4
 # layers that never rescale an axis: markers, spans, lanes and labels are drawn within the
 # data of the others, a map's axes are its cells, a table has none
 NEVER_RESCALE = (
@@ -45,7 +44,7 @@ def chart_extent(layer) -> tuple[float, float] | None:
     if isinstance(layer, NEVER_RESCALE):
         return None
     if isinstance(layer, hv.Rectangles):
-        if layer.group not in RESCALING_BOXES:
+        if layer.group != "Vector":
             return None  # an outline or token boxes: their axis is fixed
         values = np.concatenate([layer.dimension_values("y0"), layer.dimension_values("y1")])
     else:
@@ -70,16 +69,20 @@ def time_extent(layer) -> tuple[float, float] | None:
 
 def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD) -> None:
     """Fit a chart's ``x`` or ``y`` axis to ``extent``, with ``pad`` of its span beyond each
-    end (all-equal values: 1 either side), never below 0 for values that are not, its reset
-    included.
+    end (all-equal values: 1 either side, or 0 to the value and ``pad`` of it for a positive
+    one), never below 0 for values that are not, its reset included.
 
     The range is a ``Range1d`` the server writes: BokehJS keeps a ``DataRange1d``'s start
     and end for ever once a document arrives with them set, so a range written into one
     before the page loads (a link's sample) would stay the first state's in every later one.
     """
     lo, hi = extent
-    margin = pad * (hi - lo) if hi > lo else 1.0
-    start, end = lo - margin, hi + margin
+    flat = hi - lo <= (FLAT * max(abs(lo), abs(hi)) if axis == "y" else 0.0)
+    if flat and lo > 0:  # one positive value: from 0 (the query's band spans from 0 too)
+        start, end = 0.0, hi * (1 + pad) if pad else hi
+    else:
+        margin = pad * (hi - lo) if not flat else 1.0
+        start, end = lo - margin, hi + margin
     if lo >= 0:
         start = max(start, 0.0)  # a non-negative quantity on a non-negative axis
     name = f"{axis}_range"

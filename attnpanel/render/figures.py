@@ -207,7 +207,6 @@ def draw(
         **sizing,
     )
     fig.title.text_font_size = title_size
-    fig.title.text = fit_title(fig, fig.title.text)
     if fig.toolbar is not None:
         fig.toolbar.autohide = True
         wheel = [tool for tool in fig.tools if isinstance(tool, WheelZoomTool)]
@@ -279,6 +278,7 @@ def draw(
             ),
             "right",
         )
+    fig.title.text = fit_title(fig, fig.title.text)  # (its colour bar, if any, in place)
     return fig, found
 
 
