@@ -475,7 +475,7 @@ WORDS_JS = r"""
       const p = (v) => v.toPrecision(6);
       const where = `${name}: ${axis} range ${p(a)} to ${p(b)}, data ${p(lo)} to ${p(hi)}`;
       if (a > lo + tol || b < hi - tol) problems.push(`${where}: data outside the range`);
-      else if (span > 0 && b - a > 1.25 * span + tol) {
+      else if (span > 1e-4 * Math.max(Math.abs(lo), Math.abs(hi)) && b - a > 1.25 * span + tol) {
         problems.push(`${where}: range wider than its data`);
       }
     }

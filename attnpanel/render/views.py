@@ -40,6 +40,7 @@ from attnpanel.readouts.raster import (
     image_limits,
     raster_values,
 )
+from attnpanel.render.axes import FLAT
 from attnpanel.render.styling import (
     PROJECTION_FAMILIES,
     family_colors,
@@ -172,13 +173,18 @@ def _cell_edges(xs: np.ndarray) -> np.ndarray:
 
 
 def _extent(arrays) -> tuple[float, float]:
-    """From 0 (or the lowest value, when negative) to the highest finite value."""
+    """What the value axis shows of the curves (:func:`attnpanel.render.axes.fit_axis`):
+    their lowest to their highest finite value, from 0 for one positive value (a flat
+    curve). The band spanned from 0 whatever the curves: under curves far above 0 (a
+    decoder's input norm, 5.60 to 5.63) it ran below the axis, cut at its edge."""
     finite = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
     finite = finite[np.isfinite(finite)]
     if finite.size == 0:
         return 0.0, 1.0
     low, high = float(finite.min()), float(finite.max())
-    return min(low, 0.0), high if high > low else low + 1.0
+    if high - low <= FLAT * max(abs(low), abs(high)):
+        return (0.0, high) if low > 0 else (low - 1.0, high + 1.0)
+    return low, high
 
 
 def position_marker(ds: xr.Dataset, sel: Selection) -> hv.VLine | hv.VSpan:
