@@ -341,7 +341,10 @@ def test_the_survey_shows_every_sample_of_the_models_own_statistics(app, artifac
     click_checkbox(page, "every sample (survey)")
     page.wait_for_function(
         f"() => attn.plots().some((v) => {SURVEY_TITLE})",
-        timeout=120_000,
+        # the demo model over 32 windows on the server: beside the suite's other worker, on
+        # one torch thread, it took over 120 s (benchmarks/survey.py times it; this test
+        # checks its numbers)
+        timeout=360_000,
     )
     title, heads, values = page.evaluate(SURVEY_JS, 32 * 8)
     assert title == "encoder.2.attention: entropy (nats)"
