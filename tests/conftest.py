@@ -35,10 +35,10 @@ param.parameterized.warnings_as_exceptions = True
 def pytest_collection_modifyitems(items):
     """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them).
 
-    The suite runs in two workers (``-n 2 --dist loadgroup``, pyproject.toml): the tests
-    that drive Chromium run in one, in their order, with one browser and one demo server,
-    beside the others, a module at a time (its fixtures built once): 14 min instead of 23
-    here.
+    With ``-n 2 --dist loadgroup`` (pytest-xdist) the tests that drive Chromium run in one
+    worker, in their order, with one browser and one demo server, beside the others, a
+    module at a time (its fixtures built once): 14 min instead of 20-23 here. Not the
+    default yet: there the served survey never finishes (pyproject.toml).
     """
     for item in items:
         browser = "browser" in getattr(item, "fixturenames", ())
