@@ -45,16 +45,13 @@ def load_trace(path: str, sample: int | None = None):
 
 
 def check_sample(capture, sample: int) -> None:
+    from attnpanel.traces.io import check_samples
     from attnpanel.traces.layers import groups
 
-    for group, ds in groups(capture).items():
-        n = ds.sizes["batch"]
-        if not 0 <= sample < n:
-            where = f" (group {group})" if group else ""
-            raise CommandError(
-                f"--sample {sample} is out of range: the trace{where} has {n} "
-                f"sample{'s' if n != 1 else ''}, 0 to {n - 1}"
-            )
+    try:
+        check_samples(groups(capture), [sample])
+    except IndexError as error:  # "sample 9 is out of range: the trace has 2 samples, ..."
+        raise CommandError(f"--{first_line(error)}") from error
 
 
 def check_output(path: str, overwrite: bool) -> None:

@@ -69,20 +69,16 @@ def time_extent(layer) -> tuple[float, float] | None:
 
 def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD) -> None:
     """Fit a chart's ``x`` or ``y`` axis to ``extent``, with ``pad`` of its span beyond each
-    end (all-equal values: 1 either side, or 0 to the value and ``pad`` of it for a positive
-    one), never below 0 for values that are not, its reset included.
+    end (a value axis of one positive value: from 0, :func:`shown_extent`; all-equal values
+    otherwise: 1 either side), never below 0 for values that are not, its reset included.
 
     The range is a ``Range1d`` the server writes: BokehJS keeps a ``DataRange1d``'s start
     and end for ever once a document arrives with them set, so a range written into one
     before the page loads (a link's sample) would stay the first state's in every later one.
     """
-    lo, hi = extent
-    flat = hi - lo <= (FLAT * max(abs(lo), abs(hi)) if axis == "y" else 0.0)
-    if flat and lo > 0:  # one positive value: from 0 (the query's band spans from 0 too)
-        start, end = 0.0, hi * (1 + pad) if pad else hi
-    else:
-        margin = pad * (hi - lo) if not flat else 1.0
-        start, end = lo - margin, hi + margin
+    lo, hi = shown_extent(*extent) if axis == "y" else extent
+    margin = pad * (hi - lo) if hi > lo else 1.0
+    start, end = lo - margin, hi + margin
     if lo >= 0:
         start = max(start, 0.0)  # a non-negative quantity on a non-negative axis
     name = f"{axis}_range"
@@ -91,6 +87,14 @@ def fit_axis(fig, axis: str, extent: tuple[float, float], pad: float = CHART_PAD
         setattr(fig, name, Range1d(start=start, end=end, reset_start=start, reset_end=end))
         return
     rng.update(start=start, end=end, reset_start=start, reset_end=end)
+
+
+def shown_extent(lo: float, hi: float) -> tuple[float, float]:
+    """What a value axis shows of data from ``lo`` to ``hi``, before its padding: the data,
+    or from 0 for one positive value (a span under :data:`FLAT` of its size: float noise)."""
+    if lo > 0 and hi - lo <= FLAT * hi:
+        return 0.0, hi
+    return lo, hi
 
 
 FIXED_AXES = "fixed axes"  # a layer's handles: the axes its figure was drawn with fixed

@@ -40,7 +40,7 @@ from attnpanel.readouts.raster import (
     image_limits,
     raster_values,
 )
-from attnpanel.render.axes import FLAT
+from attnpanel.render.axes import shown_extent
 from attnpanel.render.styling import (
     PROJECTION_FAMILIES,
     family_colors,
@@ -182,9 +182,8 @@ def _extent(arrays) -> tuple[float, float]:
     if finite.size == 0:
         return 0.0, 1.0
     low, high = float(finite.min()), float(finite.max())
-    if high - low <= FLAT * max(abs(low), abs(high)):
-        return (0.0, high) if low > 0 else (low - 1.0, high + 1.0)
-    return low, high
+    low, high = shown_extent(low, high)
+    return (low, high) if high > low else (low - 1.0, high + 1.0)
 
 
 def position_marker(ds: xr.Dataset, sel: Selection) -> hv.VLine | hv.VSpan:

@@ -174,8 +174,9 @@ def _lazy_chunks(ds: xr.Dataset) -> dict[str, int]:
     return {**whole, "layer": 1, "batch": 1, "head": 1, "query": rows}
 
 
-def _check_samples(members: dict, samples: list[int] | None) -> None:
-    """Refuse a sample a group does not have, naming how many it has."""
+def check_samples(members: dict, samples: list[int] | None) -> None:
+    """Refuse (IndexError) a sample one of the traces ``members`` (by group) does not have,
+    naming how many it has."""
     for group, ds in members.items():
         n = ds.sizes.get("batch", 0)
         for sample in samples or ():
@@ -217,7 +218,7 @@ def _open_checked(
     try:
         for group in groups:
             members[group] = _open(path, fmt, {}, group)
-        _check_samples(members, samples)
+        check_samples(members, samples)
         members = {group: _cut(ds, samples) for group, ds in members.items()}
         if lazy is None:
             lazy = sum(ds.nbytes for ds in members.values()) > min(LAZY_BYTES, budget)
