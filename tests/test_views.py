@@ -119,6 +119,21 @@ def test_sequence_curve_shows_the_input_signal(trace):
     assert curve.kdims[0].name == "time"
 
 
+def test_reference_series_that_name_nothing_share_the_signals_quantity(trace):
+    """Unnamed reference series in no units of their own are drawn on the signal's
+    quantity ("power", not "aggregate power, reference series", which a 143 px axis cut);
+    in units of their own, the axis names both."""
+    sel = Selection(sample=0)
+    rng = np.random.default_rng(1)
+    truth = (("batch", "series", "position"), rng.random((3, 2, LENGTH)))
+    both = trace.assign(truth=truth).assign_coords(series=["fridge", "kettle"])
+    assert core.sequence_series(both, sel).ylabel == "power"
+    assert core.sequence_series(both, sel, show_reference=False).ylabel == "aggregate power"
+    other = both.assign(truth=both["truth"].assign_attrs(units="kW"))
+    label = core.sequence_series(other, sel).ylabel
+    assert label == "aggregate power, reference series (kW)"
+
+
 def test_input_and_projection_vectors_split_into_head_lanes(trace):
     sel = Selection(sample=1, query=5)
     bars = views.input_vector(trace, sel)
@@ -164,16 +179,36 @@ def test_value_aggregation_is_the_trace_context(trace):
     top = views.top_values(trace, sel)
     assert len(set(top.dimension_values("key"))) == views.TOP_VALUES
     best = int(np.argmax(weights))
-    assert top.dimension_values("key")[0].lstrip(views.FIGURE_SPACE).startswith(f"{best}: ")
+    # a key by its clock time (the matrix's own labels) and its position
+    clock = core.clock_labels(trace, 2)
+    first_label = top.dimension_values("key")[0].lstrip(views.FIGURE_SPACE)
+    assert first_label.startswith(f"{clock[best]}: w ")  # every time once: no position
     first = views.top_values(trace, Selection(sample=2, head=4, query=1, mask="causal"))
     keys = list(dict.fromkeys(first.dimension_values("key")))  # 2 keys allowed, 0 and 1
-    assert sorted(key.split(":")[0].lstrip(views.FIGURE_SPACE) for key in keys) == ["0", "1"]
-    # every key's label at one width: its number right-aligned in figure spaces
-    digits = len(str(trace.sizes["key"] - 1))
-    assert digits >= 2
-    assert {len(key) for key in [*keys, *top.dimension_values("key")]} == {digits + 9}
-    assert keys[0].startswith(views.FIGURE_SPACE * (digits - 1))
+    named = sorted(key.split(": w")[0].lstrip(views.FIGURE_SPACE) for key in keys)
+    assert named == [clock[0], clock[1]]
+    # every key's label at one width (right-aligned in figure spaces where they differ)
+    assert {len(key) for key in [*keys, *top.dimension_values("key")]} == {len(clock[0]) + 9}
     assert first.label == "value vectors, top 2 keys"
+
+
+def test_top_keys_of_text_are_named_by_their_tokens():
+    """A text's top keys say their token and position (a token may repeat): never a bare
+    position number where the positions are tokens."""
+    torch.manual_seed(0)
+    layer = attnpanel.MultiHeadSelfAttention(d_model=16, n_heads=2, mask="none")
+    words = ["the", "cat", "sat", "on", "the", "mat"]
+    text = attnpanel.trace(layer, torch.randn(1, 6, 16), tokens=[words])
+    sel = Selection(sample=0, head=1, query=2)
+    weights = views.aggregation_weights(text, sel).get(0).dimension_values("value")
+    labels = list(dict.fromkeys(views.top_values(text, sel).dimension_values("key")))
+    best = int(np.argmax(weights))
+    assert labels[0].strip(views.FIGURE_SPACE).startswith(f"{words[best]} ({best}): w ")
+    once = ["a", "cat", "sat", "on", "the", "mat"]  # no token twice: no positions
+    unique = attnpanel.trace(layer, torch.randn(1, 6, 16), tokens=[once])
+    assert views.key_names(unique, 0, 6) == once
+    assert len(labels) == views.TOP_VALUES  # "the (0)" and "the (4)" stay two keys
+    assert {len(label) for label in labels} == {len("the (0)") + 9}
 
 
 def test_merged_output_matches_trace_and_changes_without_a_head(trace):

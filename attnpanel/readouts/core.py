@@ -22,6 +22,7 @@ import torch
 import xarray as xr
 
 from attnpanel.kernels.statistics import head_statistics_of
+from attnpanel.readouts.quantities import signal_quantity
 from attnpanel.traces import virtual
 from attnpanel.traces.positions import Positions
 from attnpanel.traces.schema import STAGES
@@ -346,38 +347,6 @@ class SequenceSeries:
     title: str
 
 
-def reference_name(ds: xr.Dataset) -> str:
-    """What the trace's reference series are, in its own words (their ``long_name``)."""
-    for variable in ("truth", "prediction"):
-        if variable in ds and "long_name" in ds[variable].attrs:
-            return str(ds[variable].attrs["long_name"])
-    return "reference series"
-
-
-def common_quantity(name: str, reference: str) -> str:
-    """The value axis of a signal drawn with its reference series: their common quantity
-    ("total power" and "device power": "power"), else both names."""
-    last = name.split()[-1] if name.split() else name
-    return last if reference.split()[-1:] == [last] else f"{name}, {reference}"
-
-
-def prediction_axis(
-    ds: xr.Dataset, found: SequenceSeries, with_signal: bool
-) -> tuple[str, str | None]:
-    """``(label, unit)`` of the value axis of predicted series (``with_signal``: drawn over
-    the input signal): the reference series' own quantity and unit, never the input's alone
-    ("aggregate power" over kettle curves)."""
-    reference = reference_name(ds)
-    name = found.ylabel if found.yname == "signal" else "prediction"
-    label = common_quantity(name, reference) if with_signal else reference
-    unit = found.unit
-    for variable in ("prediction", "truth"):
-        if variable in ds and "units" in ds[variable].attrs:
-            unit = ds[variable].attrs["units"]
-            break
-    return label, unit
-
-
 def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True):
     """The input sequence of the selected sample: a :class:`SequenceSeries`.
 
@@ -403,7 +372,7 @@ def sequence_series(ds: xr.Dataset, sel: Selection, show_reference: bool = True)
         when = f", {dates}" if dates else ""
         title = f"sample {sel.sample}: {name}{when} (click to pick the query)"
         unit = signal.attrs.get("units")
-        ylabel = name if len(series) == 1 else common_quantity(name, reference_name(ds))
+        ylabel = name if len(series) == 1 else signal_quantity(ds, name, unit)
         return SequenceSeries(xs, xname, "signal", ylabel, unit, series, title)
     if "x" in ds:
         norm = np.linalg.norm(ds["x"].isel(batch=sel.sample).values, axis=-1)

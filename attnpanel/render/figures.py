@@ -202,6 +202,9 @@ def draw(
         x_axis_location="above" if xaxis == "top" else "below",
         tools=",".join(name for name in tool_names if name != "hover"),
         toolbar_location="above" if toolbar else None,
+        # a row of its own above the title: beside it, the toolbar stayed where the first
+        # title ended, over the end of a longer one (the mean of heads' title, 61 px)
+        toolbar_sticky=False,
         output_backend=backend(layers),
         min_border=5,
         **sizing,

@@ -12,7 +12,7 @@ import holoviews as hv
 import numpy as np
 import xarray as xr
 
-from attnpanel.readouts import core
+from attnpanel.readouts import core, quantities
 from attnpanel.render.elements import Raster
 from attnpanel.render.tables import NOT_AVAILABLE, WHY
 from attnpanel.render.views import FAST_DATATYPE
@@ -67,7 +67,7 @@ def prediction_curves(
     over_positions = len(found.xs) == length  # else a prediction of its own length
     xs = found.xs if over_positions else np.arange(length)
     xdim = hv.Dimension(found.xname)
-    label, unit = core.prediction_axis(ds, found, with_signal=over_positions)
+    label, unit = quantities.prediction_axis(ds, found, with_signal=over_positions)
     ydim = hv.Dimension("value", label=label, unit=unit)
     curves = [
         hv.Curve((xs, values), xdim, ydim, group="Prediction", label=label, datatype=FAST_DATATYPE)

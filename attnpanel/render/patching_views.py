@@ -12,7 +12,7 @@ import holoviews as hv
 import numpy as np
 import xarray as xr
 
-from attnpanel.readouts import core
+from attnpanel.readouts import core, quantities
 from attnpanel.render.elements import Raster
 from attnpanel.render.views import FAST_DATATYPE
 
@@ -65,7 +65,7 @@ def patched_curves(
     length = clean.shape[-1]
     xs = found.xs if len(found.xs) == length else np.arange(length)
     xdim = hv.Dimension(found.xname if len(found.xs) == length else "position")
-    label, unit = core.prediction_axis(ds, found, with_signal=False)
+    label, unit = quantities.prediction_axis(ds, found, with_signal=False)
     ydim = hv.Dimension("value", label=label, unit=unit)
     suffixes = {"clean": core.PREDICTED, "corrupted": CORRUPTED, "patched": PATCHED}
     curves = []

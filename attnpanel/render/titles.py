@@ -22,6 +22,8 @@ Y_AXIS_ROOM = 50  # px left of a plot's frame sized by its width: its y axis and
 # than what browsers draw Bokeh's bold Helvetica titles in (Chromium here: Liberation Sans,
 # "context of query 1: Σ mean-weight · v (all heads)" 304 px at 10 pt, 368 px in DejaVu)
 TITLE_FONT = "DejaVuSans-Bold.ttf"
+LABEL_FONT = "DejaVuSans.ttf"  # tick labels, measured as the titles are (a little wider)
+CATEGORY_AXIS_ROOM = 30  # px of a categorical y axis beside its widest label: ticks, label
 
 
 def fit_title(fig, text: str) -> str:
@@ -36,11 +38,22 @@ def fit_title(fig, text: str) -> str:
         bar = any(isinstance(m, ColorBar) for m in fig.right)
         room = fig.frame_width + (COLORBAR_ROOM if bar else 0)
     elif fig.width is not None and fig.sizing_mode in (None, "fixed"):
-        room = fig.width - Y_AXIS_ROOM
+        room = fig.width - _y_axis_room(fig)
     else:
         return text
     width = _measure(_font_px(fig.title.text_font_size))
     return "\n".join(_wrapped(line, room, width) for line in text.split("\n"))
+
+
+def _y_axis_room(fig) -> float:
+    """The px a plot's y axis takes left of its frame: a categorical axis as wide as its
+    widest factor (the top keys' "attention (12): w 0.331") and its label, else
+    :data:`Y_AXIS_ROOM`."""
+    factors = getattr(fig.y_range, "factors", None)
+    if not factors or not fig.yaxis:
+        return Y_AXIS_ROOM
+    width = _measure(_font_px(fig.yaxis[0].major_label_text_font_size), LABEL_FONT)
+    return max(map(width, map(str, factors))) + CATEGORY_AXIS_ROOM
 
 
 def _wrapped(line: str, room: float, width) -> str:
@@ -56,9 +69,9 @@ def _wrapped(line: str, room: float, width) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _measure(px: float):
-    """A function of a text: its width in px at ``px`` in :data:`TITLE_FONT`."""
-    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / TITLE_FONT
+def _measure(px: float, font: str = TITLE_FONT):
+    """A function of a text: its width in px at ``px`` in ``font`` (a matplotlib font)."""
+    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / font
     font = ImageFont.truetype(str(path), size=px)
     return font.getlength
 

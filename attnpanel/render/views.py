@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from attnpanel.readouts import core, summary
+from attnpanel.readouts import core, model_map, summary
 from attnpanel.readouts.core import (
     STAGE_LABELS,
     Selection,
@@ -326,9 +326,11 @@ def top_values(
     n_dims = values.shape[1]
     # each key's label at one width (its number right-aligned in figure spaces, a digit's
     # width): a new query's labels never widen the axis (BokehJS then lays the page out again)
-    names = Positions.of(ds, sel.sample).names  # a named token by its name, a step by number
-    shown = [str(names[key]) if key < len(names) and names[key] else str(key) for key in order]
-    digits = max(len(str(len(weights) - 1)), *(len(str(n)) for n in names))
+    # a text's token with its position (a token may repeat), a named token by its name, a
+    # step by its number
+    names = key_names(ds, sel.sample, len(weights))
+    shown = [names[key] for key in order]
+    digits = max(len(n) for n in names)
     labels = [
         f"{key:{FIGURE_SPACE}>{digits}}: w {weights[k]:.3f}"
         for key, k in zip(shown, order, strict=True)
@@ -348,6 +350,19 @@ def top_values(
         group="Values",
         label=f"value vectors, top {len(order)} keys",  # fits the narrow column
     )
+
+
+def key_names(ds: xr.Dataset, sample: int, n_keys: int) -> list[str]:
+    """Each key's name in the top keys' labels: its token for text, its clock time or its
+    name (``statistics``) where the trace has them, with its position where a name repeats
+    (``"the (5)"``), else the position's number."""
+    labels = model_map.tokens(ds, sample) or Positions.of(ds, sample).labels()
+    if labels is None:
+        return [str(key) for key in range(n_keys)]
+    labels = labels[:n_keys]
+    if len(set(labels)) == len(labels):
+        return labels
+    return [label if label == str(key) else f"{label} ({key})" for key, label in enumerate(labels)]
 
 
 def context_vector(ds: xr.Dataset, sel: Selection, cache: StageCache | None = None):

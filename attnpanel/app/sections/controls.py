@@ -5,7 +5,8 @@ from __future__ import annotations
 import panel as pn
 
 from attnpanel.app.sections.base import Section
-from attnpanel.readouts.core import layer_names, reference_name
+from attnpanel.readouts.core import layer_names
+from attnpanel.readouts.quantities import reference_name
 from attnpanel.render.styling import CHECKBOX_TEXT, WRAP
 from attnpanel.traces.schema import STAGES
 

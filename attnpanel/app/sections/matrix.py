@@ -66,6 +66,13 @@ def clock_axes(figure, labels: list[str], n_query: int, n_key: int) -> None:
         ]
 
 
+def clock_key_axis(figure, labels: list[str]) -> None:
+    """Label a chart's key axis with clock times (a bar per key: the query's weights)."""
+    figure.xaxis.formatter = CustomJSTickFormatter(args=dict(labels=labels), code=TICK_CODE)
+    if sorted(map(len, labels))[len(labels) // 2] > LEVEL_LABEL:
+        figure.xaxis.major_label_orientation = SLANTED
+
+
 def set_clock_labels(figure, labels: list[str]) -> None:
     """Point a map's time formatters at another sample's clock times."""
     formatters = [figure.xaxis[0].formatter, figure.yaxis[0].formatter]
@@ -176,7 +183,7 @@ class AttentionMatrix(PositionMap):
         self.engine.follow(self._renote, ["sample", "mask", "stage", "layer"])
         # Hidden (and taking no room) until side_by_side; built the first time it shows.
         self._beside = pn.Column(
-            pn.pane.Markdown("**without mask**", margin=(0, 5)),
+            self.heading("Without mask"),  # a heading as the matrix's: the maps level
             margin=0,
             visible=self.state.param.side_by_side,
         )

@@ -151,7 +151,9 @@ class Positional(Section):
         image = model_views.positional_encoding(self.trace)
         length, width = image.dimension_values(2, flat=False).shape
         image = image.opts(*styling.options()).opts(
-            frame_width=min(900, max(300, 4 * width)), frame_height=min(400, max(200, 2 * length))
+            frame_width=min(900, max(300, 4 * width)),
+            frame_height=min(400, max(200, 2 * length)),
+            ylabel="position number",  # the same rows whatever a sample's tokens or times
         )
         note = pn.pane.Markdown(model_views.positional_note(self.trace), margin=(0, 10))
         return pn.Column(self.heading(), note, pn.pane.HoloViews(image, margin=(0, 5)), margin=0)

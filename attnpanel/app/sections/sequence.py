@@ -111,7 +111,7 @@ class InputSequence(Section):
             height=TOKEN_STRIP_HEIGHT,
             yaxis=False,
             xaxis=False,
-            ylim=(-0.06, 1.06),
+            ylim=(-0.1, 1.1),  # the selected token's outline (-0.08 to 1.08) whole
             xlim=(-0.5, n - 0.5),
         )
         return plot, "tokens", style
