@@ -180,6 +180,12 @@ def test_model_view_click_opens_the_map(app, artifacts):
         timeout=10_000,
     )
     page.wait_for_function("attn.plot('weights of query').model.title.text.endsWith('(head 7)')")
+    # the matrix the click opened is brought into view (it changed 1,800 px above, unseen)
+    page.wait_for_function(
+        f"() => {{ const r = {matrix_js()}.el.getBoundingClientRect();"
+        " return r.top >= -1 && r.bottom <= window.innerHeight + 1; }",
+        timeout=10_000,
+    )
     shot(page, artifacts, "text_model_view_click")
     # the link keeps the layer the click opened (it reopened layer 0, head 7)
     page.wait_for_function("() => /[?&]layer=5(&|$)/.test(location.search)")

@@ -13,6 +13,7 @@ from bokeh.document import Document
 from bokeh.models import HoverTool
 
 from attnpanel.app.explorer import AttentionExplorer
+from attnpanel.app.scroll import MATRIX
 from attnpanel.app.sections.importance import NEEDS_MODEL
 from attnpanel.app.sections.rollout import ROLLOUT_SIZE as SIZE
 from attnpanel.nilm.demo import DEMO_LAYER, demo_model_run, demo_windows
@@ -125,11 +126,16 @@ def test_the_importance_map_is_each_head_switched_off_alone(page, run):
 def test_a_click_on_the_map_opens_the_head(page):
     page.param.update(head=0)
     section = page.sections["importance"]
+    scroller = page.engine.scroller
+    asked = scroller.request
     section.click(x=4.2, y=2.1)  # row 2 (drawn at the bottom): the traced layer
     assert page.head == 4
+    # and the matrix, 1,800 px above, is brought into view
+    assert (scroller.request, scroller.target) == (asked + 1, MATRIX)
     section.click(x=2.0, y=0.0)  # layer 0: not in this trace
     assert page.head == 4
     assert "encoder.0.attention" in section.status.object
+    assert scroller.request == asked + 1  # nothing opened: the page stays where it is
 
 
 def test_without_the_model_the_section_says_what_it_needs():

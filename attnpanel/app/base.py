@@ -201,7 +201,11 @@ class LayerExplorer(ExplorerState, Explorer):
                 f"## attnpanel · {untrusted.markup(self.title)}", margin=(0, 10)
             )
             self._layout = pn.Column(
-                heading, self.engine.indicator, *self.page(), sizing_mode="stretch_width"
+                heading,
+                self.engine.indicator,
+                self.engine.scroller,
+                *self.page(),
+                sizing_mode="stretch_width",
             )
             self.engine.scheduler.root = self._layout
             self.laid_out()

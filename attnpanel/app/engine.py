@@ -18,6 +18,7 @@ from functools import partial
 from attnpanel.app.neighbours import NeighbourSamples, Warm
 from attnpanel.app.registry import LINKED_GROUPS, LiveView, ViewRegistry
 from attnpanel.app.scheduler import Scheduler, report
+from attnpanel.app.scroll import ScrollTo
 from attnpanel.app.state import ExplorerState
 
 __all__ = ["LINKED_GROUPS", "LiveEngine", "LiveView"]
@@ -39,9 +40,21 @@ class LiveEngine(ViewRegistry):
     def __init__(self, state: ExplorerState, background: bool = False):
         super().__init__(state)
         self.scheduler = Scheduler(self, background)
+        self._scroller = None
         self.neighbours = NeighbourSamples(
             state, self.when_idle, self._views_ahead, self._retain_ahead
         )
+
+    @property
+    def scroller(self) -> ScrollTo:
+        """What brings a part of the page into view (the explorer lays it out)."""
+        if self._scroller is None:
+            self._scroller = ScrollTo()
+        return self._scroller
+
+    def bring_into_view(self, css_class: str) -> None:
+        """Scroll the page to its part of CSS class ``css_class`` (once drawn)."""
+        self.scroller.bring(css_class)
 
     @property
     def indicator(self):

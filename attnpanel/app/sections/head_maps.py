@@ -12,6 +12,7 @@ from __future__ import annotations
 import holoviews as hv
 import panel as pn
 
+from attnpanel.app.scroll import MATRIX
 from attnpanel.app.sections.base import Section
 from attnpanel.render import importance_views
 
@@ -76,8 +77,10 @@ class ModelHeadsSection(Section):
             index = list(map(str, stacked["layer"].values)).index(layer)
             self.status.object = ""
             self.engine.soon(self.state.param.update, layer=index, head=head)
+            self.engine.bring_into_view(MATRIX)
         elif layer == self.layer_name(self.state.selection):
             self.status.object = ""
             self.engine.soon(self.state.param.update, head=head)
+            self.engine.bring_into_view(MATRIX)
         else:
             self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"

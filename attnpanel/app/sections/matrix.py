@@ -16,6 +16,7 @@ from holoviews.plotting.util import process_cmap
 from panel.models import HTML
 
 from attnpanel.app.prefetch import MatrixPrefetch, switch_in_browser
+from attnpanel.app.scroll import MATRIX
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts import core, summary
 from attnpanel.readouts.core import MissingVariable
@@ -190,7 +191,12 @@ class AttentionMatrix(PositionMap):
         if self.state.side_by_side:
             self._show_unmasked()
         note = pn.pane.Bokeh(self.note, margin=(0, 10))
-        return pn.Row(pn.Column(self.heading(), main, note, margin=0), self._beside, margin=0)
+        return pn.Row(
+            pn.Column(self.heading(), main, note, margin=0),
+            self._beside,
+            margin=0,
+            css_classes=[MATRIX],  # what a click that opens a head far below scrolls to
+        )
 
     def _renote(self) -> None:
         """The note's words for the shown map (escaped once more, as Panel sends HTML)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import holoviews as hv
 import panel as pn
 
+from attnpanel.app.scroll import MATRIX
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts import model_map
 from attnpanel.readouts.core import Selection, layer_names
@@ -139,6 +140,7 @@ class ModelView(Section):
         n_layers = self.state.layers.sizes["layer"]
         layer, head = model_views.mosaic_cell(x, y, n_layers, self.state.n_heads)
         self.engine.soon(self.state.param.update, layer=layer, head=head)
+        self.engine.bring_into_view(MATRIX)
 
 
 class Positional(Section):
