@@ -19,6 +19,7 @@ _PUBLIC = {
     "build_mask": ("attnpanel.kernels.masks", "build_mask"),
     "build_trace": ("attnpanel.traces.build", "build_trace"),
     "capture": ("attnpanel.capturing.capture", "capture"),
+    "circuits": ("attnpanel.readouts.circuits", "circuits"),
     "CaptureError": ("attnpanel.capturing.recorder", "CaptureError"),
     "compare": ("attnpanel.readouts.compare", "compare"),
     "Corruption": ("attnpanel.interventions.model_run", "Corruption"),

@@ -14,6 +14,7 @@ the circuit first (an induction head, or the first layer's most previous-token h
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -158,8 +159,9 @@ def repeated(batch: int, generator=None) -> torch.Tensor:
     return torch.cat([half, half], dim=1)
 
 
-@pytest.mark.slow
-def test_an_induction_circuit_is_named_and_patching_puts_it_first():
+@pytest.fixture(scope="module")
+def induction():
+    """The two-layer model trained to induction, held-out repeated sequences, its roles."""
     torch.manual_seed(0)
     model = Repeats()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -177,7 +179,12 @@ def test_an_induction_circuit_is_named_and_patching_puts_it_first():
     with torch.no_grad():
         accuracy = (model(ids)[:, HALF:-1].argmax(-1) == ids[:, HALF + 1 :]).float().mean()
     assert accuracy > 0.99
-    roles = attnpanel.head_roles(model, ids)
+    return model, ids, attnpanel.head_roles(model, ids)
+
+
+@pytest.mark.slow
+def test_an_induction_circuit_is_named_and_patching_puts_it_first(induction):
+    model, ids, roles = induction
     role = roles["role"].values
     assert "induction" in list(role[1]) and "induction" not in list(role[0])
     assert float(roles["induction"].values[1].max()) >= 0.4
@@ -199,3 +206,20 @@ def test_an_induction_circuit_is_named_and_patching_puts_it_first():
         )
         layer, head = divmod(int(abs(effect.values).argmax()), HEADS)
         assert (layer, head) in circuit, (method, effect.values.round(3))
+
+
+@pytest.mark.slow
+def test_the_induction_heads_keys_read_the_previous_token_head_first(induction):
+    """From the weights alone (``attnpanel.circuits``): each induction head's keys read
+    the first layer's previous-token head more than any other head of that layer (K-
+    composition), and more than random matrices of the same shapes do."""
+    model, ids, roles = induction
+    result = attnpanel.circuits(attnpanel.capture(model, ids))
+    previous = int(roles["previous_token"].values[0].argmax())
+    k = result["composition"].sel(mode="K").values  # (layer, head, later layer, later head)
+    induction_heads = [h for h in range(HEADS) if roles["role"].values[1, h] == "induction"]
+    assert induction_heads
+    for head in induction_heads:
+        column = k[0, :, 1, head]  # every first-layer head into this one's keys
+        assert int(np.argmax(column)) == previous, column.round(3)
+        assert column[previous] > float(result["composition_baseline_p95"].sel(mode="K"))

@@ -391,6 +391,11 @@ def _trace(
             "w_o and output read from the Linear that takes the module's merged heads "
             f"({type(module_call[0]).__name__}'s output projection is not its own)"
         )
+    if projections.get("residual"):
+        note.append(
+            "output is what the module adds to its input (it adds its input back itself: "
+            "a residual inside the layer)"
+        )
     missing = [f"w_{r}" for r in "qkv" if f"w_{r}" not in projections]
     if missing and call.via != "multi_head_attention_forward":
         note.append(

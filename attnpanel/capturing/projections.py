@@ -54,7 +54,13 @@ PROJECTION_ROWS = 16
 
 
 def _linear(module: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(weight (out, in), bias)`` of a Linear, or of a GPT-2 ``Conv1D`` (``(in, out)``)."""
+    """``(weight (out, in), bias)`` of a Linear, of a GPT-2 ``Conv1D`` (``(in, out)``), or
+    of the one Linear a wrapper without weights of its own holds (TransformerLens 4's
+    ``LinearBridge``: its hooks around the model's own Linear)."""
+    if module is not None and not isinstance(module, nn.Linear):
+        inner = [m for m in module.modules() if m is not module and isinstance(m, nn.Linear)]
+        if len(inner) == 1 and not list(module.parameters(recurse=False)):
+            module = inner[0]
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None
@@ -207,13 +213,28 @@ def read_projections(call: AttentionCall, module_call, consumer=None) -> dict[st
         merged = _flat_rows(call.context, queries, position_dim=2).flatten(1)  # (n, H E)
         if merged.shape[-1] == weight.shape[1]:
             projected = F.linear(merged.to(weight.dtype), weight, bias)  # (n, D)
-            if _close(projected, _flat_rows(kept["output"], queries), call.dtype):
+            output = kept["output"]
+            if not _close(projected, _flat_rows(output, queries), call.dtype) and _adds_input(
+                projected, output, x, queries, call.dtype
+            ):
+                # the module adds its input back itself (a residual inside the layer): its
+                # attention's output is what it adds
+                kept["output"] = output = output - x
+                kept["residual"] = True
+            if _close(projected, _flat_rows(output, queries), call.dtype):
                 kept["w_o"] = weight
                 if bias is not None:
                     kept["b_o"] = bias
     if "w_o" not in kept and consumer is not None and consumer[2] is not None:
         kept.update(_consumer_projection(call, kept.get("output"), consumer, queries))
     return kept
+
+
+def _adds_input(projected, output, x, queries, dtype) -> bool:
+    """Whether a module's ``output`` is its input ``x`` plus the ``projected`` heads."""
+    if x is None or x.shape != output.shape:
+        return False
+    return _close(projected, _flat_rows(output - x, queries), dtype)
 
 
 def _consumer_projection(call: AttentionCall, output, consumer, queries) -> dict:

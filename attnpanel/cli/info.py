@@ -1,6 +1,7 @@
 """``attnpanel info``: the shape table and what each head attends to; a head ranking
-(``attnpanel importance``) most important first; a survey (``attnpanel survey``) or a
-comparison report (``attnpanel compare -o report.nc``) summarised."""
+(``attnpanel importance``) most important first; a survey (``attnpanel survey``), a
+comparison report (``attnpanel compare -o report.nc``) or circuits (``attnpanel circuits``)
+summarised."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def _summary_lines(path: str) -> list[str] | None:
         except (SurveyStoreError, ValueError) as error:
             raise CommandError(str(error)) from error
     if target.suffix.lower() == ".nc" and target.is_file():
+        found = _circuits(target)
+        if found is not None:
+            return found
         try:
             screening.refuse_unsafe_storage(target, "netcdf")
             with xr.open_dataset(target, engine="h5netcdf") as ds:
@@ -48,6 +52,18 @@ def _summary_lines(path: str) -> list[str] | None:
             return None
         return divergence_lines(comparison)
     return None
+
+
+def _circuits(target) -> list[str] | None:
+    """The summary of a saved ``attnpanel circuits`` result; None for another file."""
+    from attnpanel.cli.circuits import circuit_lines
+    from attnpanel.readouts.circuits import load_circuits
+
+    try:
+        found = load_circuits(target)
+    except Exception:  # not circuits: the other readers word what is wrong
+        return None
+    return None if found is None else circuit_lines(found)
 
 
 def run(args: argparse.Namespace) -> None:

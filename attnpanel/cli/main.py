@@ -7,6 +7,7 @@ import os
 import sys
 
 from attnpanel.cli import (
+    circuits,
     compare,
     evaluate,
     export,
@@ -32,6 +33,7 @@ COMMANDS = (
     patch,
     evaluate,
     compare,
+    circuits,
     survey,
     overviews,
     train,
