@@ -803,3 +803,31 @@ def test_a_trace_without_a_recorded_fill_says_so_and_the_demo_says_its_own():
     )
     plain = capture(nn.MultiheadAttention(8, 2, batch_first=True), *(torch.randn(2, 5, 8),) * 3)
     assert "mask_fill" not in plain.attrs and masked(plain) == "nothing blocked (mask none)"
+
+
+class InlineAttention(nn.Module):
+    """A whole model whose attention runs in its own forward: 3 raw channels in, an
+    embedding, the heads, 16 features out (its input and output are not as wide)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.qkv = nn.Linear(3, 16), nn.Linear(16, 48)
+
+    def forward(self, x):
+        z = torch.tanh(self.embed(x))
+        b, n, d = z.shape
+        q, k, v = self.qkv(z).reshape(b, n, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+        weights = ((q @ k.transpose(-1, -2)) * (d // 2) ** -0.5).softmax(-1)
+        return (weights @ v).transpose(1, 2).reshape(b, n, d)
+
+
+def test_a_module_whose_input_and_output_differ_in_width_is_captured():
+    """Its x (3 wide, not what the heads project) is left out and said so; it crashed
+    ("conflicting sizes for dimension 'feature'")."""
+    torch.manual_seed(0)
+    model, x = InlineAttention().eval(), torch.randn(2, 6, 3)
+    found = attnpanel.capture(model, x)
+    assert "x" not in found and found.sizes["feature"] == 16
+    assert "x left out: the module's input is 3 wide and its output 16" in found.attrs["note"]
+    with torch.no_grad():
+        np.testing.assert_allclose(found["output"].values[0], model(x).numpy(), rtol=1e-5)

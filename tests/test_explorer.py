@@ -649,6 +649,8 @@ def test_a_links_refused_value_leaves_the_url_and_is_named_once():
         ),
         ("word " * 60, ("word " * 32).strip() + " …"),  # cut after a whole word
         ("", "trace"),
+        # a module's repr (attnpanel.trace's source): its name, not "MultiHeadSelfAttention("
+        ("MultiHeadSelfAttention(\n  (wq): Linear(...)\n)", "MultiHeadSelfAttention"),
     ],
 )
 def test_the_heading_is_the_sources_first_line_cut_only_after_a_whole_word(trace, source, title):

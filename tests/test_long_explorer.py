@@ -225,6 +225,7 @@ def test_a_query_click_draws_its_row_and_heaviest_keys(pair, explorer):
     expected = np.argsort(-row, kind="stable")[: windows.TOP_KEYS]
     assert [int(r["key"]) for r in listed] == expected.tolist()
     assert float(listed[0]["weight"]) == pytest.approx(row[expected[0]], abs=1e-5)
+    assert list(listed[0]) == ["rank", "key", "weight"]  # no clock: no (empty) time column
     assert f"heaviest key {expected[0]}" in explorer.engine.title("query row")
     # its weight axis keeps one width for any query (0.000015 fits): no page layout
     plot = next(h[0]["plot"] for k, h in curve.items() if k.group == "QueryRow")

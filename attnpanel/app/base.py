@@ -150,7 +150,8 @@ class LayerExplorer(ExplorerState, Explorer):
         """The first line of the trace's ``source``, as the page's heading shows it: one
         longer than :data:`TITLE_CHARS` cut after a whole word, with an ellipsis."""
         source = str(self.trace.attrs.get("source", "")).strip() or "trace"
-        first = untrusted.short_paths(source.splitlines()[0])
+        # a module's repr opens "MultiHeadSelfAttention(": the page says its name
+        first = untrusted.short_paths(source.splitlines()[0]).removesuffix("(")
         if len(first) <= TITLE_CHARS:
             return first
         return first[:TITLE_CHARS].rsplit(" ", 1)[0].rstrip(" ,;:") + " …"

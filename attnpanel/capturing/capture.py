@@ -403,6 +403,7 @@ def _trace(
             "the captured values (rotary embeddings, say)"
         )
     arrays = {k: v for k, v in projections.items() if k in ("x", "output") or k.startswith("w_")}
+    note.extend(_one_width(arrays))
     kv_heads = projections.get("kv_heads")
     form = call.virtual
     maps = dict(weights=call.weights) if form is None else dict(lse=form.lse, mask=form.mode)
@@ -440,6 +441,23 @@ def _trace(
     if note:
         attrs["note"] = "; ".join(note)
     return parts
+
+
+def _one_width(arrays: dict) -> list[str]:
+    """Keep ``x`` and ``output`` only where they are as wide (a trace's ``feature``): a
+    module whose input is not what its heads project (a whole model's raw channels, say)
+    keeps its output; one whose projections read its input keeps that. Returns the notes."""
+    x, output = arrays.get("x"), arrays.get("output")
+    if x is None or output is None or x.shape[-1] == output.shape[-1]:
+        return []
+    read = any(f"w_{role}" in arrays for role in "qkv")
+    dropped = ("output", "w_o") if read else ("x",)
+    for name in dropped:
+        arrays.pop(name, None)
+    return [
+        f"{' and '.join(dropped)} left out: the module's input is {x.shape[-1]} wide and its "
+        f"output {output.shape[-1]} (a trace's x and output share their features)"
+    ]
 
 
 def _sample_padding(form, cross: bool) -> np.ndarray:

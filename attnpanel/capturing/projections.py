@@ -57,7 +57,7 @@ def _linear(module: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None
     """``(weight (out, in), bias)`` of a Linear, of a GPT-2 ``Conv1D`` (``(in, out)``), or
     of the one Linear a wrapper without weights of its own holds (TransformerLens 4's
     ``LinearBridge``: its hooks around the model's own Linear)."""
-    if module is not None and not isinstance(module, nn.Linear):
+    if isinstance(module, nn.Module) and not isinstance(module, nn.Linear):
         inner = [m for m in module.modules() if m is not module and isinstance(m, nn.Linear)]
         if len(inner) == 1 and not list(module.parameters(recurse=False)):
             module = inner[0]

@@ -44,6 +44,12 @@ from attnpanel.series.models import ModelError, load_weights_only
 from attnpanel.util.files import write_safely
 
 TIME_PERIODS = (1440, 720, 360, 180, 60, 30, 15)  # minutes; sine/cosine pairs of the day
+# the channels of time_features, in order
+TIME_FEATURE_NAMES = tuple(
+    f"{f} of {period}"
+    for period in (*(f"{p} min" for p in TIME_PERIODS), "weekday")
+    for f in ("sin", "cos")
+)
 N_TIME_FEATURES = 2 * len(TIME_PERIODS) + 2  # plus the day of the week
 WEIGHTS_FILE = "nilmformer.pt"
 METRICS_FILE = "nilmformer_metrics.json"

@@ -23,6 +23,7 @@ Y_AXIS_ROOM = 50  # px left of a plot's frame sized by its width: its y axis and
 # "context of query 1: Σ mean-weight · v (all heads)" 304 px at 10 pt, 368 px in DejaVu)
 TITLE_FONT = "DejaVuSans-Bold.ttf"
 LABEL_FONT = "DejaVuSans.ttf"  # tick labels, measured as the titles are (a little wider)
+SHORT_LINE = 6  # characters a title's last line has at least, where words can move to it
 CATEGORY_AXIS_ROOM = 30  # px of a categorical y axis beside its widest label: ticks, label
 
 
@@ -32,17 +33,28 @@ def fit_title(fig, text: str) -> str:
     title's font (a title Bokeh draws past its canvas is cut: "context of query 0: Σ
     mean-weight · v (all heads)" lost its end in 226 px). A line already broken stays
     broken; a plot whose width the server does not know (stretched) keeps ``text``."""
-    if not text:
-        return text
-    if fig.frame_width is not None:
-        bar = any(isinstance(m, ColorBar) for m in fig.right)
-        room = fig.frame_width + (COLORBAR_ROOM if bar else 0)
-    elif fig.width is not None and fig.sizing_mode in (None, "fixed"):
-        room = fig.width - _y_axis_room(fig)
-    else:
+    room = room_of(fig)
+    if not text or room is None:
         return text
     width = _measure(_font_px(fig.title.text_font_size))
     return "\n".join(_wrapped(line, room, width) for line in text.split("\n"))
+
+
+def room_of(fig) -> float | None:
+    """The px a title line of ``fig`` has: its frame's width (and its colour bar's room),
+    else its width less its y axis; None for a plot whose width the server does not know
+    (stretched)."""
+    if fig.frame_width is not None:
+        bar = any(isinstance(m, ColorBar) for m in fig.right)
+        return fig.frame_width + (COLORBAR_ROOM if bar else 0)
+    if fig.width is not None and fig.sizing_mode in (None, "fixed"):
+        return fig.width - _y_axis_room(fig)
+    return None
+
+
+def text_width(fig, line: str) -> float:
+    """The px ``line`` takes in ``fig``'s title font, as :func:`fit_title` measures it."""
+    return _measure(_font_px(fig.title.text_font_size))(line)
 
 
 def _y_axis_room(fig) -> float:
@@ -65,6 +77,12 @@ def _wrapped(line: str, room: float, width) -> str:
             lines[-1] = f"{lines[-1]} {word}"
         else:
             lines.append(word)
+    while len(lines) > 1 and len(lines[-1]) < SHORT_LINE:
+        # a short last line ("Σ w ·" over "v" read as a cut title): a word goes down to it
+        head, _, last = lines[-2].rpartition(" ")
+        if not head or width(f"{last} {lines[-1]}") > room:
+            break
+        lines[-2:] = [head, f"{last} {lines[-1]}"]
     return "\n".join(lines)
 
 

@@ -277,14 +277,11 @@ class QueryRow(Section):
         row = self.row(sel)
         keys, top = windows.top_keys(row)
         clock = core.clock_labels(self.trace, sel.sample)
-        when = [clock[k] if clock else "" for k in keys]
-        data = {
-            "rank": np.arange(1, len(keys) + 1),
-            "key": keys,
-            "time": when,
-            "weight": [f"{w:.5f}" for w in top],
-        }
-        return hv.Table(data, kdims=["rank"], vdims=["key", "time", "weight"])
+        data = {"rank": np.arange(1, len(keys) + 1), "key": keys}
+        if clock is not None:  # a trace without a clock has no time column, not an empty one
+            data["time"] = [clock[k] for k in keys]
+        data["weight"] = [f"{w:.5f}" for w in top]
+        return hv.Table(data, kdims=["rank"], vdims=[name for name in data if name != "rank"])
 
     def build(self):
         overlay = self.engine.add(

@@ -1,0 +1,362 @@
+"""Why a head's query attends to a key: the cell's score split over the input's channels
+and positions, through the query and through the key, by integrated gradients.
+
+For a head ``h`` of a layer, a query ``i`` and a key ``j``, the score is the number the
+model's softmax reads at that cell, ``s = q_i . k_j * scale + bias`` (before the softmax;
+a bias does not depend on the input). Integrated gradients (Sundararajan et al. 2017) from
+a baseline input ``b`` to the input ``x`` give each input element ``e`` the share
+
+    A_e = (x_e - b_e) * mean over the path of d s / d x_e,    x(t) = b + t (x - b)
+
+(the path sampled at ``steps`` midpoints), and the shares add up to ``s(x) - s(b)``
+(completeness; the error left by the steps is reported, and more steps shrink it as
+``1 / steps^2``). The gradient is taken apart where the score is made:
+``d s / d x = (d s / d q_i) (d q_i / d x) + (d s / d k_j) (d k_j / d x)``: the first term
+is the query side, the second the key side; the two sides add up to the whole.
+
+The forward stops at the layer (nothing after it runs) and the path's steps run as one
+batch, in chunks of :data:`CHUNK` steps. The model is watched as a capture watches it
+(:mod:`attnpanel.watching`): a softmax path (its q, k, scale and mask followed from the
+``q . k`` product) or SDPA; ``nn.MultiheadAttention``'s fused function is refused by name.
+
+Reference: M. Sundararajan, A. Taly, Q. Yan, "Axiomatic Attribution for Deep Networks",
+ICML 2017.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from attnpanel.capturing.modes import evaluating
+from attnpanel.interventions.importance import probing
+from attnpanel.kernels.masks import BLOCKING_BIAS
+from attnpanel.watching.lanes import split_lead
+from attnpanel.watching.watcher import SDPA_SIGNATURE, AttentionWatcher, Site, bind
+
+STEPS = 64  # midpoints of the path from the baseline to the input
+CHUNK = 16  # steps run as one batch
+SIDES = ("query", "key")
+
+
+class AttributionError(ValueError):
+    """A score attribution asked of something the model does not have or does not use."""
+
+
+class _Reached(Exception):
+    """The forward reached the cell's layer: nothing after it is needed."""
+
+
+class CellProbe(AttentionWatcher):
+    """Reads one cell's score (and its q and k) at one layer, and stops the forward there.
+
+    Attributes
+    ----------
+    layers : dict of str to int
+        The layers met before it (and it), with their head counts.
+    found : tuple or None
+        ``(scores, q_i, k_j, scale)`` of the last forward: the cell's score per batch row
+        (the model's own, with its bias), the query's q and the key's k (``(batch, E)``, in
+        the graph of the input) and the scale of their product.
+    """
+
+    def __init__(self, layer: str, head: int, query: int, key: int):
+        super().__init__()
+        self.layer, self.head, self.query, self.key = layer, head, query, key
+        self.layers: dict[str, int] = {}
+        self.found = None
+        self.shape = None  # (L, S) of the layer's map
+
+    def _check(self, site: Site, shape) -> tuple[int, int] | None:
+        """``(B, H)`` of the cell's layer (its map ``shape``, ``(L, S)``, checked), or None
+        for another layer."""
+        self.layers[site.layer] = site.heads
+        if site.layer != self.layer:
+            return None
+        batch, heads = split_lead(site.lead, site.batch_hint)
+        if not 0 <= self.head < heads:
+            raise AttributionError(f"layer {site.layer} has {heads} heads, not head {self.head}")
+        for name, value, size in (("query", self.query, shape[0]), ("key", self.key, shape[1])):
+            if not 0 <= value < size:
+                raise AttributionError(
+                    f"{name} {value} is outside the map of layer {site.layer}: 0 to {size - 1}"
+                )
+        return batch, heads
+
+    def _reach(self, lead: tuple[int, int], q, k, scale: float, cells) -> None:
+        """Keep the cell's score (``cells``: its logit per leading index) and the query's
+        and key's vectors (``q``, ``k`` as ``(*lead, L, E)``, ``(*lead, S, E)``; a softmax
+        path's are views of its product's operands: in the graph through those); stop."""
+        batch, heads = lead
+        pick = (slice(None), self.head)
+        q_i = q.reshape(batch, heads, *q.shape[-2:])[(*pick, self.query)]
+        k_j = k.reshape(batch, heads, *k.shape[-2:])[(*pick, self.key)]
+        self.found = (cells.reshape(batch, heads)[pick].detach(), q_i, k_j, scale)
+        raise _Reached
+
+    def softmax(self, site: Site, func, args, kwargs):
+        result = func(*args, **kwargs)
+        scores = site.scores
+        if scores is not None and not scores.unsupported:
+            logits = args[0] if args else kwargs["input"]
+            lead = self._check(site, logits.shape[-2:])
+            if lead is not None:
+                cells = logits[..., self.query, self.key]
+                self._reach(lead, scores.q, scores.k, scores.scale, cells)
+        return result
+
+    def attention(self, site: Site, func, args, kwargs):
+        if site.via == "sdpa":
+            a = bind(SDPA_SIGNATURE, args, kwargs)
+            q, k = a["query"], a["key"]
+            lead = self._check(site, (q.shape[-2], k.shape[-2]))
+            if lead is not None:
+                if q.dim() == 4 and k.shape[-3] != q.shape[-3]:  # grouped: k per q head
+                    k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+                scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
+                i, j = self.query, self.key
+                cells = (q[..., i, :] * k[..., j, :]).sum(-1) * scale  # (*lead)
+                mask = a["attn_mask"]
+                if mask is not None:
+                    cell = mask[..., i, j]  # a bool mask keeps True, a float one adds
+                    if mask.dtype == torch.bool:
+                        cells = cells.masked_fill(~cell, -math.inf)
+                    else:
+                        cells = cells + cell
+                if a["is_causal"] and j > i:
+                    cells = torch.full_like(cells, -math.inf)
+                self._reach(lead, q, k, scale, torch.broadcast_to(cells, lead).detach())
+        elif site.via == "multi_head_attention_forward":
+            self.layers[site.layer] = site.heads
+            if site.layer == self.layer:
+                raise AttributionError(
+                    f"layer {site.layer} runs nn.MultiheadAttention's fused function: its "
+                    "q and k are not reachable there yet (score attribution is not built for it)"
+                )
+        return func(*args, **kwargs)
+
+
+def score_attribution(
+    model: nn.Module,
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    layer: str,
+    head: int,
+    query: int,
+    key: int,
+    sample: int = 0,
+    baseline: str | Sequence[torch.Tensor] | torch.Tensor = "zeros",
+    steps: int = STEPS,
+    channels: Sequence[str] | None = None,
+    position_dim: int | None = None,
+) -> xr.DataArray:
+    """Split one cell's score over the input's channels and positions, query side and key
+    side apart (integrated gradients; see the module's docstring).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any model, called as ``model(*inputs)``.
+    inputs : torch.Tensor or sequence of torch.Tensor
+        Its positional inputs, batch first. Every floating-point one is attributed (its
+        channels in order: a ``(batch, position)`` input is one channel); the others (a
+        mask) are passed as they are. Token ids alone are refused: they are not
+        differentiable.
+    layer, head, query, key : str, int
+        The cell: a layer as a capture names it, a head, a query and a key of its map.
+    sample : int
+        The batch row attributed.
+    baseline : "zeros", "mean", or tensors
+        Where the path starts: zeros, each input's mean over its positions (per channel),
+        or inputs of the sample's shapes, one per attributed input (a corrupted window).
+    steps : int
+        Midpoints of the path; the completeness error falls as ``1 / steps^2``.
+    channels : sequence of str, optional
+        The channels' names (default ``channel 0`` ...), every attributed input's in order.
+    position_dim : int, optional
+        The dim that runs over positions in every attributed input (default: the size
+        they share, or a lone input's longest dim after the batch).
+
+    Returns
+    -------
+    xarray.DataArray
+        ``(side, channel, position)``: each element's share of ``s(x) - s(baseline)``,
+        through the query (``side="query"``) and through the key. Attrs: the cell, the
+        ``score`` and ``baseline_score``, ``steps`` and ``completeness_error`` (the sum of
+        the shares less the score's change).
+
+    Raises
+    ------
+    AttributionError
+        A layer, head, query or key the model does not have; a blocked cell (its score is
+        not used); integer inputs only; a baseline of another shape.
+    """
+    given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    attributed = [i for i, t in enumerate(given) if torch.is_floating_point(t)]
+    if not attributed:
+        raise AttributionError(
+            "no input is floating point (token ids, say): integers are not differentiable; "
+            "attribute at the embedding's output (give a model that starts after the "
+            "embedding the embedded input)"
+        )
+    batch = given[attributed[0]].shape[0]
+    if not 0 <= sample < batch:
+        raise AttributionError(f"sample {sample} is outside the batch: 0 to {batch - 1}")
+    ones = [t[sample : sample + 1].detach() for t in given]
+    dims = _position_dims([ones[i] for i in attributed], position_dim)
+    starts = _baselines([ones[i] for i in attributed], baseline, dims)
+    probe = CellProbe(layer, head, query, key)
+    path = Path(model, probe, ones, attributed)
+    with evaluating(model), probing(model):
+        at_input = path.score([ones[i] for i in attributed])
+        at_baseline = path.score(starts)
+        if _blocked(at_input) or _blocked(at_baseline):
+            raise AttributionError(
+                f"cell (query {query}, key {key}) of head {head}, layer {layer} is blocked by "
+                "the mask: its score is not used"
+            )
+        sides = path.integrated(starts, steps)
+    shares = [
+        torch.stack([side[n] for side in sides])[:, 0] * (ones[i] - starts[n])[0]
+        for n, i in enumerate(attributed)
+    ]  # per input: (side, *its sample dims)
+    found = _as_array(shares, dims, channels)
+    total = float(at_input - at_baseline)
+    return found.assign_attrs(
+        layer=layer, head=head, query=query, key=key, sample=sample,
+        score=float(at_input), baseline_score=float(at_baseline), steps=steps,
+        completeness_error=float(found.sum()) - total,
+        baseline=baseline if isinstance(baseline, str) else "given",
+        method="integrated gradients",
+    )  # fmt: skip
+
+
+def _blocked(score: torch.Tensor) -> bool:
+    return bool(not torch.isfinite(score) or score <= BLOCKING_BIAS)
+
+
+class Path:
+    """The model run at points between a baseline and the input (attributed inputs
+    interpolated, the others as given), up to the cell's layer."""
+
+    def __init__(self, model: nn.Module, probe: CellProbe, ones: list, attributed: list[int]):
+        self.model, self.probe, self.ones, self.attributed = model, probe, ones, attributed
+        self.seen = False  # whether a forward reached the layer (its modules are known)
+
+    def run(self, points: list[torch.Tensor]) -> None:
+        """One forward of ``points`` (a batch of each attributed input) to the layer."""
+        rows = points[0].shape[0]
+        args = [t.expand(rows, *t.shape[1:]) for t in self.ones]
+        for n, i in enumerate(self.attributed):
+            args[i] = points[n]
+        probe = self.probe
+        probe.found = None
+        # after the first forward, only the modules that ran attention are watched (a mode
+        # on every torch call of the rest made a forward 4x slower)
+        narrowed = (probe.attention_modules(), probe.attention_scope()) if self.seen else ()
+        try:
+            with probe.watching(self.model, *narrowed):
+                self.model(*args)
+        except _Reached:
+            self.seen = True
+            return
+        seen = ", ".join(probe.layers) or "none"
+        raise AttributionError(f"layer {probe.layer} computed no attention (layers met: {seen})")
+
+    def score(self, points: list[torch.Tensor]) -> torch.Tensor:
+        """The model's own score of the cell at ``points`` (one row)."""
+        with torch.no_grad():
+            self.run(points)
+        return self.probe.found[0][0]
+
+    def integrated(self, starts: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
+        """The mean gradient along the path, ``[query side, key side]``, each a list over
+        the attributed inputs shaped as they are."""
+        ends = [self.ones[i] for i in self.attributed]
+        sums = [[torch.zeros_like(t) for t in ends] for _ in SIDES]
+        alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
+        for chunk in alphas.split(CHUNK):
+            points = [
+                (a + chunk.to(a).view(-1, *[1] * (a.dim() - 1)) * (b - a)).requires_grad_(True)
+                for a, b in zip(starts, ends, strict=True)
+            ]
+            self.run(points)
+            _, q_i, k_j, scale = self.probe.found
+            # d s / d q_i = k_j * scale, d s / d k_j = q_i * scale: one backward per side
+            query_side = torch.autograd.grad(q_i, points, k_j.detach() * scale, retain_graph=True)
+            key_side = torch.autograd.grad(k_j, points, q_i.detach() * scale, allow_unused=True)
+            for found, side in zip((query_side, key_side), sums, strict=True):
+                for n, grad in enumerate(found):
+                    if grad is not None:
+                        side[n] += grad.sum(0, keepdim=True)
+        return [[total / steps for total in side] for side in sums]
+
+
+def _position_dims(ones: list[torch.Tensor], position_dim: int | None) -> list[int]:
+    """Each attributed input's position dim."""
+    if position_dim is not None:
+        return [position_dim % t.dim() for t in ones]
+    if len(ones) == 1:
+        return [1 + int(np.argmax(ones[0].shape[1:]))]
+    shared = set.intersection(*(set(t.shape[1:]) for t in ones))
+    if len(shared) != 1:
+        raise AttributionError(
+            "the inputs share no one length of positions: say which dim runs over them "
+            "(position_dim=)"
+        )
+    length = shared.pop()
+    return [1 + list(t.shape[1:]).index(length) for t in ones]
+
+
+def _baselines(ones: list[torch.Tensor], baseline, dims: list[int]) -> list[torch.Tensor]:
+    if isinstance(baseline, str):
+        if baseline == "zeros":
+            return [torch.zeros_like(t) for t in ones]
+        if baseline == "mean":
+            return [
+                t.mean(dim=d, keepdim=True).expand_as(t) for t, d in zip(ones, dims, strict=True)
+            ]
+        raise AttributionError(f"baseline {baseline!r}: 'zeros', 'mean' or tensors")
+    given = [baseline] if isinstance(baseline, torch.Tensor) else list(baseline)
+    if len(given) != len(ones):
+        raise AttributionError(f"{len(given)} baselines for {len(ones)} attributed inputs")
+    found = []
+    for t, b in zip(ones, given, strict=True):
+        b = b.to(t).reshape(-1, *b.shape[-(t.dim() - 1) :]) if b.dim() >= t.dim() - 1 else b
+        if tuple(b.shape[1:]) != tuple(t.shape[1:]):
+            raise AttributionError(
+                f"a baseline of shape {tuple(b.shape)} for an input of {tuple(t.shape[1:])} "
+                "per sample"
+            )
+        found.append(b[:1])
+    return found
+
+
+def _as_array(shares: list[torch.Tensor], dims: list[int], channels) -> xr.DataArray:
+    """``(side, channel, position)`` of each input's shares ``(side, *its sample dims)``."""
+    parts = []
+    for values, dim in zip(shares, dims, strict=True):
+        values = values.detach().cpu().double()
+        if values.dim() == 2:  # (side, position): one channel
+            values = values[:, None, :]
+        elif values.dim() == 3:
+            values = values if dim == 2 else values.transpose(1, 2)
+        else:
+            raise AttributionError(f"an input of {values.dim() - 1} dims per sample: 1 or 2")
+        parts.append(values)
+    values = torch.cat(parts, dim=1)
+    n_channels, n_positions = values.shape[1:]
+    names = list(channels) if channels is not None else [f"channel {c}" for c in range(n_channels)]
+    if len(names) != n_channels:
+        raise AttributionError(f"{len(names)} channel names for {n_channels} channels")
+    return xr.DataArray(
+        values.numpy(),
+        dims=("side", "channel", "position"),
+        coords={"side": list(SIDES), "channel": names, "position": np.arange(n_positions)},
+        name="score_attribution",
+    )
