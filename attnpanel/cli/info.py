@@ -1,7 +1,7 @@
 """``attnpanel info``: the shape table and what each head attends to; a head ranking
 (``attnpanel importance``) most important first; a survey (``attnpanel survey``), a
-comparison report (``attnpanel compare -o report.nc``) or circuits (``attnpanel circuits``)
-summarised."""
+comparison report (``attnpanel compare -o report.nc``), circuits (``attnpanel circuits``)
+or a score attribution (``attnpanel why``) summarised."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _summary_lines(path: str) -> list[str] | None:
         except (SurveyStoreError, ValueError) as error:
             raise CommandError(str(error)) from error
     if target.suffix.lower() == ".nc" and target.is_file():
-        found = _circuits(target)
+        found = _circuits(target) or _why(target)
         if found is not None:
             return found
         try:
@@ -64,6 +64,24 @@ def _circuits(target) -> list[str] | None:
     except Exception:  # not circuits: the other readers word what is wrong
         return None
     return None if found is None else circuit_lines(found)
+
+
+def _why(target) -> list[str] | None:
+    """The summary of a saved ``attnpanel why`` attribution; None for another file."""
+    import xarray as xr
+
+    from attnpanel.cli.why import why_lines
+    from attnpanel.traces import screening
+
+    try:
+        screening.refuse_unsafe_storage(target, "netcdf")
+        with xr.open_dataset(target, engine="h5netcdf") as ds:
+            if "score_attribution" not in ds.data_vars:
+                return None
+            found = ds["score_attribution"].load()
+    except Exception:  # not an attribution: the other readers word what is wrong
+        return None
+    return why_lines(found)
 
 
 def run(args: argparse.Namespace) -> None:

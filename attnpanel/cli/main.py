@@ -20,6 +20,7 @@ from attnpanel.cli import (
     survey,
     trace,
     train,
+    why,
 )
 from attnpanel.cli.common import EXIT_BAD_INPUT, CommandError, cli_text, say
 
@@ -34,6 +35,7 @@ COMMANDS = (
     evaluate,
     compare,
     circuits,
+    why,
     survey,
     overviews,
     train,

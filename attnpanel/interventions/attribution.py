@@ -26,7 +26,7 @@ ICML 2017.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -143,7 +143,7 @@ class CellProbe(AttentionWatcher):
 
 def score_attribution(
     model: nn.Module,
-    inputs: torch.Tensor | Sequence[torch.Tensor],
+    inputs: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
     *,
     layer: str,
     head: int,
@@ -161,12 +161,13 @@ def score_attribution(
     Parameters
     ----------
     model : torch.nn.Module
-        Any model, called as ``model(*inputs)``.
-    inputs : torch.Tensor or sequence of torch.Tensor
-        Its positional inputs, batch first. Every floating-point one is attributed (its
-        channels in order: a ``(batch, position)`` input is one channel); the others (a
-        mask) are passed as they are. Where none is (token ids), the output of the first
-        ``nn.Embedding`` the model calls is attributed instead (``attributed_at``).
+        Any model, called as ``model(*inputs)`` (``model(**inputs)`` for a mapping).
+    inputs : torch.Tensor, sequence of torch.Tensor or mapping of str to torch.Tensor
+        Its inputs, batch first: positional, or by keyword (a tokenizer's output). Every
+        floating-point one is attributed (its channels in order: a ``(batch, position)``
+        input is one channel); the others (a mask) are passed as they are. Where none is
+        (token ids), the output of the first ``nn.Embedding`` the model calls is
+        attributed instead (``attributed_at``).
     layer, head, query, key : str, int
         The cell: a layer as a capture names it, a head, a query and a key of its map.
     sample : int
@@ -197,7 +198,11 @@ def score_attribution(
         not used); integer inputs with no embedding before the layer; a baseline of
         another shape.
     """
-    given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    names = list(inputs) if isinstance(inputs, Mapping) else None  # keyword inputs
+    if names is not None:
+        given = tuple(inputs.values())
+    else:
+        given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     attributed = [i for i, t in enumerate(given) if torch.is_floating_point(t)]
     batch = given[0].shape[0]
     if not 0 <= sample < batch:
@@ -208,9 +213,9 @@ def score_attribution(
         # token ids are not differentiable: the path runs through the first embedding's
         # output instead (the tokens' vectors), and the result says so
         path = (
-            Path(model, probe, ones, attributed)
+            Path(model, probe, ones, attributed, names)
             if attributed
-            else Path.embedded(model, probe, ones)
+            else Path.embedded(model, probe, ones, names)
         )
         ends = path.ends()
         dims = _position_dims(ends, 1 if path.at else position_dim)
@@ -249,18 +254,20 @@ class Path:
     """The model run at points between a baseline and the input (attributed inputs
     interpolated, the others as given), up to the cell's layer."""
 
-    def __init__(self, model: nn.Module, probe: CellProbe, ones: list, attributed: list[int]):
+    def __init__(self, model: nn.Module, probe: CellProbe, ones: list, attributed: list[int],
+                 names: list[str] | None = None):  # fmt: skip
         self.model, self.probe, self.ones, self.attributed = model, probe, ones, attributed
+        self.names = names  # the inputs' keywords (None: positional)
         self.seen = False  # whether a forward reached the layer (its modules are known)
         self.at = ""  # the embedding whose output is attributed ("": the inputs)
         self.embedding: nn.Module | None = None
         self.embedded: torch.Tensor | None = None  # its output on the sample
 
     @classmethod
-    def embedded(cls, model: nn.Module, probe: CellProbe, ones: list) -> Path:
+    def embedded(cls, model: nn.Module, probe: CellProbe, ones: list, names=None) -> Path:
         """A path through the output of the first ``nn.Embedding`` the model calls (its
         inputs are token ids)."""
-        path = cls(model, probe, ones, [])
+        path = cls(model, probe, ones, [], names)
         first: list = []
 
         def seen(module, args, output):
@@ -322,7 +329,10 @@ class Path:
         narrowed = (probe.attention_modules(), probe.attention_scope()) if self.seen else ()
         try:
             with probe.watching(self.model, *narrowed):
-                self.model(*args)
+                if self.names is None:
+                    self.model(*args)
+                else:
+                    self.model(**dict(zip(self.names, args, strict=True)))
         except _Reached:
             self.seen = True
             return
