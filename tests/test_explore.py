@@ -19,6 +19,7 @@ from attnpanel.app.long_explorer import LongExplorer
 from attnpanel.app.sections.long import LongHeads, QueryRow, WindowedMatrix
 from attnpanel.app.sources import VirtualSource
 from attnpanel.traces.overviews import folder_for
+from attnpanel.util import untrusted
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,13 @@ def test_an_encoder_decoder_datatree_opens_one_explorer_per_group():
     explorer = attnpanel.explore(tree)
     assert type(explorer) is GroupsExplorer and isinstance(explorer, Explorer)
     assert isinstance(explorer.explorer, AttentionExplorer)
+    # the page's heading first, above the picker of every group's layers; the shown
+    # group's part headed by the group (the picker sat above the page's heading)
+    page = explorer.__panel__()
+    assert page.objects[0].object.startswith("## attnpanel · ")
+    assert page.objects[1].name == "Layer (every group)"
+    group = explorer.explorer.__panel__().objects[0].object
+    assert group.startswith(f"### group {untrusted.markup(explorer.group)} (")
 
 
 @pytest.mark.parametrize("suffix", [".nc", ".zarr"])

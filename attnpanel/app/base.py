@@ -31,6 +31,11 @@ from attnpanel.util import untrusted
 TITLE_CHARS = 160  # the page's heading: a trace's source line, at most this long
 
 
+def page_heading(title: str) -> pn.pane.Markdown:
+    """A page's heading: attnpanel and ``title`` (shown as text, never as markup)."""
+    return pn.pane.Markdown(f"## attnpanel · {untrusted.markup(title)}", margin=(0, 10))
+
+
 class Explorer(pn.viewable.Viewer):
     """A page of a capture: shown by Panel (served, in a notebook), saved as offline HTML."""
 
@@ -198,11 +203,8 @@ class LayerExplorer(ExplorerState, Explorer):
         only mirrors its URL (:meth:`sync_url`), which redraws what the URL changed.
         """
         if self._layout is None:
-            heading = pn.pane.Markdown(
-                f"## attnpanel · {untrusted.markup(self.title)}", margin=(0, 10)
-            )
             self._layout = pn.Column(
-                heading,
+                self.heading(),
                 self.engine.indicator,
                 self.engine.scroller,
                 *self.page(),
@@ -211,6 +213,10 @@ class LayerExplorer(ExplorerState, Explorer):
             self.engine.scheduler.root = self._layout
             self.laid_out()
         return self._layout
+
+    def heading(self) -> pn.pane.Markdown:
+        """The page's heading: attnpanel and the trace's title."""
+        return page_heading(self.title)
 
     def __panel__(self):
         doc = served_doc()

@@ -22,6 +22,7 @@ import xarray as xr
 from attnpanel.app.base import Explorer
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.traces import layers
+from attnpanel.util import untrusted
 
 
 class GroupLayerExplorer(AttentionExplorer):
@@ -29,6 +30,13 @@ class GroupLayerExplorer(AttentionExplorer):
     page (:class:`GroupsExplorer`'s, by name across every group)."""
 
     URL_PARAMS = {k: v for k, v in AttentionExplorer.URL_PARAMS.items() if k != "layer"}
+
+    def heading(self) -> pn.pane.Markdown:
+        """Under the page's heading and its picker of every group's layers: the group."""
+        group = untrusted.markup(str(self.trace.attrs.get("group", "")))
+        count = self.trace.sizes.get("layer", 1)
+        layers = "1 layer" if count == 1 else f"{count} layers"
+        return pn.pane.Markdown(f"### group {group} ({layers})", margin=(0, 10))
 
 
 class GroupsExplorer(Explorer):
@@ -65,7 +73,14 @@ class GroupsExplorer(Explorer):
             self.param.layer, name="Layer (every group)", sizing_mode="stretch_width"
         )
         self._body = pn.Column(self.explorer, sizing_mode="stretch_width")
-        self._layout = pn.Column(picker, self._body, sizing_mode="stretch_width")
+        # the page's heading above the picker (a group's explorer heads its part with the
+        # group's name)
+        self._layout = pn.Column(
+            AttentionExplorer.heading(self.explorer),
+            picker,
+            self._body,
+            sizing_mode="stretch_width",
+        )
         self.param.watch(self._show, "layer")
 
     @property
