@@ -17,6 +17,7 @@ from served_app import (
     launch_chromium,
     serve,
     shot,
+    thread_stacks,
 )
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
@@ -79,11 +80,24 @@ class DemoServer:
 
     url: str
     log: Path  # its output (attnpanel's INFO lines included)
+    proc: object  # its process (thread_stacks reads what a hung one was doing)
     first: dict  # the first page (``FIRST_LINK``): figures in its first document, its titles,
     # the matrix's values
 
 
 FIRST_LINK = "?sample=1&head=2"
+SERVED: list[DemoServer] = []  # the demo server while it runs
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test of the served demo reports what every thread of the server was doing
+    (a page that waited for the server in vain: which lock or call held it)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and SERVED and "demo_server" in item.fixturenames:
+        server = SERVED[-1]
+        report.sections.append(("demo server's threads", thread_stacks(server.proc, server.log)))
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +126,10 @@ def demo_server(browser, artifacts) -> DemoServer:
             shot(page, artifacts, "warm_first_page")
         finally:
             page.close()
-        yield DemoServer(url, ARTIFACTS / f"serve-{port}.log", first)
+        server = DemoServer(url, ARTIFACTS / f"serve-{port}.log", _proc, first)
+        SERVED.append(server)
+        yield server
+        SERVED.remove(server)
 
 
 @pytest.fixture(scope="session")

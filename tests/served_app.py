@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -181,6 +182,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# ``python -m panel``, whose threads' stacks are written to its log on SIGUSR1 (see
+# :func:`thread_stacks`: what a hung server was doing, in a failed test's report)
+SERVE_BOOT = (
+    "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from panel.command import main; main(['panel', *sys.argv[1:]])"
+)
+
+
+def thread_stacks(proc, log: Path, timeout: float = 5.0) -> str:
+    """Every thread's stack of a server started by :func:`serve`, from its log."""
+    if proc.poll() is not None:
+        return f"(the server exited with {proc.returncode})"
+    before = log.read_text(errors="replace") if log.exists() else ""
+    proc.send_signal(signal.SIGUSR1)
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        found = log.read_text(errors="replace")[len(before) :]
+        if "thread 0x" in found.lower() and found == last:  # written, and no more coming
+            return found
+        last = found
+        time.sleep(0.3)  # a failed test's report only: the server writes as it runs
+    return log.read_text(errors="replace")[len(before) :] or "(no stacks written)"
+
+
 @contextlib.contextmanager
 def serve(app: Path = APP, timeout: float = 240.0, extra_args=()):
     """Run ``panel serve app [extra_args]`` on a free port; yield ``(url, process)``; stop it
@@ -188,8 +213,8 @@ def serve(app: Path = APP, timeout: float = 240.0, extra_args=()):
     port = free_port()
     cmd = [
         sys.executable,
-        "-m",
-        "panel",
+        "-c",
+        SERVE_BOOT,
         "serve",
         str(app),
         "--port",

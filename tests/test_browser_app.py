@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from served_app import PAGE_TEXT_JS, opened, page_widths, shot
+from served_app import PAGE_TEXT_JS, opened, page_widths, shot, thread_stacks
 
 from attnpanel.app.sections.rollout import ROLLOUT_SIZE as SIZE
 from attnpanel.readouts import core
@@ -39,6 +39,16 @@ def matrix_hash(page) -> int:
 
 def wait_matrix_change(page, before: int) -> None:
     page.evaluate(f"(b) => attn.until_changed({matrix_js()}, b)", before)
+
+
+def test_the_servers_threads_can_be_read_when_a_test_fails(app, demo_server):
+    """What conftest's report of a failed test adds: every thread's stack of the server
+    (its event loop's at least), read from its log on SIGUSR1; the server goes on."""
+    page, _ = app
+    stacks = thread_stacks(demo_server.proc, demo_server.log)
+    assert "most recent call first" in stacks and "run_forever" in stacks, stacks[:500]
+    assert demo_server.proc.poll() is None
+    assert page.evaluate("() => Bokeh.documents.length") == 1
 
 
 def test_page_loads_without_console_errors(app, artifacts):
