@@ -116,6 +116,10 @@ def test_the_importance_map_is_each_head_switched_off_alone(page, run):
     (hover,) = [t for t in handles["plot"].tools if isinstance(t, HoverTool)]
     named = [name for name, _ in hover.tooltips]
     assert named[:2] == ["head", "layer"] and named[2].startswith("‖Δ output‖")
+    # no "click opens a head" over a map of three layers whose first two are not in the
+    # trace (a click there says so); the section's words say what a click opens
+    title = page.engine.title("importance")
+    assert title.startswith("head importance, sample 1") and "click" not in title
     ticker = handles["xaxis"].ticker  # one tick per whole head, none at 0.5, 1.5 ...
     assert list(ticker.ticks) == list(range(8))
     assert [t for _, t in sorted(handles["yaxis"].major_label_overrides.items())] == [

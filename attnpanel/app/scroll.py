@@ -1,6 +1,7 @@
 """Bring a part of the page into view when the server asks: a click on a head of the model
 view or of the importance map (far below the matrix) opens it in the matrix and scrolls
-the matrix into view, so the click's hint ("click opens a head") holds on the screen.
+the matrix into view, so that what the section's words promise ("a click on the map opens a
+head") is seen to happen.
 
 :class:`ScrollTo` is a Panel ``JSComponent`` of no size laid out once per page; a section
 asks for a part by its CSS class through :meth:`LiveEngine.bring_into_view

@@ -18,7 +18,6 @@ from attnpanel.render.tables import NOT_AVAILABLE, WHY
 from attnpanel.render.views import FAST_DATATYPE
 
 OFF_SUFFIX = " (heads off)"
-CLICK_WORDS = "(click opens a head)"
 
 
 def importance_map(importance: xr.DataArray) -> Raster:
@@ -32,7 +31,9 @@ def importance_map(importance: xr.DataArray) -> Raster:
         values,  # rows by ascending y: layer i at y = i, drawn top down
         (-0.5, -0.5, cols - 0.5, rows - 0.5),
         "Importance",
-        core.wrapped_title(f"head importance{where} {CLICK_WORDS}"),
+        # no click hint: a click opens only the heads of layers in the trace, which the
+        # section's words say (the hint "click opens a head" was untrue of the others)
+        core.wrapped_title(f"head importance{where}"),
         "‖Δ output‖ / ‖output‖",
     )
 

@@ -159,7 +159,7 @@ def importance(ranking: xr.DataArray) -> Figure:
     axes.set_yticks(positions, labels, fontsize=FONT_PT - 1)
     axes.set_xlabel("head", fontsize=FONT_PT)
     axes.set_ylabel("layer", fontsize=FONT_PT)
-    title = " ".join(raster.label.split()).replace(importance_views.CLICK_WORDS, "").strip()
+    title = " ".join(raster.label.split())
     axes.set_title(title, fontsize=FONT_PT)
     _colorbar(figure, image, axes, raster.value_label, FONT_PT)
     return figure
