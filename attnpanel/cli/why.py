@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attnpanel.cli.common import CommandError, first_line, positive, say
 
-LISTED = 8  # channels (and positions) of each side the summary prints
+TOP_SHARES = 8  # channels (and positions) of each side the summary prints
 
 
 def why_lines(found) -> list[str]:
@@ -27,12 +27,12 @@ def why_lines(found) -> list[str]:
         shares = found.sel(side=side)
         total = float(shares.sum())
         channels = shares.sum("position").to_series()
-        top = channels.abs().sort_values(ascending=False).index[:LISTED]
+        top = channels.abs().sort_values(ascending=False).index[:TOP_SHARES]
         lines.append(f"{side} side: {total:.4g} of it; channels by |share|:")
         for name in top:
             lines.append(f"  {name:<24} {channels[name]:+.4g}")
         positions = shares.sum("channel").to_series()
-        best = positions.abs().sort_values(ascending=False).index[:LISTED]
+        best = positions.abs().sort_values(ascending=False).index[:TOP_SHARES]
         listed = ", ".join(f"{p} ({positions[p]:+.3g})" for p in best)
         lines.append(f"  positions by |share|: {listed}")
     return lines
