@@ -364,15 +364,39 @@ def peak_rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
+# A checkbox's centre and state, by its label, scrolled into the window where it is out of
+# it, two frames after the call (the layout of a viewport just resized has settled by
+# then, or the two looks differ).
+CHECKBOX_JS = """async (label) => {
+  const v = attn.views().find((v) => v.model && v.model.label === label &&
+                                     v.model.type === 'Checkbox');
+  const r0 = v.checkbox_el.getBoundingClientRect();
+  if (r0.top < 0 || r0.bottom > window.innerHeight) v.checkbox_el.scrollIntoView({block: 'center'});
+  await new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+  const r = v.checkbox_el.getBoundingClientRect();
+  return [r.x + r.width / 2, r.y + r.height / 2, v.model.active];
+}"""
+
+
 def click_checkbox(page, label: str) -> None:
-    """Click a checkbox by its label, with the mouse, as a person does."""
-    box = page.evaluate(
-        "(label) => { const v = attn.views().find((v) => v.model && v.model.label === label"
-        " && v.model.type === 'Checkbox'); const r = v.checkbox_el.getBoundingClientRect();"
-        " return [r.x + r.width / 2, r.y + r.height / 2]; }",
-        label,
+    """Click a checkbox by its label, with the mouse, as a person does (scrolled to it),
+    once the page's layout holds still; wait until it has toggled. (In two workers the click
+    landed where the box had been before a resize of the viewport, and a click on a box
+    scrolled out of the window went nowhere: nothing toggled, and nothing said so.)"""
+    before = None
+    for _ in range(50):
+        found = page.evaluate(CHECKBOX_JS, label)
+        if before is not None and found == before:
+            break
+        before = found
+    x, y, active = before
+    page.mouse.click(x, y)
+    page.wait_for_function(
+        "([label, was]) => attn.views().some((v) => v.model && v.model.label === label &&"
+        " v.model.type === 'Checkbox' && v.model.active !== was)",
+        arg=[label, active],
+        timeout=10_000,
     )
-    page.mouse.click(*box)
 
 
 def page_widths(page, widths=(1280, 1600)) -> dict:
