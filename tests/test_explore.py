@@ -18,6 +18,7 @@ from attnpanel.app.groups_explorer import GroupsExplorer
 from attnpanel.app.long_explorer import LongExplorer
 from attnpanel.app.sections.long import LongHeads, QueryRow, WindowedMatrix
 from attnpanel.app.sources import VirtualSource
+from attnpanel.traces import layers
 from attnpanel.traces.overviews import folder_for
 from attnpanel.util import untrusted
 
@@ -58,7 +59,9 @@ def test_an_encoder_decoder_datatree_opens_one_explorer_per_group():
     assert page.objects[0].object.startswith("## attnpanel · ")
     assert page.objects[1].name == "Layer (every group)"
     group = explorer.explorer.__panel__().objects[0].object
-    assert group.startswith(f"### group {untrusted.markup(explorer.group)} (")
+    count = sum(entry.group == explorer.group for entry in layers.layers(tree))
+    assert count == 2  # the encoder's two layers, not the shown one alone
+    assert group == f"### group {untrusted.markup(explorer.group)} ({count} layers)"
 
 
 @pytest.mark.parametrize("suffix", [".nc", ".zarr"])

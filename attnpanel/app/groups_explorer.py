@@ -34,7 +34,7 @@ class GroupLayerExplorer(AttentionExplorer):
     def heading(self) -> pn.pane.Markdown:
         """Under the page's heading and its picker of every group's layers: the group."""
         group = untrusted.markup(str(self.trace.attrs.get("group", "")))
-        count = self.trace.sizes.get("layer", 1)
+        count = 1 if self.layers is None else self.layers.sizes["layer"]  # the group's all
         layers = "1 layer" if count == 1 else f"{count} layers"
         return pn.pane.Markdown(f"### group {group} ({layers})", margin=(0, 10))
 
