@@ -41,7 +41,7 @@ from attnpanel.kernels.circuits import (
 )
 from attnpanel.readouts.core import layer_names
 from attnpanel.traces import screening
-from attnpanel.util.files import check_target, write_safely
+from attnpanel.util.files import write_safely
 
 KIND = "circuits"  # attrs["kind"] of a saved result
 NEEDS = ("w_q", "w_k", "w_v", "w_o")
@@ -159,7 +159,6 @@ def save_circuits(result: xr.Dataset, path: str | Path, overwrite: bool = False)
     path = Path(path)
     if path.suffix.lower() != ".nc":
         raise ValueError(f"circuits are saved as netCDF (.nc), not {path.suffix or 'no suffix'}")
-    check_target(path, "netcdf", overwrite)
     return write_safely(path, "netcdf", lambda t: result.to_netcdf(t, engine="h5netcdf"), overwrite)
 
 

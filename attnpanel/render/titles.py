@@ -36,7 +36,7 @@ def fit_title(fig, text: str) -> str:
     room = room_of(fig)
     if not text or room is None:
         return text
-    width = _measure(_font_px(fig.title.text_font_size))
+    width = _title_measure(fig)
     return "\n".join(_wrapped(line, room, width) for line in text.split("\n"))
 
 
@@ -54,7 +54,12 @@ def room_of(fig) -> float | None:
 
 def text_width(fig, line: str) -> float:
     """The px ``line`` takes in ``fig``'s title font, as :func:`fit_title` measures it."""
-    return _measure(_font_px(fig.title.text_font_size))(line)
+    return _title_measure(fig)(line)
+
+
+def _title_measure(fig):
+    """A function of a text: its width in px in ``fig``'s title font."""
+    return _measure(_font_px(fig.title.text_font_size))
 
 
 def _y_axis_room(fig) -> float:
