@@ -27,6 +27,7 @@ from attnpanel.app.sections import (
     Controls,
     GuidedWalk,
     HeadComparison,
+    HeadComposition,
     HeadImportance,
     InputSequence,
     LinkedZoom,
@@ -41,6 +42,7 @@ from attnpanel.app.sections import (
     SurveyView,
     TopAttended,
     ValueAggregation,
+    WhyThisCell,
 )
 from attnpanel.app.url import HeadsOffInUrl, once_loaded
 from attnpanel.render.styling import WRAP
@@ -58,6 +60,7 @@ BELOW_THE_FOLD = (
     "heads",
     "importance",
     "patching",
+    "composition",
     "survey",
     "linked zoom",
     "merge",
@@ -91,6 +94,10 @@ class AttentionExplorer(LayerExplorer):
         "show_survey": "survey",
         "show_embedding": "embedding",
         "show_patching": "patching",
+        "show_why": "why",
+        "why_key": "key",
+        "show_composition": "composition",
+        "composition": "compose",
         "corruption": "corrupted",
         "corrupt_sample": "other",
         "corrupt_span": "span",
@@ -138,6 +145,8 @@ class AttentionExplorer(LayerExplorer):
             "heads": HeadComparison(linked=self.linked, **parts),
             "importance": HeadImportance(**parts),
             "patching": PatchingView(**parts),
+            "why": WhyThisCell(**parts),
+            "composition": HeadComposition(**parts),
             "survey": SurveyView(**parts),
             "linked zoom": LinkedZoom(linked=self.linked, **parts),
             "merge": MergeOutput(**parts),
@@ -159,6 +168,7 @@ class AttentionExplorer(LayerExplorer):
                 sizing_mode="stretch_width",
                 stylesheets=[WRAP],
             ),
+            s["why"],  # under the matrix whose clicked cell it explains (hidden until asked)
             # below the fold: in place once the page above is painted (served)
             self.later.notice,
             *(self.later.hold(s[name]) for name in BELOW_THE_FOLD),

@@ -40,6 +40,8 @@ VIEW_PARAMS = (
     "corrupt_span",
     "patch_what",
     "patched_head",
+    "why_key",
+    "composed_pair",
 )
 
 
@@ -149,6 +151,21 @@ class ExplorerState(param.Parameterized):
             "computed the first time it is shown."
         ),
     )
+    show_why = param.Boolean(False, doc="Show the selected cell's score split over the input.")
+    why_key = param.Integer(
+        -1,
+        bounds=(-1, None),
+        doc="The explained cell's key (a click on "
+        "the matrix picks it); -1: the key the query attends most.",
+    )
+    show_composition = param.Boolean(False, doc="Show the heads' composition graph.")
+    composition = param.Selector(
+        default="K",
+        objects=["Q", "K", "V"],
+        doc="The composition drawn: a later head's queries, keys or values reading.",
+    )
+    composed_pair = param.Tuple(("", -1, "", -1), length=4, doc="The pair of heads drawn "
+                                "beside the graph: (layer, head, later layer, head).")  # fmt: skip
     maps_ahead = param.Boolean(
         default=True,
         doc="Send the large matrix's neighbouring maps (other heads, stages, masks) to the "
@@ -214,6 +231,7 @@ class ExplorerState(param.Parameterized):
                 "sample",
                 "head",
                 "query",
+                "why_key",
                 "mask",
                 "enabled_heads",
                 "layer",
@@ -234,6 +252,7 @@ class ExplorerState(param.Parameterized):
         own_mask = first.attrs.get("mask", "none")
         self.param.sample.bounds = (0, n_batch - 1)
         self.param.query.bounds = (0, first.sizes["query"] - 1)
+        self.param.why_key.bounds = (-1, first.sizes["key"] - 1)
         self.param.head.objects = list(range(n_heads)) + ["mean"]
         self.param.mask.objects = masks
         self.param.enabled_heads.objects = list(range(n_heads))

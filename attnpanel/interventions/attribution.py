@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,6 +43,17 @@ from attnpanel.watching.watcher import SDPA_SIGNATURE, AttentionWatcher, Site, b
 STEPS = 64  # midpoints of the path from the baseline to the input
 CHUNK = 16  # steps run as one batch
 SIDES = ("query", "key")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of one head's map on one sample: what a score attribution explains."""
+
+    sample: int
+    layer: str
+    head: int
+    query: int
+    key: int
 
 
 class AttributionError(ValueError):
@@ -244,6 +256,23 @@ def score_attribution(
         method="integrated gradients",
         attributed_at=f"the output of {path.at}" if path.at else "the model's inputs",
     )  # fmt: skip
+
+
+def cell_attribution(
+    model: nn.Module, args: tuple, kwargs: dict, cell: Cell, **options
+) -> xr.DataArray:
+    """:func:`score_attribution` of ``cell`` on the one sample ``model(*args, **kwargs)``
+    runs (the batch cut to it: its ``sample`` is the cell's); ``options`` are its own."""
+    if args and any(torch.is_tensor(value) for value in kwargs.values()):
+        raise AttributionError(
+            "the model takes tensors by position and by keyword at once: attribute with "
+            "attnpanel.score_attribution and a wrapper that takes one kind"
+        )
+    found = score_attribution(
+        model, args or kwargs, layer=cell.layer, head=cell.head, query=cell.query,
+        key=cell.key, **options,
+    )  # fmt: skip
+    return found.assign_attrs(sample=cell.sample)
 
 
 def _blocked(score: torch.Tensor) -> bool:

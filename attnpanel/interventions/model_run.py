@@ -19,6 +19,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from attnpanel.interventions.attribution import STEPS, Cell, cell_attribution
 from attnpanel.interventions.corruptions import replace_span
 from attnpanel.interventions.effects import patching_effect
 from attnpanel.interventions.gate import ablate, attention_heads
@@ -99,6 +100,10 @@ class ModelRun:
         out of distances and keeps the weight on them (``token_share``).
     step : float, optional
         Seconds between two positions: its survey's ``distance_time``.
+    channels : sequence of str, optional
+        The names of the input's channels, every floating-point input's in order (the
+        demo: the aggregate power and the 16 time features): a score attribution
+        (:meth:`why`) names them.
     """
 
     model: nn.Module
@@ -111,6 +116,7 @@ class ModelRun:
     corruptions: Sequence[Corruption] = ()
     layout: Layout | None = None
     step: float | None = None
+    channels: Sequence[str] | None = None
 
     def __post_init__(self):
         self._predictions = Kept(CACHED_RUNS)  # shared by every session
@@ -120,6 +126,8 @@ class ModelRun:
         self._survey_lock = threading.Lock()
         self._heads: dict[str, int] | None = None
         self._effects = Kept(CACHED_RUNS)
+        self._attributions = Kept(CACHED_RUNS)
+        self._circuits = Kept(1)
 
     @property
     def batch(self) -> int:
@@ -251,6 +259,17 @@ class ModelRun:
                 "sample": sample,
             },
         )
+
+    # why a head attends: a cell's score split over the input
+
+    def why(self, cell: Cell, baseline: str = "zeros", steps: int = STEPS) -> xr.DataArray:
+        """The score of one cell split over the input's channels and positions, query side
+        and key side (:func:`attnpanel.score_attribution`); the last few are kept."""
+        return self._attributions.get(
+            (cell, baseline, steps),
+            lambda: cell_attribution(self.model, *self.one(cell.sample), cell, baseline=baseline,
+                                     steps=steps, channels=self.channels),
+        )  # fmt: skip
 
     # patching between a clean and a corrupted input
 

@@ -150,7 +150,7 @@ def demo_model_run(
     Its metrics, per appliance on the shown sample: the MAE in W and the F1 of the on-state
     (the model's own on-thresholds), as ``docs/demo.md`` scores the model.
     """
-    from attnpanel.nilm.nilmformer import default_path, time_features
+    from attnpanel.nilm.nilmformer import TIME_FEATURE_NAMES, default_path, time_features
     from attnpanel.nilm.training import f1_score
 
     path = default_path() if weights is None else Path(weights)
@@ -193,6 +193,7 @@ def demo_model_run(
         metrics=metrics,
         series=list(config.appliances),
         corruptions=[without(name) for name in config.appliances],
+        channels=["aggregate power", *TIME_FEATURE_NAMES],
     )
 
 

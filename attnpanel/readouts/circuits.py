@@ -148,6 +148,23 @@ def stream_circuits(ds: xr.Dataset, draws: int = BASELINE_DRAWS, group: str = ""
     return out
 
 
+def ov_copying(ds: xr.Dataset) -> xr.DataArray | None:
+    """Each head's OV copying score ``(layer, head)`` of a trace's layers, or None where it
+    lacks any layer's ``w_q, w_k, w_v, w_o`` (the model view's tiles carry it)."""
+    if any(name not in ds for name in NEEDS):
+        return None
+    stacked = ds if "layer" in ds.dims else ds.expand_dims("layer")
+    if not all(bool(np.isfinite(stacked[name]).all()) for name in NEEDS):
+        return None
+    _, ov = head_circuits(*(tensor(stacked[name]) for name in NEEDS), heads=stacked.sizes["head"])
+    return xr.DataArray(
+        copying_scores(ov).numpy(),
+        dims=("layer", "head"),
+        coords={"layer": layer_names(stacked), "head": np.arange(stacked.sizes["head"])},
+        name="ov_copying",
+    )
+
+
 def tensor(array: xr.DataArray) -> torch.Tensor:
     """A stacked weight ``(layer, feature_out, feature_in)`` as a float32 tensor."""
     values = array.transpose("layer", "feature_out", "feature_in").values

@@ -179,6 +179,19 @@ def role_labels(roles, n_layers: int, n_heads: int) -> hv.Labels:
     return hv.Labels((xs, ys, texts), kdims=["head", "layer"], vdims=["role"], group="Roles")
 
 
+def copying_labels(copying, n_layers: int, n_heads: int) -> hv.Labels:
+    """Each map's OV copying score (:func:`attnpanel.readouts.circuits.ov_copying`) written
+    along its bottom edge in the model view (group ``Copying``); none without weights."""
+    xs, ys, texts = [], [], []
+    if copying is not None:
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                xs.append(head)
+                ys.append(layer + 0.36)  # y runs down the page: the map's bottom edge
+                texts.append(f"OV copy {float(copying.values[layer, head]):.2f}")
+    return hv.Labels((xs, ys, texts), kdims=["head", "layer"], vdims=["copying"], group="Copying")
+
+
 def model_view_marker(layer: int, head: int | str, n_heads: int) -> hv.Rectangles:
     """The outline of the selected (layer, head) map in the model view (group ``Selected``).
 

@@ -12,6 +12,7 @@ from attnpanel.readouts.core import PREDICTED
 HIGHLIGHT = "#39ff14"  # the selected query: its row on every map, its marker on the curve
 # the reference series' curves (truth solid, prediction dashed), in order
 SERIES_COLORS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#7f7f7f")
+QUERY_COLOR, KEY_COLOR = "#0072b2", "#d55e00"  # a score's two sides: blue and vermillion
 
 
 def curve_styles(labels) -> list[dict]:

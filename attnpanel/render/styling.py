@@ -11,7 +11,7 @@ import holoviews.plotting.bokeh  # noqa: F401  (registers the backend that .opts
 import numpy as np
 from bokeh.models import BasicTickFormatter
 
-from attnpanel.render.palette import HIGHLIGHT, head_color
+from attnpanel.render.palette import HIGHLIGHT, KEY_COLOR, QUERY_COLOR, head_color
 
 # The options below are Bokeh's: they apply when Bokeh is HoloViews' current backend (a
 # notebook user's ``.opts(*options())`` without ``hv.extension("bokeh")`` first).
@@ -38,10 +38,12 @@ LOOK = {
     ("Scatter", "TopKeys"): dict(fill_color=HIGHLIGHT, line_color="black", size=7, marker="circle"),
     ("Labels", "Tokens"): dict(text_font_size="11pt", text_color="black"),
     ("Labels", "Roles"): dict(text_font_size="7pt", text_color="#b2182b", text_font_style="bold"),
+    ("Labels", "Copying"): dict(text_font_size="7pt", text_color="#0072b2"),
     ("Image", "Attention"): dict(cmap="coolwarm", nan_color="black"),
     ("Image", "HeadMap"): dict(nan_color="#222222"),
     ("Image", "Weight"): dict(cmap="RdBu_r", nan_color="white"),
     ("Image", "ModelView"): dict(cmap="Greys", nan_color="white"),
+    ("Image", "Pair"): dict(cmap="Greys", nan_color="white"),  # a composed pair's maps
     ("Image", "Positional"): dict(cmap="RdBu_r"),
     ("Image", "Importance"): dict(cmap="Blues", nan_color="white"),
     ("Image", "Rollout"): dict(cmap="Greys", nan_color="white"),
@@ -52,6 +54,11 @@ LOOK = {
     ("Rectangles", "Ranking"): dict(line_color=None),
     ("Labels", "Ranking"): dict(text_font_size="8pt", text_color="#333333"),
     ("Curve", "Prediction"): dict(line_width=1.2),
+    # why this cell: the query side blue, the key side vermillion (attnpanel.render.why_views)
+    ("Curve", "WhyQuery"): dict(line_color=QUERY_COLOR, line_width=1.4),
+    ("Curve", "WhyKey"): dict(line_color=KEY_COLOR, line_width=1.4),
+    ("VLine", "QueryMark"): dict(line_color=QUERY_COLOR, line_width=2, line_alpha=0.8),
+    ("VLine", "KeyMark"): dict(line_color=KEY_COLOR, line_width=2, line_alpha=0.8),
     ("HeatMap", "Values"): dict(cmap="RdBu_r"),
 }
 

@@ -7,6 +7,7 @@ render it with ``self.engine.render``; ``AttentionExplorer`` only composes the s
 
 from attnpanel.app.sections.aggregation import ValueAggregation
 from attnpanel.app.sections.base import Section
+from attnpanel.app.sections.composition import HeadComposition
 from attnpanel.app.sections.controls import Controls
 from attnpanel.app.sections.embedding import QueryKeyEmbedding
 from attnpanel.app.sections.heads import HeadComparison, LinkedZoom
@@ -21,12 +22,14 @@ from attnpanel.app.sections.sequence import InputSequence
 from attnpanel.app.sections.shapes import ShapeTable
 from attnpanel.app.sections.survey import SurveyView
 from attnpanel.app.sections.walk import GuidedWalk
+from attnpanel.app.sections.why import WhyThisCell
 
 __all__ = [
     "AttentionMatrix",
     "Controls",
     "GuidedWalk",
     "HeadComparison",
+    "HeadComposition",
     "HeadImportance",
     "InputSequence",
     "LinkedZoom",
@@ -42,4 +45,5 @@ __all__ = [
     "SurveyView",
     "TopAttended",
     "ValueAggregation",
+    "WhyThisCell",
 ]

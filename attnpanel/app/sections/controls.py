@@ -19,6 +19,8 @@ TOGGLES = (  # the sections' checkboxes, in the order the page shows them
     "show_head_average",
     "show_survey",
     "show_patching",
+    "show_why",
+    "show_composition",
     "show_embedding",
 )
 STAGE_NAMES = {
@@ -159,6 +161,12 @@ class Controls(Section):
         )
         widgets["show_patching"] = pn.widgets.Checkbox.from_param(
             state.param.show_patching, name="patching"
+        )
+        widgets["show_why"] = pn.widgets.Checkbox.from_param(
+            state.param.show_why, name="why this cell"
+        )
+        widgets["show_composition"] = pn.widgets.Checkbox.from_param(
+            state.param.show_composition, name="head composition"
         )
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):

@@ -116,12 +116,15 @@ class PositionMap(Section):
         self.engine.on_render(self._on_render)
 
     def click(self, x=None, y=None) -> None:
-        """What a click on a map does: pick the query of the clicked row."""
+        """What a click on a map does: pick the query of the clicked row, and the clicked
+        cell's key as the cell "why this cell" explains."""
         if y is None:
             return
-        n_query = self.trace.sizes["query"]
-        query = int(np.clip(round(float(y)), 0, n_query - 1))
-        self.engine.soon(self.state.param.update, query=query)
+        n_query, n_key = self.trace.sizes["query"], self.trace.sizes["key"]
+        picked = dict(query=int(np.clip(round(float(y)), 0, n_query - 1)))
+        if x is not None:
+            picked["why_key"] = int(np.clip(round(float(x)), 0, n_key - 1))
+        self.engine.soon(self.state.param.update, **picked)
 
     def _on_render(self, figure, element, handles) -> None:
         labels = core.clock_labels(self.trace, self.state.sample)
@@ -154,7 +157,7 @@ class PositionMap(Section):
 class AttentionMatrix(PositionMap):
     """The matrix, its colour map, token tick labels, and the side-by-side unmasked copy."""
 
-    title = "Attention matrix (click a row to pick its query)"
+    title = "Attention matrix (click a cell to pick its query and key)"
     map_panes = (("matrix", MAP_KEY), ("unmasked", MAP_KEY))
 
     def __init__(self, **params):

@@ -15,6 +15,7 @@ import panel as pn
 from attnpanel.app.scroll import MATRIX
 from attnpanel.app.sections.base import Section
 from attnpanel.readouts import model_map
+from attnpanel.readouts.circuits import ov_copying
 from attnpanel.readouts.core import Selection, layer_names
 from attnpanel.readouts.roles import trace_roles
 from attnpanel.render import model_views, styling
@@ -22,6 +23,7 @@ from attnpanel.render.elements import Raster
 
 MODEL_CELL = 96  # pixels per small map of the model view, at most
 MODEL_WIDTH = 860  # the model view's frame at most: with its layer names it fits 1280 px
+COPYING_CELL = 60  # pixels a small map needs for its "OV copy 0.75"
 TABLE_PARAMS = ["sample", "head", "mask", "enabled_heads", "layer"]
 
 
@@ -64,7 +66,8 @@ class ModelView(Section):
 
     title = (
         "Model view: every layer and head (captured softmax weights; "
-        "click a map to open it in the attention matrix)"
+        "click a map to open it in the attention matrix; in blue, each head's OV copying "
+        "score where the weights are known)"
     )
 
     def __init__(self, **params):
@@ -118,8 +121,11 @@ class ModelView(Section):
             follows_layer=False,
             slow=True,  # every layer's weights of the sample are read
         )
+        # each head's OV copying score along its map's bottom edge, where the maps have room
+        shown = ov_copying(state.layers) if self.cell >= COPYING_CELL else None
+        copying = model_views.copying_labels(shown, n_layers, n_heads)
         names = layer_names(state.layers)
-        plot = hv.Overlay([image, marker, roles], label=image.label)
+        plot = hv.Overlay([image, marker, roles, copying], label=image.label)
         style = dict(
             frame_width=self.cell * n_heads,
             frame_height=self.cell * n_layers,

@@ -1,0 +1,210 @@
+"""How heads compose: a graph of every head by layer, joined where a later head reads an
+earlier one's output more than random weights would (:func:`attnpanel.circuits`).
+
+Nodes are heads (x: layer, y: head), coloured by their OV copying score; a line joins a
+head to a head of a later layer where their Q-, K- or V-composition score (the state's
+``composition``) is above the p95 of random matrices of the same shapes, its width by the
+score. A click on a line draws both heads' maps of the shown sample beside the graph and
+opens the later head in the matrix where the trace holds its layer. The weights are the
+trace's own where it holds every layer's ``w_q, w_k, w_v, w_o``, else the model's at hand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import panel as pn
+import xarray as xr
+from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d
+from bokeh.plotting import figure
+
+from attnpanel.app.sections.base import Section
+from attnpanel.app.sections.matrix import matrix_style
+from attnpanel.readouts import circuits as circuit_readouts
+from attnpanel.render import circuit_views
+from attnpanel.render.titles import fit_title
+
+GRAPH_HEIGHT, LAYER_WIDTH = 330, 190  # px; the graph is a layer's width per layer
+PAIR_SIZE = 220  # px of each of the pair's maps
+NEEDS_WEIGHTS = (
+    "Composition is read from the heads' projection matrices of several layers: this trace "
+    "has no `w_q, w_k, w_v, w_o` of two layers and no model is at hand. Capture every layer "
+    "(`attnpanel.capture(model, inputs)`), or `attnpanel circuits TRACE` on the command line."
+)
+COMPOSITION_EXPLAINED = (
+    "Each dot is a head (colour: its OV copying score, the share of its OV matrix's "
+    "eigenvalue mass that is positive: near 1, it copies what it attends to). A line joins "
+    "a head to a head of a later layer whose {mode} read its output more than random "
+    "matrices of the same shapes do (above their p95, {p95:.3f}); width: the score. A click "
+    "on a line draws both heads' maps of this sample and opens the later head in the matrix "
+    "where this trace holds its layer."
+)
+READS = {"Q": "queries", "K": "keys", "V": "values"}
+
+
+class HeadComposition(Section):
+    """The composition graph of every head, and the maps of a clicked pair."""
+
+    title = "How heads compose (from the weights)"
+    shown_by = "show_composition"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.status = pn.pane.Markdown("", margin=(0, 10))
+        self._result: xr.Dataset | None = None
+
+    def weights_trace(self):
+        """Every layer with its weights: the trace's own, else a capture of the model at
+        hand; None where neither has two layers of them."""
+        layers = self.state.layers
+        if layers is not None and all(name in layers for name in circuit_readouts.NEEDS):
+            return layers
+        if self.state.model is not None:
+            found = self.state.model.capture(0)
+            if isinstance(found, xr.Dataset) and "layer" in found.dims:
+                return found
+        return None
+
+    def weights_of(self, sample: int, layer: str) -> xr.DataArray:
+        """One layer's maps ``(head, query, key)`` of one sample: the trace's, else those of
+        the model at hand run on the sample."""
+        layers = self.state.layers
+        if layers is not None and layer in [str(v) for v in layers["layer"].values]:
+            return layers["weights"].sel(layer=layer).isel(batch=sample)
+        return self.state.model.capture(sample)["weights"].sel(layer=layer).isel(batch=0)
+
+    @property
+    def result(self) -> xr.Dataset:
+        """Every head's circuits and every pair's composition (computed once)."""
+        if self._result is None:
+            self._result = circuit_readouts.circuits(self.weights_trace())
+        return self._result
+
+    def build(self):
+        if self.weights_trace() is None:
+            return pn.Column(
+                self.heading(), pn.pane.Markdown(NEEDS_WEIGHTS, margin=(0, 10)), margin=0
+            )
+        mode = pn.widgets.RadioButtonGroup.from_param(
+            self.state.param.composition, name="composition", button_type="light"
+        )
+        self.explained = pn.pane.Markdown(self._explanation(), margin=(0, 10))
+        graph = self._graph()
+        self.state.param.watch(self._redraw, "composition")
+        return pn.Column(
+            self.heading(),
+            self.explained,
+            mode,
+            pn.Row(pn.pane.Bokeh(graph, margin=(0, 5)), self._pair("earlier"), self._pair("later")),
+            self.status,
+            sizing_mode="stretch_width",
+        )
+
+    def _explanation(self) -> str:
+        mode = self.state.composition
+        p95 = float(self.result["composition_baseline_p95"].sel(mode=mode))
+        return COMPOSITION_EXPLAINED.format(mode=READS[mode], p95=p95)
+
+    def _graph(self):
+        result = self.result
+        n_layers, n_heads = result.sizes["layer"], result.sizes["head"]
+        fig = figure(
+            width=max(320, LAYER_WIDTH * n_layers),
+            height=GRAPH_HEIGHT,
+            x_range=Range1d(-0.4, n_layers - 0.6),
+            y_range=Range1d(n_heads - 0.4, -0.6),  # head 0 on top, as the maps' rows
+            tools="tap",
+            toolbar_location=None,
+            min_border=5,
+        )
+        self._edges = ColumnDataSource(circuit_views.edge_columns(result, self.state.composition))
+        edges = fig.segment(
+            x0="x0", y0="y0", x1="x1", y1="y1", line_width="width", line_alpha=0.55,
+            line_color="#555555", source=self._edges,
+        )  # fmt: skip
+        mapper = LinearColorMapper(palette=circuit_views.COPYING_PALETTE, low=0.0, high=1.0)
+        nodes = fig.scatter(
+            x="x", y="y", size=12, line_color="black",
+            fill_color={"field": "copying", "transform": mapper},
+            source=ColumnDataSource(circuit_views.node_columns(result)),
+        )  # fmt: skip
+        fig.add_tools(
+            HoverTool(renderers=[nodes], tooltips=circuit_views.NODE_TIPS),
+            HoverTool(renderers=[edges], tooltips=circuit_views.EDGE_TIPS, line_policy="interp"),
+        )
+        fig.add_layout(ColorBar(color_mapper=mapper, title="OV copying", width=10), "right")
+        fig.xaxis.ticker = list(range(n_layers))
+        fig.xaxis.major_label_overrides = {i: str(i) for i in range(n_layers)}
+        fig.yaxis.ticker = list(range(n_heads))
+        fig.xaxis.axis_label, fig.yaxis.axis_label = "layer", "head"
+        fig.xgrid.visible = fig.ygrid.visible = False
+        fig.on_event("tap", lambda event: self.click(event.x, event.y))
+        self._figure = fig
+        self._retitle()
+        return fig
+
+    def edges(self) -> dict:
+        """The lines drawn now: each pair's heads, place and score (its source's columns)."""
+        return dict(self._edges.data)
+
+    def title_text(self) -> str:
+        """The graph's title as drawn."""
+        return self._figure.title.text
+
+    def _retitle(self) -> None:
+        words = circuit_views.graph_title(self.result, self.state.composition)
+        self._figure.title.text = fit_title(self._figure, words)
+
+    def _redraw(self, *_events) -> None:
+        self._edges.data = circuit_views.edge_columns(self.result, self.state.composition)
+        self.explained.object = self._explanation()
+        self._retitle()
+
+    def _pair(self, which: str):
+        def build(sel):
+            found = circuit_views.pair_head(self.state.composed_pair, which)
+            if found is None:
+                empty = np.full((1, 1), np.nan, dtype=np.float32)
+                return empty, f"the {which} head: click a line", "weight"
+            layer, head = found
+            weights = self.weights_of(sel.sample, layer).sel(head=head)
+            return (
+                weights.values.astype(np.float32),
+                f"{layer} head {head}, sample {sel.sample}",
+                "weight",
+            )
+
+        raster = self.engine.add(
+            f"the {which} head of the pair",
+            build,
+            ["sample", "composed_pair"],
+            f"pair {which}",
+            raster=(PAIR_SIZE, PAIR_SIZE),
+            group="Pair",
+            follows_layer=False,
+        )
+        image = raster.element("weight")
+        style = matrix_style(None, title_size="10pt", size=PAIR_SIZE)
+        return self.engine.render(image, f"pair {which}", style=style)
+
+    def click(self, x=None, y=None) -> None:
+        """A click on a line: draw both heads' maps, open the later one in the matrix."""
+        if x is None or y is None:
+            return
+        pair = circuit_views.nearest_edge(self.edges(), x, y)
+        if pair is None:
+            self.status.object = "click a line between two heads to draw both"
+            return
+        self.status.object = ""
+        later, head = pair[2], pair[3]
+        changes = dict(composed_pair=pair)
+        stacked = self.state.layers
+        names = [str(v) for v in stacked["layer"].values] if stacked is not None else []
+        if later in names:
+            changes.update(layer=names.index(later), head=head)
+        elif (
+            stacked is None
+            and "layer" in self.trace.coords
+            and (str(self.trace["layer"].item()) == later)
+        ):
+            changes.update(head=head)
+        self.engine.soon(self.state.param.update, **changes)

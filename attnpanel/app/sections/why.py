@@ -1,0 +1,130 @@
+"""Why this cell: the selected cell's score split over the model's input, inside the model.
+
+With the model at hand (:class:`attnpanel.interventions.model_run.ModelRun`), a click on a
+cell of the matrix picks its query and key; this section draws the cell's score split by
+integrated gradients (:func:`attnpanel.score_attribution`) over the input's positions,
+through the query (blue) and through the key (vermillion), under the input curve with the
+two positions marked, and over the input's channels (the demo: the aggregate power and
+the 16 time features). Until a cell is clicked, the key is the one the query attends most.
+Without a model, it says what it needs.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+
+from attnpanel.app.sections.head_maps import ModelHeadsSection
+from attnpanel.interventions.attribution import AttributionError, Cell
+from attnpanel.readouts import core
+from attnpanel.render import views, why_views
+
+SHARES_HEIGHT, INPUT_HEIGHT = 240, 170
+WHY_NEEDS_MODEL = (
+    "Splitting a score over the input needs the model itself, not only its trace: the "
+    "served demo has it; for your own, `attnpanel.explore(capture, "
+    "model=attnpanel.ModelRun(model, inputs, layers=[...]))`, or `attnpanel why` on the "
+    "command line."
+)
+WHY_EXPLAINED = (
+    "A click on a cell of the attention matrix picks its query and key (until then, the key "
+    "the query attends most). The cell's score before the softmax is split over the model's "
+    "input by integrated gradients from a zero input: each position's and each channel's "
+    "share of the change, through the query (blue) and through the key (vermillion). "
+    "The shares add up to the change; the table under the curves says how exactly."
+)
+WHY_PARAMETERS = ["sample", "head", "query", "why_key"]
+
+
+class WhyThisCell(ModelHeadsSection):
+    """The selected cell's score attribution: per position on the input's axis, per channel."""
+
+    title = "Why this cell: its score split over the input"
+    shown_by = "show_why"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._computing = threading.Lock()  # the views share one attribution, made once
+
+    def key(self, sel) -> int:
+        """The key of the cell explained: the clicked one, else the one the query attends
+        most."""
+        key = self.state.why_key
+        if not 0 <= key < self.trace.sizes["key"]:
+            weights = np.nan_to_num(core.selected_weights(self.trace, sel, self.cache))
+            key = int(np.argmax(weights))
+        return key
+
+    def attribution(self, sel):
+        """``(attribution, "")`` of the selected cell, or ``(None, why there is none)``."""
+        if sel.head == "mean":
+            return None, "the mean of heads has no score of its own: pick one head"
+        cell = Cell(sel.sample, self.layer_name(sel), int(sel.head), int(sel.query), self.key(sel))
+        try:
+            with self._computing:
+                return self.run.why(cell), ""
+        except AttributionError as err:
+            return None, str(err)
+
+    def build(self):
+        if self.run is None:
+            return pn.Column(
+                self.heading(), pn.pane.Markdown(WHY_NEEDS_MODEL, margin=(0, 10)), margin=0
+            )
+        return pn.Column(
+            self.heading(),
+            pn.pane.Markdown(WHY_EXPLAINED, margin=(0, 10)),
+            pn.Row(self._input(), sizing_mode="stretch_width"),
+            pn.Row(self._shares(), sizing_mode="stretch_width"),
+            pn.Row(self._summary(), self._channels()),
+            sizing_mode="stretch_width",
+        )
+
+    def _input(self):
+        def build(sel):
+            curve = views.sequence_curve(self.trace, sel, show_reference=False)
+            found, reason = self.attribution(sel)
+            shares = why_views.position_shares(self.trace, sel, self.key(sel), found, reason)
+            marks = list(shares)[2:]
+            return hv.Overlay([*curve, *marks], label=f"{curve.label.split(' (')[0]}")
+
+        element = self.engine.add("why: the input", build, WHY_PARAMETERS, "why input", slow=True)
+        style = dict(height=INPUT_HEIGHT, responsive=True)
+        return self.engine.render(
+            element, "why input", style=style, sizing_mode="stretch_width", height=INPUT_HEIGHT
+        )
+
+    def _shares(self):
+        def build(sel):
+            key = self.key(sel)
+            return why_views.position_shares(self.trace, sel, key, *self.attribution(sel))
+
+        element = self.engine.add(
+            "why: per position", build, WHY_PARAMETERS, "why shares", slow=True
+        )
+        style = dict(height=SHARES_HEIGHT, responsive=True, legend=True)
+        return self.engine.render(
+            element, "why shares", style=style, sizing_mode="stretch_width", height=SHARES_HEIGHT
+        )
+
+    def _summary(self):
+        def build(sel):
+            return why_views.cell_table(*self.attribution(sel))
+
+        element = self.engine.add(
+            "why: the cell", build, WHY_PARAMETERS, "why cell", title=False, slow=True
+        )
+        return self.engine.render(element, "why cell", style=dict(width=430, height=250))
+
+    def _channels(self):
+        def build(sel):
+            return why_views.channel_table(self.attribution(sel)[0])
+
+        element = self.engine.add(
+            "why: per channel", build, WHY_PARAMETERS, "why channels", title=False, slow=True
+        )
+        height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
+        return self.engine.render(element, "why channels", style=dict(width=470, height=height))

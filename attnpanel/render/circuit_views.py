@@ -1,0 +1,108 @@
+"""The composition graph's data: heads as nodes by layer, pairs above the random baseline
+as lines (:func:`attnpanel.circuits`'s Dataset; drawn by
+:class:`attnpanel.app.sections.composition.HeadComposition`).
+
+Only numbers of the result are drawn: a line for each pair whose score is above
+``composition_baseline_p95`` of its mode, its width growing with the score; a node's
+colour is its ``ov_copying``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+from matplotlib import colormaps
+from matplotlib.colors import to_hex
+
+COPYING_PALETTE = [to_hex(c) for c in colormaps["viridis"](np.linspace(0, 1, 256))]
+NODE_TIPS = [("layer", "@layer"), ("head", "@head"), ("OV copying score", "@copying{0.000}")]
+EDGE_TIPS = [
+    ("earlier head", "@earlier"),
+    ("later head", "@later"),
+    ("composition score", "@score{0.000}"),
+    ("x random p95", "@times{0.00}"),
+]
+NEAREST = 0.2  # a click this far from a line (in layer and head units) picks it
+WIDEST = 7.0  # px of the line of the largest score
+
+
+def node_columns(result: xr.Dataset) -> dict:
+    """Every head: its place (x layer index, y head), names and OV copying score."""
+    copying = result["ov_copying"]
+    layers = [str(v) for v in result["layer"].values]
+    index, heads = np.meshgrid(np.arange(len(layers)), result["head"].values, indexing="ij")
+    return {
+        "x": index.ravel().astype(float),
+        "y": heads.ravel().astype(float),
+        "layer": [layers[i] for i in index.ravel()],
+        "head": heads.ravel(),
+        "copying": np.asarray(copying.values, dtype=float).ravel(),
+    }
+
+
+def edge_columns(result: xr.Dataset, mode: str) -> dict:
+    """Every pair of heads whose ``mode`` composition score is above the random p95."""
+    scores = result["composition"].sel(mode=mode)
+    p95 = float(result["composition_baseline_p95"].sel(mode=mode))
+    layers = [str(v) for v in result["layer"].values]
+    values = np.nan_to_num(np.asarray(scores.values, dtype=float), nan=-np.inf)
+    found = np.argwhere(values > p95)  # (layer, head, later_layer, later_head)
+    chosen = values[tuple(found.T)] if len(found) else np.zeros(0)
+    top = chosen.max() if len(chosen) else 1.0
+    later_names = [str(v) for v in scores["later_layer"].values]
+    later_index = [layers.index(name) for name in later_names]
+    return {
+        "x0": found[:, 0].astype(float),
+        "y0": found[:, 1].astype(float),
+        "x1": np.array([later_index[i] for i in found[:, 2]], dtype=float),
+        "y1": found[:, 3].astype(float),
+        "earlier": [f"{layers[a]} head {h}" for a, h in found[:, :2]],
+        "later": [f"{later_names[a]} head {h}" for a, h in found[:, 2:]],
+        "earlier_layer": [layers[a] for a in found[:, 0]],
+        "later_layer": [later_names[a] for a in found[:, 2]],
+        "earlier_head": found[:, 1],
+        "later_head": found[:, 3],
+        "score": chosen,
+        "times": chosen / p95,
+        "width": 1.0 + (WIDEST - 1.0) * (chosen - p95) / max(top - p95, 1e-12),
+    }
+
+
+def graph_title(result: xr.Dataset, mode: str) -> str:
+    """The graph's title: the mode, how many pairs are above random, and the largest."""
+    edges = edge_columns(result, mode)
+    count = len(edges["score"])
+    if not count:
+        return f"{mode}-composition: no pair of heads above random matrices (p95)"
+    best = int(np.argmax(edges["score"]))
+    return (
+        f"{mode}-composition: {count} pairs above random (p95); the largest "
+        f"{edges['earlier'][best]} → {edges['later'][best]}, {edges['times'][best]:.2f}x"
+    )
+
+
+def nearest_edge(edges: dict, x: float, y: float) -> tuple[str, int, str, int] | None:
+    """The pair ``(earlier layer, head, later layer, head)`` of the line nearest a click,
+    or None where none is within :data:`NEAREST`."""
+    x0, y0 = np.asarray(edges["x0"], float), np.asarray(edges["y0"], float)
+    x1, y1 = np.asarray(edges["x1"], float), np.asarray(edges["y1"], float)
+    if not len(x0):
+        return None
+    dx, dy = x1 - x0, y1 - y0
+    along = np.clip(((x - x0) * dx + (y - y0) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
+    distance = np.hypot(x0 + along * dx - x, y0 + along * dy - y)
+    i = int(np.argmin(distance))
+    if distance[i] > NEAREST:
+        return None
+    return (
+        str(edges["earlier_layer"][i]),
+        int(edges["earlier_head"][i]),
+        str(edges["later_layer"][i]),
+        int(edges["later_head"][i]),
+    )
+
+
+def pair_head(pair: tuple, which: str) -> tuple[str, int] | None:
+    """The earlier or the later head of a picked pair, or None where none is picked."""
+    layer, head = pair[:2] if which == "earlier" else pair[2:]
+    return (str(layer), int(head)) if layer and head >= 0 else None

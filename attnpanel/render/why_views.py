@@ -1,0 +1,118 @@
+"""Why a head attends, drawn: one cell's score split over the input (query side and key
+side in two colours, on the input's own axis) and its channels' totals.
+
+The numbers are :func:`attnpanel.score_attribution`'s ``(side, channel, position)`` shares
+of the score's change from the baseline; these views sum them over channels (per
+position) or over positions (per channel) and draw nothing else. Where there is no
+attribution (a blocked cell, the mean of heads), the views are empty and their title says
+why.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import xarray as xr
+
+from attnpanel.readouts import core
+
+SIDE_WORDS = {"query": "through the query", "key": "through the key"}
+SHARE = hv.Dimension("share", label="share of the score's change")
+TOP_CHANNELS = 12  # rows of the channel table; the rest summed in one row
+
+
+def share_text(value: float) -> str:
+    """A share to three significant digits, signed (``+0.153``, ``-4.2e-05``)."""
+    return f"{value:+.3g}" if np.isfinite(value) else "–"
+
+
+def cell_words(found: xr.DataArray) -> str:
+    """The cell, in words: ``query 100 → key 90, head 3 of encoder.2.attention``."""
+    a = found.attrs
+    return f"query {a['query']} → key {a['key']}, head {a['head']} of {a['layer']}"
+
+
+def cell_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
+    """The cell, its score and what the shares add up to (the completeness check's
+    numbers), one row each; where there is no attribution, the reason."""
+    if found is None:
+        rows = [("no attribution", reason)]
+    else:
+        a = found.attrs
+        change = a["score"] - a["baseline_score"]
+        rows = [
+            ("cell", cell_words(found)),
+            ("score (before the softmax)", f"{a['score']:.4g}"),
+            (f"score at the {a['baseline']} baseline", f"{a['baseline_score']:.4g}"),
+            ("change", share_text(change)),
+            ("sum of the shares", share_text(float(found.sum()))),
+            ("completeness error", f"{a['completeness_error']:.1e}"),
+            ("method", f"{a['method']}, {a['steps']} steps"),
+            ("attributed at", str(a["attributed_at"])),
+        ]
+    what, value = zip(*rows, strict=True)
+    return hv.Table(
+        {"what": np.array(what, dtype=object), "value": np.array(value, dtype=object)},
+        kdims=["what"],
+        vdims=["value"],
+        group="WhyCell",
+        label="the cell explained",
+    )
+
+
+def _axis(ds: xr.Dataset, sel: core.Selection, positions: int) -> tuple[np.ndarray, str]:
+    """The input's x values (clock times where the trace has them for every position)."""
+    xs, name = core.position_axis(ds, sel)
+    if len(xs) == positions:
+        return xs, name
+    return np.arange(positions), "position"
+
+
+def position_shares(
+    ds: xr.Dataset, sel: core.Selection, key: int, found: xr.DataArray | None, reason: str = ""
+) -> hv.Overlay:
+    """Each position's share of the score's change (summed over the channels), through the
+    query (group ``WhyQuery``) and through the key (``WhyKey``), with the query's and the
+    key's positions marked (``sel.query``, ``key``); empty, titled ``reason``, where there
+    is no attribution."""
+    positions = ds.sizes["key"] if found is None else found.sizes["position"]
+    xs, name = _axis(ds, sel, positions)
+    xdim = hv.Dimension(name)
+    layers = []
+    for side, group in (("query", "WhyQuery"), ("key", "WhyKey")):
+        values = found.sel(side=side).sum("channel").values if found is not None else np.zeros(0)
+        shown = xs if found is not None else xs[:0]
+        layers.append(hv.Curve((shown, values), xdim, SHARE, group=group, label=SIDE_WORDS[side]))
+    for at, group in ((sel.query, "QueryMark"), (key, "KeyMark")):
+        layers.append(hv.VLine(xs[min(at, len(xs) - 1)], group=group))
+    if found is None:
+        return hv.Overlay(layers, label=reason)
+    return hv.Overlay(layers, label=f"why {cell_words(found)}: shares per position")
+
+
+def channel_table(found: xr.DataArray | None) -> hv.Table:
+    """Each channel's share through the query, through the key and in all, the largest
+    first (:data:`TOP_CHANNELS`, then the rest summed in one row)."""
+    columns = {"channel": [], "through the query": [], "through the key": [], "total": []}
+    if found is not None:
+        sums = found.sum("position")
+        query, key = sums.sel(side="query").values, sums.sel(side="key").values
+        names = [str(c) for c in found["channel"].values]
+        order = np.argsort(-np.abs(query + key), kind="stable")
+        rows = [(names[i], query[i], key[i]) for i in order[:TOP_CHANNELS]]
+        rest = order[TOP_CHANNELS:]
+        if len(rest):
+            rows.append((f"the other {len(rest)}", query[rest].sum(), key[rest].sum()))
+        for channel, q, k in rows:
+            columns["channel"].append(channel)
+            columns["through the query"].append(share_text(float(q)))
+            columns["through the key"].append(share_text(float(k)))
+            columns["total"].append(share_text(float(q + k)))
+    data = {name: np.array(values, dtype=object) for name, values in columns.items()}
+    return hv.Table(
+        data,
+        kdims=["channel"],
+        vdims=["through the query", "through the key", "total"],
+        group="WhyChannels",
+        label="share of the score's change per input channel, the largest first",
+    )
