@@ -122,7 +122,10 @@ def test_the_shares_drawn_are_the_models_own_score_split_the_long_way(page, run)
     )
     assert abs(float(cell["completeness error"][0])) < 1e-4 * max(change, 1.0)
     title = " ".join(page.engine.title("why shares").split())
-    assert title == f"why query {QUERY} → key {KEY}, head {HEAD} of {LAYER}: shares per position"
+    assert title == (
+        f"why query {QUERY} → key {KEY}, head {HEAD} of {LAYER}: shares per position, through "
+        "the query (blue) and through the key (vermillion)"
+    )
     # the input curve's marks are at the query's and the key's clock times
     times = attnpanel.demo(n_windows=WINDOWS)["time"].isel(batch=1).values
     marks = {key.group: found[0]["glyph"].location for key, found in page.engine.plots(

@@ -22,6 +22,7 @@ EDGE_TIPS = [
     ("composition score", "@score{0.000}"),
     ("x random p95", "@times{0.00}"),
 ]
+PAIR_COLUMNS = ("earlier_layer", "earlier_head", "later_layer", "later_head")
 NEAREST = 0.2  # a click this far from a line (in layer and head units) picks it
 WIDEST = 7.0  # px of the line of the largest score
 
@@ -102,7 +103,14 @@ def nearest_edge(edges: dict, x: float, y: float) -> tuple[str, int, str, int] |
     )
 
 
-def pair_head(pair: tuple, which: str) -> tuple[str, int] | None:
-    """The earlier or the later head of a picked pair, or None where none is picked."""
+def pair_head(pair: tuple, which: str, edges: dict, layers: list[str]) -> tuple[str, int]:
+    """The earlier or the later head of a picked pair; where none is picked, of the line of
+    the largest score; where there is no line, head 0 of the first or the last of
+    ``layers``."""
+    if not (pair[0] and pair[1] >= 0) and len(edges["score"]):
+        best = int(np.argmax(edges["score"]))
+        pair = tuple(edges[name][best] for name in PAIR_COLUMNS)
     layer, head = pair[:2] if which == "earlier" else pair[2:]
-    return (str(layer), int(head)) if layer and head >= 0 else None
+    if not layer or head < 0:
+        return layers[0 if which == "earlier" else -1], 0
+    return str(layer), int(head)

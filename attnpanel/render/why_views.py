@@ -87,7 +87,11 @@ def position_shares(
         layers.append(hv.VLine(xs[min(at, len(xs) - 1)], group=group))
     if found is None:
         return hv.Overlay(layers, label=reason)
-    return hv.Overlay(layers, label=f"why {cell_words(found)}: shares per position")
+    return hv.Overlay(
+        layers,
+        label=f"why {cell_words(found)}: shares per position, through the query (blue) and "
+        "through the key (vermillion)",
+    )
 
 
 def channel_table(found: xr.DataArray | None) -> hv.Table:

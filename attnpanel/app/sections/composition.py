@@ -17,10 +17,10 @@ import xarray as xr
 from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d
 from bokeh.plotting import figure
 
-from attnpanel.app.sections.base import Section
-from attnpanel.app.sections.matrix import matrix_style
+from attnpanel.app.sections.matrix import PositionMap, matrix_style
 from attnpanel.readouts import circuits as circuit_readouts
 from attnpanel.render import circuit_views
+from attnpanel.render.elements import PlotKey
 from attnpanel.render.titles import fit_title
 
 GRAPH_HEIGHT, LAYER_WIDTH = 330, 190  # px; the graph is a layer's width per layer
@@ -35,17 +35,23 @@ COMPOSITION_EXPLAINED = (
     "eigenvalue mass that is positive: near 1, it copies what it attends to). A line joins "
     "a head to a head of a later layer whose {mode} read its output more than random "
     "matrices of the same shapes do (above their p95, {p95:.3f}); width: the score. A click "
-    "on a line draws both heads' maps of this sample and opens the later head in the matrix "
-    "where this trace holds its layer."
+    "on a line draws both heads' maps of this sample (until then, the strongest pair's) and "
+    "opens the later head in the matrix where this trace holds its layer."
 )
 READS = {"Q": "queries", "K": "keys", "V": "values"}
 
 
-class HeadComposition(Section):
-    """The composition graph of every head, and the maps of a clicked pair."""
+class HeadComposition(PositionMap):
+    """The composition graph of every head, and the maps of a clicked pair (clock times
+    or tokens on their axes, as the matrix has them)."""
 
     title = "How heads compose (from the weights)"
     shown_by = "show_composition"
+    map_group = "Pair"
+    map_panes = (
+        ("pair earlier", PlotKey("Image", "Pair")),
+        ("pair later", PlotKey("Image", "Pair")),
+    )
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -110,7 +116,10 @@ class HeadComposition(Section):
         fig = figure(
             width=max(320, LAYER_WIDTH * n_layers),
             height=GRAPH_HEIGHT,
-            x_range=Range1d(-0.4, n_layers - 0.6),
+            # no wider than its nodes and a quarter (a wider range would say there is more)
+            x_range=Range1d(
+                -0.12 * max(n_layers - 1, 1), n_layers - 1 + 0.12 * max(n_layers - 1, 1)
+            ),
             y_range=Range1d(n_heads - 0.4, -0.6),  # head 0 on top, as the maps' rows
             tools="tap",
             toolbar_location=None,
@@ -161,11 +170,9 @@ class HeadComposition(Section):
 
     def _pair(self, which: str):
         def build(sel):
-            found = circuit_views.pair_head(self.state.composed_pair, which)
-            if found is None:
-                empty = np.full((1, 1), np.nan, dtype=np.float32)
-                return empty, f"the {which} head: click a line", "weight"
-            layer, head = found
+            layers = [str(v) for v in self.result["layer"].values]
+            pair = self.state.composed_pair
+            layer, head = circuit_views.pair_head(pair, which, self.edges(), layers)
             weights = self.weights_of(sel.sample, layer).sel(head=head)
             return (
                 weights.values.astype(np.float32),
@@ -183,7 +190,7 @@ class HeadComposition(Section):
             follows_layer=False,
         )
         image = raster.element("weight")
-        style = matrix_style(None, title_size="10pt", size=PAIR_SIZE)
+        style = matrix_style(None, title_size="10pt", size=PAIR_SIZE, **self._ticks())
         return self.engine.render(image, f"pair {which}", style=style)
 
     def click(self, x=None, y=None) -> None:

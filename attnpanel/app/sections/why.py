@@ -22,7 +22,7 @@ from attnpanel.interventions.attribution import AttributionError, Cell
 from attnpanel.readouts import core
 from attnpanel.render import views, why_views
 
-SHARES_HEIGHT, INPUT_HEIGHT = 240, 170
+SHARES_HEIGHT, INPUT_HEIGHT = 240, 220  # the input's as the top view's: its axis label fits
 WHY_NEEDS_MODEL = (
     "Splitting a score over the input needs the model itself, not only its trace: the "
     "served demo has it; for your own, `attnpanel.explore(capture, "
@@ -92,7 +92,9 @@ class WhyThisCell(ModelHeadsSection):
             return hv.Overlay([*curve, *marks], label=f"{curve.label.split(' (')[0]}")
 
         element = self.engine.add("why: the input", build, WHY_PARAMETERS, "why input", slow=True)
-        style = dict(height=INPUT_HEIGHT, responsive=True)
+        # black, as on the top view: blue and vermillion are the two sides' marks
+        black = {layer.label: dict(line_color="black") for layer in element if layer.label}
+        style = dict(height=INPUT_HEIGHT, responsive=True, layer_style=black)
         return self.engine.render(
             element, "why input", style=style, sizing_mode="stretch_width", height=INPUT_HEIGHT
         )
@@ -105,7 +107,9 @@ class WhyThisCell(ModelHeadsSection):
         element = self.engine.add(
             "why: per position", build, WHY_PARAMETERS, "why shares", slow=True
         )
-        style = dict(height=SHARES_HEIGHT, responsive=True, legend=True)
+        # no legend: the shares' x axis is the input's above, the same width (the title
+        # names the colours)
+        style = dict(height=SHARES_HEIGHT, responsive=True)
         return self.engine.render(
             element, "why shares", style=style, sizing_mode="stretch_width", height=SHARES_HEIGHT
         )
