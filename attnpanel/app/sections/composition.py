@@ -41,6 +41,13 @@ COMPOSITION_EXPLAINED = (
 READS = {"Q": "queries", "K": "keys", "V": "values"}
 
 
+def padded(low: int, high: int) -> tuple[float, float]:
+    """A range over ``low`` to ``high`` with room for a node's dot at either end, no more
+    than 1.24x as wide (one place: a fifth of it)."""
+    room = 0.12 * max(high - low, 1) if high > low else 0.2
+    return low - room, high + room
+
+
 class HeadComposition(PositionMap):
     """The composition graph of every head, and the maps of a clicked pair (clock times
     or tokens on their axes, as the matrix has them)."""
@@ -117,10 +124,8 @@ class HeadComposition(PositionMap):
             width=max(320, LAYER_WIDTH * n_layers),
             height=GRAPH_HEIGHT,
             # no wider than its nodes and a quarter (a wider range would say there is more)
-            x_range=Range1d(
-                -0.12 * max(n_layers - 1, 1), n_layers - 1 + 0.12 * max(n_layers - 1, 1)
-            ),
-            y_range=Range1d(n_heads - 0.4, -0.6),  # head 0 on top, as the maps' rows
+            x_range=Range1d(*padded(0, n_layers - 1)),
+            y_range=Range1d(*padded(0, n_heads - 1)[::-1]),  # head 0 on top, as maps' rows
             tools="tap",
             toolbar_location=None,
             min_border=5,
