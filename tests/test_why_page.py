@@ -18,6 +18,7 @@ from bokeh.document import Document
 import attnpanel
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.sections.why import WHY_NEEDS_MODEL
+from attnpanel.app.url import apply_each
 from attnpanel.nilm.demo import demo_model_run
 from attnpanel.render.tables import shown_html
 
@@ -165,6 +166,13 @@ def test_no_attribution_says_why(page):
     page.param.update(why_key=-1, query=50)  # the key the query attends most
     weights = page.trace["weights"].isel(batch=0, head=2).values[50]
     assert f"key {int(np.nanargmax(weights))}," in page.engine.title("why shares")
+
+
+def test_a_link_gives_the_key_back_negative_included(page):
+    """Panel reads a link's "-1" as -1.0: the key (-1: the most attended) is taken."""
+    apply_each(page, {"why_key": -1.0, "query": 12.0}, AttentionExplorer.URL_PARAMS)
+    assert (page.why_key, page.query) == (-1, 12)
+    assert isinstance(page.why_key, int)
 
 
 def test_without_the_model_it_says_what_it_needs():

@@ -80,6 +80,9 @@ def apply_each(
         if isinstance(value, str) and value in labels:
             value = labels[value]  # the menu's words: the URL then gives the value's own
             kept.append(name)
+        whole = isinstance(value, float) and value.is_integer()
+        if whole and isinstance(state.param[name], param.Integer):
+            value = int(value)  # Panel reads "-1" as -1.0 (only digits are integers)
         try:
             state.param.update({name: value})
         except Exception as err:  # noqa: BLE001 - every failure is named, the rest go on

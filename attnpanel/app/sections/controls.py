@@ -151,7 +151,7 @@ class Controls(Section):
             state.param.show_merge, name="head merge and Wo"
         )
         widgets["show_head_average"] = pn.widgets.Checkbox.from_param(
-            state.param.show_head_average, name="head average beside the head maps"
+            state.param.show_head_average, name="head average"
         )
         widgets["show_embedding"] = pn.widgets.Checkbox.from_param(
             state.param.show_embedding, name="Q/K embedding"
@@ -166,7 +166,7 @@ class Controls(Section):
             state.param.show_why, name="why this cell"
         )
         widgets["show_composition"] = pn.widgets.Checkbox.from_param(
-            state.param.show_composition, name="head composition"
+            state.param.show_composition, name="composition"
         )
         for widget in widgets.values():
             if isinstance(widget, pn.widgets.Checkbox):
