@@ -234,7 +234,7 @@ def score_attribution(
         starts = _baselines(ends, baseline, dims)
         at_input = path.score(ends)
         at_baseline = path.score(starts)
-        if _blocked(at_input) or _blocked(at_baseline):
+        if is_blocked(at_input) or is_blocked(at_baseline):
             raise AttributionError(
                 f"cell (query {query}, key {key}) of head {head}, layer {layer} is blocked by "
                 "the mask: its score is not used"
@@ -275,7 +275,7 @@ def cell_attribution(
     return found.assign_attrs(sample=cell.sample)
 
 
-def _blocked(score: torch.Tensor) -> bool:
+def is_blocked(score: torch.Tensor) -> bool:
     return bool(not torch.isfinite(score) or score <= BLOCKING_BIAS)
 
 
