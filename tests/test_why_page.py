@@ -146,6 +146,18 @@ def test_the_channel_table_adds_up_and_names_the_channels(page):
     assert total == pytest.approx(float(table_rows(page, "why cell")["change"][0]), rel=2e-2)
 
 
+def test_the_parts_table_splits_the_score_itself_each_side_adding_up(page, run):
+    page.param.update(show_why=True, sample=1, head=HEAD, query=QUERY, why_key=KEY)
+    rows = table_rows(page, "why parts")
+    score, _, _ = long_way(run, 1, HEAD, QUERY, KEY, steps=1)
+    for column in (0, 1):  # through the query, through the key: each adds up to the score
+        total = sum(float(values[column]) for values in rows.values())
+        assert total == pytest.approx(score, rel=2e-2)
+    assert "encoder.1.attention head 3" in rows and "encoder.1.ffn" in rows
+    page.param.update(head="mean")
+    assert table_rows(page, "why parts")["no split"][0].startswith("the mean of heads")
+
+
 def test_a_click_on_a_cell_picks_its_query_and_key(page):
     page.param.update(show_why=True, head=HEAD, sample=0)
     page.sections["matrix"].click(x=201.3, y=149.6)

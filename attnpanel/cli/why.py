@@ -38,6 +38,19 @@ def why_lines(found) -> list[str]:
     return lines
 
 
+def parts_lines(parts) -> list[str]:
+    """The score's largest parts through the query and through the key."""
+    a = parts.attrs
+    lines = [f"the score q . k * scale = {a['product']:.4g} split over the earlier parts "
+             "that wrote the layer's input (layer norms frozen at this run):"]  # fmt: skip
+    for side, other in (("query", "key_part"), ("key", "query_part")):
+        shares = parts.sum(other).to_series()
+        lines.append(f"through the {side}:")
+        for name in shares.abs().sort_values(ascending=False).index[:TOP_SHARES]:
+            lines.append(f"  {name:<40} {shares[name]:+.4g}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> None:
     """Attribute one cell's score of a model and save the attribution (``.nc``)."""
     from attnpanel.cli.models import checkpoint_run, hugging_face_run
@@ -74,6 +87,18 @@ def run(args: argparse.Namespace) -> None:
     say(f"wrote {written}")
     for line in why_lines(found):
         say(line)
+    if args.parts:
+        from attnpanel.interventions.components import component_attribution
+
+        try:
+            parts = component_attribution(
+                model, inputs, layer=args.layer, head=args.head, query=args.query,
+                key=args.key, sample=args.sample,
+            )  # fmt: skip
+        except AttributionError as error:
+            raise CommandError(first_line(error)) from error
+        for line in parts_lines(parts):
+            say(line)
 
 
 def add_parser(sub) -> None:
@@ -97,6 +122,12 @@ def add_parser(sub) -> None:
         "--baseline", choices=("zeros", "mean"), default="zeros", help="where the path starts"
     )
     why.add_argument("--steps", type=positive, default=128, help="steps of the path (128)")
+    why.add_argument(
+        "--parts",
+        action="store_true",
+        help="also split the score over the earlier parts that wrote the layer's input "
+        "(the embedding, each earlier head, each MLP) and print the largest",
+    )
     why.add_argument("-o", "--output", required=True, help="the attribution file (.nc)")
     why.add_argument("--force", action="store_true", help="replace an existing file")
     why.set_defaults(func=run)

@@ -35,7 +35,7 @@ from attnpanel.interventions.attribution import AttributionError, CellProbe, Pat
 from attnpanel.watching.watcher import Site
 
 ADDS = {"add", "__add__", "__radd__"}
-THROUGH = {"dropout", "contiguous", "clone"}
+PASSING_CALLS = {"dropout", "contiguous", "clone"}
 PARTS_TOLERANCE = 1e-4  # of the input's largest value: the parts must add up to it
 
 
@@ -47,13 +47,17 @@ class StreamProbe(CellProbe):
         super().__init__(layer, head, query, key)
         self.made: dict[int, tuple] = {}
         self.returned: dict[int, list[str]] = {}  # the modules that returned it, inner first
+        # a Linear's output: (its name, weight, bias, input): a projection after a layer
+        self.projected: dict[int, tuple] = {}
         self.kept: list = []  # every tensor named above, alive (an id is never reused)
         self.site: Site | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         result = super().__torch_function__(func, types, args, kwargs)
         name = getattr(func, "__name__", "")
-        if isinstance(result, torch.Tensor) and (name in ADDS | THROUGH or name == "layer_norm"):
+        if isinstance(result, torch.Tensor) and (
+            name in ADDS | PASSING_CALLS or name == "layer_norm"
+        ):
             if not any(result is a for a in args):  # in place: no earlier value to follow
                 self.made[id(result)] = (name, args, kwargs or {}, self.module)
                 self.kept.append(result)
@@ -61,8 +65,14 @@ class StreamProbe(CellProbe):
 
     def left(self, running, output) -> None:
         passing = isinstance(running.module, nn.Dropout | nn.Identity)  # (names no part)
+        if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+            output = output[0]  # (hidden states, weights ...): Hugging Face's layers
         if isinstance(output, torch.Tensor) and not passing:
             self.returned.setdefault(id(output), []).append(running.name)
+            if isinstance(running.module, nn.Linear) and running.args:
+                lin = running.module
+                self.projected[id(output)] = (running.name, lin.weight, lin.bias, running.args[0])
+                self.kept.append(running.args[0])
             self.kept.append(output)
 
     def softmax(self, site: Site, func, args, kwargs):
@@ -108,7 +118,7 @@ class Parts:
                 else:
                     self._add(f"constant added in {module or 'the model'}",
                               linear(torch.full_like(value, float(term) * factor)))  # fmt: skip
-        elif name in THROUGH:
+        elif name in PASSING_CALLS:
             self._walk(value, args[0], linear, module)
         else:  # layer_norm(input, shape, weight, bias, eps): frozen at this run's statistics
             source = args[0]
@@ -130,6 +140,8 @@ class Parts:
     def _leaf(self, value, t, linear, where: str) -> None:
         names = self.probe.returned.get(id(t), []) if isinstance(t, torch.Tensor) else []
         layer = next((n for n in reversed(names) if n in self.heads), None)
+        if layer is None and self._projected_heads(t, linear):
+            return
         if layer is not None:
             context, w_o = self.heads[layer]
             width = context.shape[-1]
@@ -143,6 +155,36 @@ class Parts:
             return
         name = names[-1] if names else f"the input of {where}"
         self._add(name or "the model's input", linear(value))
+
+    def _projected_heads(self, t, linear) -> bool:
+        """Split ``t`` into heads where it is a Linear's output of an attention layer's
+        output (the merged heads: Hugging Face's ``attention.output.dense`` after
+        ``attention.self``); True where it did."""
+        found = self.probe.projected.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if found is None:
+            return False
+        name, weight, bias, source = found
+        before = self.probe.returned.get(id(source), [])
+        layer = next((n for n in reversed(before) if n in self.heads), None)
+        if layer is None:
+            return False
+        context = self.heads[layer][0]
+        width = context.shape[-1]
+        w = weight.detach().double()
+        if w.shape[1] != context.shape[0] * width:
+            return False
+        for h in range(context.shape[0]):
+            lane = slice(h * width, (h + 1) * width)
+            self._add(
+                f"{layer} head {h}",
+                linear(torch.from_numpy(context[h]).double()[None] @ w[:, lane].T),
+            )
+        if bias is not None:
+            self._add(
+                f"{name} bias",
+                linear(torch.zeros_like(t.detach().double()) + bias.detach().double()),
+            )
+        return True
 
 
 def component_attribution(
@@ -224,6 +266,20 @@ def component_attribution(
         method="bilinear split of q . k over the parts of the layer's input, layer norms "
         "frozen at this run's statistics",
     )  # fmt: skip
+
+
+def cell_components(model: nn.Module, args: tuple, kwargs: dict, cell) -> xr.DataArray:
+    """:func:`component_attribution` of ``cell`` (a
+    :class:`~attnpanel.interventions.attribution.Cell`) on the one sample
+    ``model(*args, **kwargs)`` runs (the batch cut to it)."""
+    if args and any(torch.is_tensor(value) for value in kwargs.values()):
+        raise AttributionError(
+            "the model takes tensors by position and by keyword at once: split with "
+            "attnpanel.component_attribution and a wrapper that takes one kind"
+        )
+    found = component_attribution(model, args or kwargs, layer=cell.layer, head=cell.head,
+                                  query=cell.query, key=cell.key)  # fmt: skip
+    return found.assign_attrs(sample=cell.sample)
 
 
 def _layers(traced) -> dict[str, xr.Dataset]:

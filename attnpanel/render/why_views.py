@@ -120,3 +120,35 @@ def channel_table(found: xr.DataArray | None) -> hv.Table:
         group="WhyChannels",
         label="share of the score's change per input channel, the largest first",
     )
+
+
+def parts_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
+    """Each earlier part's share of the score (:func:`attnpanel.component_attribution`)
+    through the query and through the key, the largest first; where the split does not
+    apply, why."""
+    columns = {"part": [], "through the query": [], "through the key": []}
+    if found is None:
+        columns = {"part": ["no split"], "through the query": [reason], "through the key": [""]}
+    else:
+        by_query = found.sum("key_part").to_series()
+        by_key = found.sum("query_part").to_series()
+        names = list(dict.fromkeys([*by_query.index, *by_key.index]))
+        query = np.array([by_query.get(n, 0.0) for n in names])
+        key = np.array([by_key.get(n, 0.0) for n in names])
+        order = np.argsort(-np.abs(query) - np.abs(key), kind="stable")
+        rows = [(names[i], query[i], key[i]) for i in order[:TOP_CHANNELS]]
+        rest = order[TOP_CHANNELS:]
+        if len(rest):
+            rows.append((f"the other {len(rest)}", query[rest].sum(), key[rest].sum()))
+        for name, q, k in rows:
+            columns["part"].append(name)
+            columns["through the query"].append(share_text(float(q)))
+            columns["through the key"].append(share_text(float(k)))
+    data = {name: np.array(values, dtype=object) for name, values in columns.items()}
+    return hv.Table(
+        data,
+        kdims=["part"],
+        vdims=["through the query", "through the key"],
+        group="WhyParts",
+        label="the score split over the earlier parts that wrote the layer's input",
+    )

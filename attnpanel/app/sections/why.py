@@ -19,9 +19,12 @@ import panel as pn
 
 from attnpanel.app.sections.head_maps import ModelHeadsSection
 from attnpanel.interventions.attribution import AttributionError, Cell
+from attnpanel.interventions.components import cell_components
 from attnpanel.readouts import core
 from attnpanel.render import views, why_views
+from attnpanel.util.kept import Kept
 
+PARTS_KEPT = 64  # cells whose split over earlier parts a session keeps
 SHARES_HEIGHT, INPUT_HEIGHT = 240, 220  # the input's as the top view's: its axis label fits
 WHY_NEEDS_MODEL = (
     "Splitting a score over the input needs the model itself, not only its trace: the "
@@ -34,7 +37,10 @@ WHY_EXPLAINED = (
     "the query attends most). The cell's score before the softmax is split over the model's "
     "input by integrated gradients from a zero input: each position's and each channel's "
     "share of the change, through the query (blue) and through the key (vermillion). "
-    "The shares add up to the change; the table under the curves says how exactly."
+    "The shares add up to the change; the table under the curves says how exactly. The "
+    "last table splits the score itself over the earlier parts whose outputs were added "
+    "into the layer's input (the embedding, each earlier head, each MLP), layer norms "
+    "frozen at this run: exact where q and k are linear in that input."
 )
 WHY_PARAMETERS = ["sample", "head", "query", "why_key"]
 
@@ -48,6 +54,7 @@ class WhyThisCell(ModelHeadsSection):
     def __init__(self, **params):
         super().__init__(**params)
         self._computing = threading.Lock()  # the views share one attribution, made once
+        self._parts = Kept(PARTS_KEPT)  # the split over earlier parts, by cell
 
     def key(self, sel) -> int:
         """The key of the cell explained: the clicked one, else the one the query attends
@@ -69,6 +76,20 @@ class WhyThisCell(ModelHeadsSection):
         except AttributionError as err:
             return None, str(err)
 
+    def parts(self, sel):
+        """``(split over earlier parts, "")`` of the selected cell, or ``(None, why not)``."""
+        if sel.head == "mean":
+            return None, "the mean of heads has no score of its own: pick one head"
+        cell = Cell(sel.sample, self.layer_name(sel), int(sel.head), int(sel.query), self.key(sel))
+        run = self.run
+        try:
+            with self._computing:  # one run of the model at a time (its modes, its hooks)
+                return self._parts.get(
+                    cell, lambda: cell_components(run.model, *run.one(cell.sample), cell)
+                ), ""
+        except AttributionError as err:
+            return None, str(err)
+
     def build(self):
         if self.run is None:
             return pn.Column(
@@ -79,7 +100,7 @@ class WhyThisCell(ModelHeadsSection):
             pn.pane.Markdown(WHY_EXPLAINED, margin=(0, 10)),
             pn.Row(self._input(), sizing_mode="stretch_width"),
             pn.Row(self._shares(), sizing_mode="stretch_width"),
-            pn.Row(self._summary(), self._channels()),
+            pn.Row(self._summary(), self._channels(), self._parts_view()),
             sizing_mode="stretch_width",
         )
 
@@ -132,3 +153,13 @@ class WhyThisCell(ModelHeadsSection):
         )
         height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
         return self.engine.render(element, "why channels", style=dict(width=470, height=height))
+
+    def _parts_view(self):
+        def build(sel):
+            return why_views.parts_table(*self.parts(sel))
+
+        element = self.engine.add(
+            "why: earlier parts", build, WHY_PARAMETERS, "why parts", title=False, slow=True
+        )
+        height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
+        return self.engine.render(element, "why parts", style=dict(width=470, height=height))
