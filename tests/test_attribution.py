@@ -181,6 +181,11 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
     assert "why encoder.2.attention head 3 attends from query 200 to key 100" in (
         capsys.readouterr().out
     )
+    row = [a for a in asked if a not in ("--key", "100")]  # no key: the query's whole row
+    assert main([*row, "-o", str(tmp_path / "row.nc")]) == 0
+    assert "from query 200 to its whole row (scores weighted by its weights)" in (
+        capsys.readouterr().out
+    )
     text = ["why", "--model", str(get_model_path()), "--text", "The cat sat on the mat."]
     cell = ["--layer", "encoder.layer.1.attention.self", "--head", "0", "--query", "2"]
     asked_text = [*text, *cell, "--key", "3", "--steps", "16", "-o", str(tmp_path / "t.nc")]
@@ -195,7 +200,34 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
         ([*asked, "-o", str(out)], "exists"),
         ([*asked, "-o", str(tmp_path / "w.txt")], "does not end in .nc"),
         (["why", *cell, "--key", "3", "-o", str(tmp_path / "n.nc")], "give either"),
+        ([*row, "--parts", "-o", str(tmp_path / "p.nc")], "--parts splits one cell"),
     ):
         assert main(bad) == 2, bad
         assert words in capsys.readouterr().err
     assert not (tmp_path / "b.nc").exists() and not (tmp_path / "w.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "sdpa,causal", [(False, False), (True, False), (True, True)], ids=["softmax", "sdpa", "causal"]
+)
+def test_a_whole_row_is_its_cells_weighted_by_the_models_own_weights(sdpa, causal):
+    """``key=None``: the row's scores weighted by the weights at the input, held along the
+    path; integrated gradients are linear in what they explain, so the row's shares are
+    its cells' shares weighted by those weights (every key's, each a run of its own), and
+    they add up to the weighted score's change."""
+    model, x = ChannelHeads(sdpa=sdpa, causal=causal).eval(), inputs(length=8)
+    layer = layer_of(model, x)
+    cell = dict(layer=layer, head=1, query=6, sample=1, steps=32, position_dim=1)
+    row = score_attribution(model, x, key=None, **cell)
+    weights = attnpanel.capture(model, x)["weights"].isel(batch=1, head=1).values.reshape(8, 8)[6]
+    expected = sum(
+        weights[j] * score_attribution(model, x, key=j, **cell).values
+        for j in range(8)
+        if weights[j] > 0
+    )
+    np.testing.assert_allclose(row.values, expected, atol=1e-6 * np.abs(expected).max())
+    assert row.attrs["key"] == -1 and row.attrs["target"].startswith("the row's scores")
+    change = row.attrs["score"] - row.attrs["baseline_score"]
+    assert abs(row.attrs["completeness_error"]) < 2e-3 * abs(change)
+    if causal:  # the later keys have no weight: nothing of them reaches the key side
+        assert np.abs(row.sel(side="key").values[:, 7:]).max() == 0

@@ -16,8 +16,9 @@ def why_lines(found) -> list[str]:
     """The cell, its score's change and each side's largest channels and positions."""
     a = found.attrs
     change = a["score"] - a["baseline_score"]
+    to = f"key {a['key']}" if a["key"] >= 0 else "its whole row (scores weighted by its weights)"
     lines = [
-        f"why {a['layer']} head {a['head']} attends from query {a['query']} to key {a['key']}: "
+        f"why {a['layer']} head {a['head']} attends from query {a['query']} to {to}: "
         f"score {a['score']:.4g} (from {a['baseline_score']:.4g} at the {a['baseline']} "
         f"baseline: a change of {change:.4g})",
         f"integrated gradients at {a['attributed_at']}, {a['steps']} steps: the shares add "
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> None:
 
     if (args.model is None) == (args.checkpoint is None):
         raise CommandError("give either --checkpoint or --model with --text")
+    if args.parts and args.key is None:
+        raise CommandError("--parts splits one cell: give --key")
     if not args.output.lower().endswith(".nc"):
         raise CommandError(f"an attribution is saved as netCDF: {args.output} does not end in .nc")
     try:
@@ -116,7 +119,12 @@ def add_parser(sub) -> None:
     why.add_argument("--layer", required=True, help="the layer, as a capture names it")
     why.add_argument("--head", type=int, required=True)
     why.add_argument("--query", type=int, required=True)
-    why.add_argument("--key", type=int, required=True)
+    why.add_argument(
+        "--key",
+        type=int,
+        help="the key (default: the query's whole row, its scores weighted "
+        "by the model's own weights)",
+    )
     why.add_argument("--sample", type=int, default=0, help="the window or text (default 0)")
     why.add_argument(
         "--baseline", choices=("zeros", "mean"), default="zeros", help="where the path starts"

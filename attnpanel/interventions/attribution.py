@@ -94,7 +94,7 @@ class CellProbe(AttentionWatcher):
         if not 0 <= self.head < heads:
             raise AttributionError(f"layer {site.layer} has {heads} heads, not head {self.head}")
         for name, value, size in (("query", self.query, shape[0]), ("key", self.key, shape[1])):
-            if not 0 <= value < size:
+            if value is not None and not 0 <= value < size:  # (no key: the query's row)
                 raise AttributionError(
                     f"{name} {value} is outside the map of layer {site.layer}: 0 to {size - 1}"
                 )
@@ -107,8 +107,10 @@ class CellProbe(AttentionWatcher):
         batch, heads = lead
         pick = (slice(None), self.head)
         q_i = q.reshape(batch, heads, *q.shape[-2:])[(*pick, self.query)]
-        k_j = k.reshape(batch, heads, *k.shape[-2:])[(*pick, self.key)]
-        self.found = (cells.reshape(batch, heads)[pick].detach(), q_i, k_j, scale)
+        keys = k.reshape(batch, heads, *k.shape[-2:])[pick]  # (B, S, E)
+        k_j = keys if self.key is None else keys[:, self.key]
+        cells = cells.reshape(batch, heads, *cells.shape[len(lead) :])[pick].detach()
+        self.found = (cells, q_i, k_j, scale)  # a row: cells (B, S), k_j every key's
         raise _Reached
 
     def softmax(self, site: Site, func, args, kwargs):
@@ -118,7 +120,7 @@ class CellProbe(AttentionWatcher):
             logits = args[0] if args else kwargs["input"]
             lead = self._check(site, logits.shape[-2:])
             if lead is not None:
-                cells = logits[..., self.query, self.key]
+                cells = logits[..., self.query, self.key if self.key is not None else slice(None)]
                 self._reach(lead, scores.q, scores.k, scores.scale, cells)
         return result
 
@@ -131,8 +133,9 @@ class CellProbe(AttentionWatcher):
                 if q.dim() == 4 and k.shape[-3] != q.shape[-3]:  # grouped: k per q head
                     k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
                 scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-                i, j = self.query, self.key
-                cells = (q[..., i, :] * k[..., j, :]).sum(-1) * scale  # (*lead)
+                i = self.query  # a cell's key, or the whole row
+                j = slice(None) if self.key is None else slice(self.key, self.key + 1)
+                cells = (q[..., i : i + 1, :] * k[..., j, :]).sum(-1) * scale  # (*lead, S | 1)
                 mask = a["attn_mask"]
                 if mask is not None:
                     cell = mask[..., i, j]  # a bool mask keeps True, a float one adds
@@ -140,9 +143,11 @@ class CellProbe(AttentionWatcher):
                         cells = cells.masked_fill(~cell, -math.inf)
                     else:
                         cells = cells + cell
-                if a["is_causal"] and j > i:
-                    cells = torch.full_like(cells, -math.inf)
-                self._reach(lead, q, k, scale, torch.broadcast_to(cells, lead).detach())
+                if a["is_causal"]:
+                    later = torch.arange(k.shape[-2], device=cells.device)[j] > i
+                    cells = cells.masked_fill(later, -math.inf)
+                cells = torch.broadcast_to(cells, (*lead, cells.shape[-1]))
+                self._reach(lead, q, k, scale, cells if self.key is None else cells[..., 0])
         elif site.via == "multi_head_attention_forward":
             self.layers[site.layer] = site.heads
             if site.layer == self.layer:
@@ -160,7 +165,7 @@ def score_attribution(
     layer: str,
     head: int,
     query: int,
-    key: int,
+    key: int | None,
     sample: int = 0,
     baseline: str | Sequence[torch.Tensor] | torch.Tensor = "zeros",
     steps: int = STEPS,
@@ -182,6 +187,10 @@ def score_attribution(
         attributed instead (``attributed_at``).
     layer, head, query, key : str, int
         The cell: a layer as a capture names it, a head, a query and a key of its map.
+        ``key=None``: the query's whole row, as one number: its scores weighted by the
+        model's own weights at the input, held fixed along the path (``sum_j w_ij s_ij``,
+        the score the query's attention sees on average); one backward per step, as a
+        cell, not one per key.
     sample : int
         The batch row attributed.
     baseline : "zeros", "mean", or tensors
@@ -232,6 +241,8 @@ def score_attribution(
         ends = path.ends()
         dims = _position_dims(ends, 1 if path.at else position_dim)
         starts = _baselines(ends, baseline, dims)
+        if key is None:  # the row: its scores weighted by the model's weights at the input
+            path.hold_weights(ends)
         at_input = path.score(ends)
         at_baseline = path.score(starts)
         if is_blocked(at_input) or is_blocked(at_baseline):
@@ -249,7 +260,8 @@ def score_attribution(
     found = _as_array(shares, dims, channels)
     total = float(at_input - at_baseline)
     return found.assign_attrs(
-        layer=layer, head=head, query=query, key=key, sample=sample,
+        layer=layer, head=head, query=query, key=-1 if key is None else key, sample=sample,
+        target="the row's scores weighted by its weights" if key is None else "the cell's score",
         score=float(at_input), baseline_score=float(at_baseline), steps=steps,
         completeness_error=float(found.sum()) - total,
         baseline=baseline if isinstance(baseline, str) else "given",
@@ -291,6 +303,7 @@ class Path:
         self.at = ""  # the embedding whose output is attributed ("": the inputs)
         self.embedding: nn.Module | None = None
         self.embedded: torch.Tensor | None = None  # its output on the sample
+        self.weights: torch.Tensor | None = None  # a whole row's: its scores' weights
 
     @classmethod
     def embedded(cls, model: nn.Module, probe: CellProbe, ones: list, names=None) -> Path:
@@ -369,10 +382,21 @@ class Path:
         raise AttributionError(f"layer {probe.layer} computed no attention (layers met: {seen})")
 
     def score(self, points: list[torch.Tensor]) -> torch.Tensor:
-        """The model's own score of the cell at ``points`` (one row)."""
+        """The model's own score of the cell at ``points`` (one row); of a whole row, its
+        scores weighted by :attr:`weights` (the model's own at the input, held)."""
         with torch.no_grad():
             self.run(points)
-        return self.probe.found[0][0]
+        cells = self.probe.found[0][0]
+        if self.weights is None:
+            return cells
+        kept = self.weights > 0
+        return (self.weights[kept] * cells.double()[kept]).sum()
+
+    def hold_weights(self, points: list[torch.Tensor]) -> None:
+        """Hold the row's weights at ``points`` (the input): its softmax of the scores."""
+        with torch.no_grad():
+            self.run(points)
+        self.weights = torch.softmax(self.probe.found[0][0].double(), -1)
 
     def integrated(self, starts: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
         """The mean gradient along the path, ``[query side, key side]``, each a list over
@@ -387,9 +411,15 @@ class Path:
             ]
             self.run(points)
             _, q_i, k_j, scale = self.probe.found
-            # d s / d q_i = k_j * scale, d s / d k_j = q_i * scale: one backward per side
-            query_side = torch.autograd.grad(q_i, points, k_j.detach() * scale, retain_graph=True)
-            key_side = torch.autograd.grad(k_j, points, q_i.detach() * scale, allow_unused=True)
+            # d s / d q_i = k_j * scale, d s / d k_j = q_i * scale: one backward per side (a
+            # row: d s / d q_i = sum_j w_j k_j * scale, d s / d k_j = w_j q_i * scale)
+            into_q, into_k = k_j.detach() * scale, q_i.detach() * scale
+            if self.weights is not None:
+                w = self.weights.to(k_j)
+                into_q = (w[None, :, None] * k_j.detach()).sum(1) * scale
+                into_k = w[None, :, None] * q_i.detach()[:, None, :] * scale
+            query_side = torch.autograd.grad(q_i, points, into_q, retain_graph=True)
+            key_side = torch.autograd.grad(k_j, points, into_k, allow_unused=True)
             for found, side in zip((query_side, key_side), sums, strict=True):
                 for n, grad in enumerate(found):
                     if grad is not None:
