@@ -231,3 +231,29 @@ def test_a_whole_row_is_its_cells_weighted_by_the_models_own_weights(sdpa, causa
     assert abs(row.attrs["completeness_error"]) < 2e-3 * abs(change)
     if causal:  # the later keys have no weight: nothing of them reaches the key side
         assert np.abs(row.sel(side="key").values[:, 7:]).max() == 0
+
+
+class FlatHeads(nn.Module):
+    """Two heads kept flat, ``(batch x heads, L, E)``, through ``bmm`` (fairseq's layout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 8)
+
+    def forward(self, x):  # (B, L, 3)
+        batch, length, _ = x.shape
+        qk = self.proj(x).view(batch, length, 2, 4).transpose(1, 2).reshape(batch * 2, length, 4)
+        scores = torch.bmm(qk, qk.transpose(1, 2)) * 0.5
+        return torch.bmm(scores.softmax(-1), qk)
+
+
+def test_a_whole_row_of_flat_heads():
+    """A row where the heads are flattened into the batch (its logits ``(B H, L, S)``)."""
+    torch.manual_seed(3)
+    model, x = FlatHeads().eval(), inputs(length=6)
+    layer = layer_of(model, x)
+    cell = dict(layer=layer, head=1, query=2, sample=1, steps=16, position_dim=1)
+    row = score_attribution(model, x, key=None, **cell)
+    weights = attnpanel.capture(model, x)["weights"].isel(batch=1, head=1).values.reshape(6, 6)[2]
+    expected = sum(weights[j] * score_attribution(model, x, key=j, **cell).values for j in range(6))
+    np.testing.assert_allclose(row.values, expected, atol=1e-6 * np.abs(expected).max())

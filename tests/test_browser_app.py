@@ -569,7 +569,10 @@ PATCHES_JS = """
       if (!m || e.kind === "ColumnsStreamed" || String(m.type).includes("Location")) continue;
       if (m.type === "panel.models.markup.HTML" && e.attr === "visible") continue;
       if ("value" in m.properties && m.title === "Sample") continue;  // its own echo
-      own.push({ type: String(m.type), attr: e.attr || "", text: m.text || "" });
+      // a source: the titles of the plots drawing it (what a failure names)
+      const owners = m.type === "ColumnDataSource" ? attn.plots().filter((v) =>
+        v.model.renderers.some((r) => r.data_source === m)).map((v) => v.model.title.text) : [];
+      own.push({ type: String(m.type), attr: e.attr || "", text: m.text || owners.join(" | ") });
     }
     if (own.length) window.attn_patches.push(own);
     return out;
@@ -612,7 +615,7 @@ def test_a_sample_change_reaches_every_view_in_one_message(app):
     assert any(t.startswith(f"sample {target}, head") for t in titles)
     assert any(t.startswith(f"sample {target}: ") for t in titles)  # the top view
     # nothing of the change came in another message (the sections' views included)
-    assert patches == [whole], [[(e["type"], e["attr"]) for e in p][:6] for p in patches]
+    assert patches == [whole], [[(e["type"], e["attr"], e["text"]) for e in p] for p in patches[1:]]
 
 
 # The text of the hover tooltips shown now.

@@ -234,6 +234,17 @@ def test_the_graph_draws_the_pairs_whose_dense_scores_are_above_random(page, run
     assert " → ".join(best) in " ".join(section.title_text().split())
 
 
+def test_until_a_click_the_pair_drawn_is_the_modes_strongest(page):
+    page.param.update(show_composition=True, composed_pair=("", -1, "", -1), sample=0)
+    section = page.sections["composition"]
+    for mode in ("K", "V"):
+        page.param.update(composition=mode)
+        edges = section.edges()
+        best = int(np.argmax(edges["score"]))
+        assert page.engine.title("pair earlier") == f"{edges['earlier'][best]}, sample 0"
+        assert page.engine.title("pair later") == f"{edges['later'][best]}, sample 0"
+
+
 def test_a_click_on_a_line_draws_both_heads_and_opens_the_later(page, run):
     page.param.update(show_composition=True, composition="K", sample=2, head=0)
     section = page.sections["composition"]

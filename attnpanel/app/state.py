@@ -42,6 +42,7 @@ VIEW_PARAMS = (
     "patched_head",
     "why_key",
     "composed_pair",
+    "composition",
 )
 
 

@@ -26,6 +26,7 @@ ICML 2017.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -109,7 +110,8 @@ class CellProbe(AttentionWatcher):
         q_i = q.reshape(batch, heads, *q.shape[-2:])[(*pick, self.query)]
         keys = k.reshape(batch, heads, *k.shape[-2:])[pick]  # (B, S, E)
         k_j = keys if self.key is None else keys[:, self.key]
-        cells = cells.reshape(batch, heads, *cells.shape[len(lead) :])[pick].detach()
+        cells = cells.reshape(batch, heads, -1)[pick].detach()  # (lead flattened or not)
+        cells = cells if self.key is None else cells[:, 0]
         self.found = (cells, q_i, k_j, scale)  # a row: cells (B, S), k_j every key's
         raise _Reached
 
@@ -275,9 +277,9 @@ def cell_attribution(
 ) -> xr.DataArray:
     """:func:`score_attribution` of ``cell`` on the one sample ``model(*args, **kwargs)``
     runs (the batch cut to it: its ``sample`` is the cell's); ``options`` are its own."""
-    if args and any(torch.is_tensor(value) for value in kwargs.values()):
+    if args and kwargs:
         raise AttributionError(
-            "the model takes tensors by position and by keyword at once: attribute with "
+            "the model takes inputs by position and by keyword at once: attribute with "
             "attnpanel.score_attribution and a wrapper that takes one kind"
         )
     found = score_attribution(
@@ -312,8 +314,10 @@ class Path:
         path = cls(model, probe, ones, [], names)
         first: list = []
 
+        thread = threading.get_ident()  # another thread's forward of a shared model: untouched
+
         def seen(module, args, output):
-            if not first:
+            if not first and threading.get_ident() == thread:
                 first.append((module, output.detach()))
 
         hooks = [m.register_forward_hook(seen) for m in model.modules()
@@ -356,7 +360,10 @@ class Path:
             args[i] = points[n]
         swap = None
         if self.embedding is not None and points:  # the embedding gives the points instead
-            swap = self.embedding.register_forward_hook(lambda m, a, out: points[0])
+            thread = threading.get_ident()  # (this forward's, not another thread's)
+            swap = self.embedding.register_forward_hook(
+                lambda m, a, out: points[0] if threading.get_ident() == thread else None
+            )
         try:
             self._forward(args)
         finally:

@@ -112,8 +112,8 @@ class Parts:
             a, b = args[0], args[1]
             alpha = kwargs.get("alpha", 1)
             for term, factor in ((a, 1), (b, alpha)):
-                if isinstance(term, torch.Tensor):
-                    self._walk(term.detach().double() * factor, term,
+                if isinstance(term, torch.Tensor):  # (its value unscaled: linear scales it)
+                    self._walk(term.detach().double(), term,
                                lambda c, f=factor: linear(c * f), module)  # fmt: skip
                 else:
                     self._add(f"constant added in {module or 'the model'}",
@@ -238,12 +238,18 @@ def component_attribution(
     if layer not in layers:
         raise AttributionError(f"{layer} is not in a capture of the model: {', '.join(layers)}")
     own = layers[layer]
-    missing = [name for name in ("w_q", "w_k") if name not in own]
+    missing = [name for name in ("w_q", "w_k")
+               if name not in own or not bool(np.isfinite(own[name]).all())]  # fmt: skip
     if missing:
         raise AttributionError(
             f"the q or k of {layer} is not linear in its input (its capture has no "
             f"{', '.join(missing)}: a rotary embedding, for one): its score cannot be split "
             "over earlier components"
+        )
+    if own.sizes["query"] != own.sizes["key"] or own.attrs.get("attention") == "cross":
+        raise AttributionError(
+            f"{layer} is cross-attention: its keys come from another sequence than the "
+            "input its queries read, and only that input's parts are followed"
         )
     scores, q_i, k_j, scale = probe.found
     if is_blocked(scores[0]):
@@ -256,7 +262,7 @@ def component_attribution(
              if "context" in ds and "w_o" in ds and name != layer}  # fmt: skip
     parts = Parts(probe, heads).split(x)
     missed = float((sum(parts.values())[0] - x.detach().double()[0]).abs().max())
-    if missed > PARTS_TOLERANCE * max(float(x.abs().max()), 1.0):
+    if not np.isfinite(missed) or missed > PARTS_TOLERANCE * max(float(x.abs().max()), 1.0):
         raise AttributionError(
             f"the additions into {layer}'s input could not be followed: its parts miss it by "
             f"{missed:.2g} (a computation other than additions, layer norms and dropouts)"
@@ -272,9 +278,9 @@ def cell_components(model: nn.Module, args: tuple, kwargs: dict, cell) -> xr.Dat
     """:func:`component_attribution` of ``cell`` (a
     :class:`~attnpanel.interventions.attribution.Cell`) on the one sample
     ``model(*args, **kwargs)`` runs (the batch cut to it)."""
-    if args and any(torch.is_tensor(value) for value in kwargs.values()):
+    if args and kwargs:
         raise AttributionError(
-            "the model takes tensors by position and by keyword at once: split with "
+            "the model takes inputs by position and by keyword at once: split with "
             "attnpanel.component_attribution and a wrapper that takes one kind"
         )
     found = component_attribution(model, args or kwargs, layer=cell.layer, head=cell.head,

@@ -35,6 +35,9 @@ MAX_SERIES = 8  # a default prediction of more channels is drawn as its norm
 # captures of one sample kept (every layer's maps: tens of MB): the shown sample and the two
 # beside it, computed ahead (attnpanel.app.neighbours)
 CACHED_CAPTURES = 3
+# cells' score attributions kept (each a (side, channel, position) array: 6 MB for a text
+# model's 768 dims of 512 tokens)
+CACHED_ATTRIBUTIONS = 16
 
 
 def mean_absolute_error(prediction: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -126,8 +129,7 @@ class ModelRun:
         self._survey_lock = threading.Lock()
         self._heads: dict[str, int] | None = None
         self._effects = Kept(CACHED_RUNS)
-        self._attributions = Kept(CACHED_RUNS)
-        self._circuits = Kept(1)
+        self._attributions = Kept(CACHED_ATTRIBUTIONS)
 
     @property
     def batch(self) -> int:

@@ -156,6 +156,8 @@ def ov_copying(ds: xr.Dataset) -> xr.DataArray | None:
     stacked = ds if "layer" in ds.dims else ds.expand_dims("layer")
     if not all(bool(np.isfinite(stacked[name]).all()) for name in NEEDS):
         return None
+    if int(ds.attrs.get("kv_heads", stacked.sizes["head"])) != stacked.sizes["head"]:
+        return None  # grouped-query: circuits() pairs each query head with its kv head
     _, ov = head_circuits(*(tensor(stacked[name]) for name in NEEDS), heads=stacked.sizes["head"])
     return xr.DataArray(
         copying_scores(ov).numpy(),

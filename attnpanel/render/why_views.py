@@ -140,6 +140,9 @@ def parts_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
         rest = order[TOP_CHANNELS:]
         if len(rest):
             rows.append((f"the other {len(rest)}", query[rest].sum(), key[rest].sum()))
+        bias = float(found.attrs.get("additive_bias", 0.0))
+        if abs(bias) > 1e-6 * max(abs(float(found.attrs["score"])), 1.0):
+            rows.append(("added to the score (a mask's or a position bias)", bias, bias))
         for name, q, k in rows:
             columns["part"].append(name)
             columns["through the query"].append(share_text(float(q)))
@@ -150,5 +153,6 @@ def parts_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
         kdims=["part"],
         vdims=["through the query", "through the key"],
         group="WhyParts",
-        label="the score split over the earlier parts that wrote the layer's input",
+        label="the score split over the earlier parts that wrote the layer's input (each "
+        "column adds up to the score)",
     )

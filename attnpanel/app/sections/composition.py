@@ -26,9 +26,11 @@ from attnpanel.render.titles import fit_title
 GRAPH_HEIGHT, LAYER_WIDTH = 330, 190  # px; the graph is a layer's width per layer
 PAIR_SIZE = 220  # px of each of the pair's maps
 NEEDS_WEIGHTS = (
-    "Composition is read from the heads' projection matrices of several layers: this trace "
-    "has no `w_q, w_k, w_v, w_o` of two layers and no model is at hand. Capture every layer "
-    "(`attnpanel.capture(model, inputs)`), or `attnpanel circuits TRACE` on the command line."
+    "Composition is read from the heads' projection matrices of several layers of one "
+    "kind: neither this trace nor a capture of the model at hand (if any) has every layer's "
+    "`w_q, w_k, w_v, w_o` (a rotary embedding, grouped-query heads or an encoder-decoder "
+    "leave them out here). `attnpanel circuits TRACE` on the command line reads what a "
+    "trace has."
 )
 COMPOSITION_EXPLAINED = (
     "Each dot is a head (colour: its OV copying score, the share of its OV matrix's "
@@ -69,12 +71,12 @@ class HeadComposition(PositionMap):
         """Every layer with its weights: the trace's own, else a capture of the model at
         hand; None where neither has two layers of them."""
         layers = self.state.layers
-        if layers is not None and all(name in layers for name in circuit_readouts.NEEDS):
-            return layers
+        if layers is not None and circuit_readouts.ov_copying(layers) is not None:
+            return layers  # (every layer's weights finite, one kv head per head)
         if self.state.model is not None:
             found = self.state.model.capture(0)
             if isinstance(found, xr.Dataset) and "layer" in found.dims:
-                return found
+                return found if circuit_readouts.ov_copying(found) is not None else None
         return None
 
     def weights_of(self, sample: int, layer: str) -> xr.DataArray:
@@ -175,9 +177,10 @@ class HeadComposition(PositionMap):
 
     def _pair(self, which: str):
         def build(sel):
-            layers = [str(v) for v in self.result["layer"].values]
-            pair = self.state.composed_pair
-            layer, head = circuit_views.pair_head(pair, which, self.edges(), layers)
+            result, pair = self.result, self.state.composed_pair
+            layers = [str(v) for v in result["layer"].values]
+            edges = circuit_views.edge_columns(result, self.state.composition)  # not the plot's
+            layer, head = circuit_views.pair_head(pair, which, edges, layers)
             weights = self.weights_of(sel.sample, layer).sel(head=head)
             return (
                 weights.values.astype(np.float32),
@@ -188,7 +191,7 @@ class HeadComposition(PositionMap):
         raster = self.engine.add(
             f"the {which} head of the pair",
             build,
-            ["sample", "composed_pair"],
+            ["sample", "composed_pair", "composition"],
             f"pair {which}",
             raster=(PAIR_SIZE, PAIR_SIZE),
             group="Pair",

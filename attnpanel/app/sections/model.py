@@ -66,8 +66,7 @@ class ModelView(Section):
 
     title = (
         "Model view: every layer and head (captured softmax weights; "
-        "click a map to open it in the attention matrix; in blue, each head's OV copying "
-        "score where the weights are known)"
+        "click a map to open it in the attention matrix)"
     )
 
     def __init__(self, **params):
@@ -137,7 +136,10 @@ class ModelView(Section):
             title_size="11pt",
         )
         pane = self.engine.render(plot, "model view", style=style, on_tap=self.click)
-        return pn.Column(self.heading(), pane, margin=(0, 5))
+        title = (
+            self.title if shown is None else f"{self.title}; in blue, each head's OV copying score"
+        )
+        return pn.Column(self.heading(title), pane, margin=(0, 5))
 
     def click(self, x=None, y=None) -> None:
         """What a click on the model view does: open that layer and head above."""

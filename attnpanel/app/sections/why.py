@@ -35,14 +35,14 @@ WHY_NEEDS_MODEL = (
 WHY_EXPLAINED = (
     "A click on a cell of the attention matrix picks its query and key (until then, the key "
     "the query attends most). The cell's score before the softmax is split over the model's "
-    "input by integrated gradients from a zero input: each position's and each channel's "
-    "share of the change, through the query (blue) and through the key (vermillion). "
-    "The shares add up to the change; the table under the curves says how exactly. The "
-    "last table splits the score itself over the earlier parts whose outputs were added "
-    "into the layer's input (the embedding, each earlier head, each MLP), layer norms "
-    "frozen at this run: exact where q and k are linear in that input."
+    "input by integrated gradients from a zero baseline (token ids: zero embeddings): each "
+    "position's and each channel's share of the change, through the query (blue) and "
+    "through the key (vermillion). The shares add up to the change; the table under the "
+    "curves says how exactly. The last table splits the score over the earlier parts whose "
+    "outputs were added into the layer's input (the embedding, each earlier head, each "
+    "MLP), layer norms frozen at this run: exact where q and k are linear in that input."
 )
-WHY_PARAMETERS = ["sample", "head", "query", "why_key"]
+WHY_PARAMETERS = ["sample", "head", "query", "why_key", "mask"]  # (mask: the default key)
 
 
 class WhyThisCell(ModelHeadsSection):
@@ -90,6 +90,13 @@ class WhyThisCell(ModelHeadsSection):
         except AttributionError as err:
             return None, str(err)
 
+    def shown(self) -> bool:
+        """Whether the section is shown (hidden, its views wait: a click costs nothing)."""
+        return self.state.show_why
+
+    def reshown(self) -> None:
+        self.engine.redraw(lambda view: view.name.startswith("why: "))
+
     def build(self):
         if self.run is None:
             return pn.Column(
@@ -112,7 +119,9 @@ class WhyThisCell(ModelHeadsSection):
             marks = list(shares)[2:]
             return hv.Overlay([*curve, *marks], label=f"{curve.label.split(' (')[0]}")
 
-        element = self.engine.add("why: the input", build, WHY_PARAMETERS, "why input", slow=True)
+        element = self.engine.add(
+            "why: the input", build, WHY_PARAMETERS, "why input", slow=True, active=self.shown
+        )
         # black, as on the top view: blue and vermillion are the two sides' marks
         black = {layer.label: dict(line_color="black") for layer in element if layer.label}
         style = dict(height=INPUT_HEIGHT, responsive=True, layer_style=black)
@@ -126,7 +135,7 @@ class WhyThisCell(ModelHeadsSection):
             return why_views.position_shares(self.trace, sel, key, *self.attribution(sel))
 
         element = self.engine.add(
-            "why: per position", build, WHY_PARAMETERS, "why shares", slow=True
+            "why: per position", build, WHY_PARAMETERS, "why shares", slow=True, active=self.shown
         )
         # no legend: the shares' x axis is the input's above, the same width (the title
         # names the colours)
@@ -140,7 +149,13 @@ class WhyThisCell(ModelHeadsSection):
             return why_views.cell_table(*self.attribution(sel))
 
         element = self.engine.add(
-            "why: the cell", build, WHY_PARAMETERS, "why cell", title=False, slow=True
+            "why: the cell",
+            build,
+            WHY_PARAMETERS,
+            "why cell",
+            title=False,
+            slow=True,
+            active=self.shown,
         )
         return self.engine.render(element, "why cell", style=dict(width=430, height=250))
 
@@ -149,7 +164,13 @@ class WhyThisCell(ModelHeadsSection):
             return why_views.channel_table(self.attribution(sel)[0])
 
         element = self.engine.add(
-            "why: per channel", build, WHY_PARAMETERS, "why channels", title=False, slow=True
+            "why: per channel",
+            build,
+            WHY_PARAMETERS,
+            "why channels",
+            title=False,
+            slow=True,
+            active=self.shown,
         )
         height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
         return self.engine.render(element, "why channels", style=dict(width=470, height=height))
@@ -159,7 +180,13 @@ class WhyThisCell(ModelHeadsSection):
             return why_views.parts_table(*self.parts(sel))
 
         element = self.engine.add(
-            "why: earlier parts", build, WHY_PARAMETERS, "why parts", title=False, slow=True
+            "why: earlier parts",
+            build,
+            WHY_PARAMETERS,
+            "why parts",
+            title=False,
+            slow=True,
+            active=self.shown,
         )
         height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
         return self.engine.render(element, "why parts", style=dict(width=470, height=height))
