@@ -24,6 +24,7 @@ from attnpanel.readouts import core
 from attnpanel.render import views, why_views
 from attnpanel.util.kept import Kept
 
+TABLE_ROWS = why_views.TOP_CHANNELS + 1  # the largest, then the rest in one row
 PARTS_KEPT = 64  # cells whose split over earlier parts a session keeps
 SHARES_HEIGHT, INPUT_HEIGHT = 240, 220  # the input's as the top view's: its axis label fits
 WHY_NEEDS_MODEL = (
@@ -144,49 +145,28 @@ class WhyThisCell(ModelHeadsSection):
             element, "why shares", style=style, sizing_mode="stretch_width", height=SHARES_HEIGHT
         )
 
+    def _table(self, name: str, build, pane: str, width: int, rows: int):
+        """A table view of the cell (``rows`` rows, no scroll), computed on a worker."""
+        element = self.engine.add(
+            name, build, WHY_PARAMETERS, pane, title=False, slow=True, active=self.shown
+        )
+        style = dict(width=width, height=40 + 27 * rows)
+        return self.engine.render(element, pane, style=style)
+
     def _summary(self):
         def build(sel):
             return why_views.cell_table(*self.attribution(sel))
 
-        element = self.engine.add(
-            "why: the cell",
-            build,
-            WHY_PARAMETERS,
-            "why cell",
-            title=False,
-            slow=True,
-            active=self.shown,
-        )
-        return self.engine.render(element, "why cell", style=dict(width=430, height=250))
+        return self._table("why: the cell", build, "why cell", 430, 8)
 
     def _channels(self):
         def build(sel):
             return why_views.channel_table(self.attribution(sel)[0])
 
-        element = self.engine.add(
-            "why: per channel",
-            build,
-            WHY_PARAMETERS,
-            "why channels",
-            title=False,
-            slow=True,
-            active=self.shown,
-        )
-        height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
-        return self.engine.render(element, "why channels", style=dict(width=470, height=height))
+        return self._table("why: per channel", build, "why channels", 470, TABLE_ROWS)
 
     def _parts_view(self):
         def build(sel):
             return why_views.parts_table(*self.parts(sel))
 
-        element = self.engine.add(
-            "why: earlier parts",
-            build,
-            WHY_PARAMETERS,
-            "why parts",
-            title=False,
-            slow=True,
-            active=self.shown,
-        )
-        height = 40 + 27 * (why_views.TOP_CHANNELS + 1)
-        return self.engine.render(element, "why parts", style=dict(width=470, height=height))
+        return self._table("why: earlier parts", build, "why parts", 470, TABLE_ROWS + 1)
