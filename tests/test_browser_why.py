@@ -16,7 +16,7 @@ from test_why_page import long_way
 from attnpanel.nilm.demo import demo_model_run
 
 SAMPLE, HEAD, QUERY, KEY = 1, 3, 100, 90
-SHARES_JS = """() => Object.fromEntries(attn.plot('why query').model.renderers
+SHARES_JS = """() => Object.fromEntries(attn.plot('why sample').model.renderers
   .filter((r) => r.glyph.type === 'Line')
   .map((r) => { const c = r.glyph.line_color, share = r.data_source.data.share;
                 return [typeof c === 'string' ? c : c.value, Array.from(share)]; }))"""
@@ -51,7 +51,7 @@ def app(browser, demo_url):
 
 def test_the_shares_painted_are_the_models_own_split(app, artifacts):
     page, console = app
-    titled(page, f"why query {QUERY} → key {KEY}, head {HEAD}")
+    titled(page, f"why sample {SAMPLE}, query {QUERY} (")
     drawn = page.evaluate(SHARES_JS)  # by colour: blue the query side, vermillion the key's
     _, _, (query_side, key_side) = long_way(demo_model_run(), SAMPLE, HEAD, QUERY, KEY)
     change = abs(query_side.sum() + key_side.sum())
@@ -63,7 +63,7 @@ def test_the_shares_painted_are_the_models_own_split(app, artifacts):
     )
     for width in (1280, 1600):
         page.set_viewport_size({"width": width, "height": 1300})
-        page.evaluate("attn.plot('why query').el.scrollIntoView({block: 'center'})")
+        page.evaluate("attn.plot('why sample').el.scrollIntoView({block: 'center'})")
         page.wait_for_timeout(300)
         problems = page.evaluate(WORDS_JS)
         assert problems == [], "\n".join(problems)
@@ -74,13 +74,15 @@ def test_the_shares_painted_are_the_models_own_split(app, artifacts):
 
 def test_a_click_on_the_matrix_explains_that_cell(app):
     page, console = app
-    titled(page, f"why query {QUERY} → key {KEY}")
+    titled(page, f"why sample {SAMPLE}, query {QUERY} (")
     page.set_viewport_size({"width": 1600, "height": 1300})
     matrix = f"sample {SAMPLE}, head {HEAD}"
     page.evaluate(f"attn.plot({matrix!r}).el.scrollIntoView({{block: 'center'}})")
     point = page.evaluate(f"attn.frame_point(attn.plot({matrix!r}), 201.5 / 480, 150.5 / 480)")
     page.mouse.click(point["x"], point["y"])
-    titled(page, f"why query 150 → key 201, head {HEAD}")
+    titled(page, f"why sample {SAMPLE}, query 150 (")
+    title = page.evaluate("attn.plot('why sample').model.title.text").replace("\n", " ")
+    assert "→ key 201 (" in title
     assert [e for e in console if e[0] in ("error", "pageerror")] == []
 
 

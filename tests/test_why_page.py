@@ -116,16 +116,20 @@ def test_the_shares_drawn_are_the_models_own_score_split_the_long_way(page, run)
     np.testing.assert_allclose(weights, np.exp(row - row.max()) / np.exp(row - row.max()).sum(),
                                atol=1e-5)  # fmt: skip
     cell = table_rows(page, "why cell")
-    assert cell["cell"] == [f"query {QUERY} → key {KEY}, head {HEAD} of {LAYER}"]
+    assert cell["cell"] == [f"sample 1, query {QUERY} → key {KEY}, head {HEAD} of {LAYER}"]
+    assert cell["mask"][0].startswith("the model&#x27;s own (diagonal)")  # (escaped HTML)
     assert float(cell["score (before the softmax)"][0]) == pytest.approx(score, rel=1e-3)
     assert float(cell["sum of the shares"][0]) == pytest.approx(  # 3 digits drawn
         query_side.sum() + key_side.sum(), rel=5e-3
     )
-    assert abs(float(cell["completeness error"][0])) < 1e-4 * max(change, 1.0)
+    error, share = cell["completeness error"][0].split(" (")
+    assert abs(float(error)) < 1e-4 * max(change, 1.0) and share.endswith("% of the change)")
     title = " ".join(page.engine.title("why shares").split())
+    clock = [str(t)[11:16] for t in attnpanel.demo(n_windows=WINDOWS)["time"].isel(batch=1).values]
     assert title == (
-        f"why query {QUERY} → key {KEY}, head {HEAD} of {LAYER}: shares per position, through "
-        "the query (blue) and through the key (vermillion)"
+        f"why sample 1, query {QUERY} ({clock[QUERY]}) → key {KEY} ({clock[KEY]}), head {HEAD} "
+        f"of {LAYER}: shares per position, through the query (blue) and through the key "
+        "(vermillion)"
     )
     # the input curve's marks are at the query's and the key's clock times
     times = attnpanel.demo(n_windows=WINDOWS)["time"].isel(batch=1).values
@@ -162,7 +166,8 @@ def test_a_click_on_a_cell_picks_its_query_and_key(page):
     page.param.update(show_why=True, head=HEAD, sample=0)
     page.sections["matrix"].click(x=201.3, y=149.6)
     assert (page.query, page.why_key) == (150, 201)
-    assert "why query 150 → key 201" in page.engine.title("why shares")
+    assert "query 150 (" in page.engine.title("why shares")
+    assert "→ key 201 (" in page.engine.title("why shares")
 
 
 def test_no_attribution_says_why(page):
@@ -177,7 +182,7 @@ def test_no_attribution_says_why(page):
     assert table_rows(page, "why cell")["no attribution"][0].startswith("cell (query 50, key 50)")
     page.param.update(why_key=-1, query=50)  # the key the query attends most
     weights = page.trace["weights"].isel(batch=0, head=2).values[50]
-    assert f"key {int(np.nanargmax(weights))}," in page.engine.title("why shares")
+    assert f"→ key {int(np.nanargmax(weights))} (" in page.engine.title("why shares")
 
 
 def test_a_link_gives_the_key_back_negative_included(page):
@@ -241,8 +246,9 @@ def test_until_a_click_the_pair_drawn_is_the_modes_strongest(page):
         page.param.update(composition=mode)
         edges = section.edges()
         best = int(np.argmax(edges["score"]))
-        assert page.engine.title("pair earlier") == f"{edges['earlier'][best]}, sample 0"
-        assert page.engine.title("pair later") == f"{edges['later'][best]}, sample 0"
+        own = ", sample 0 (the model's own mask)"
+        assert " ".join(page.engine.title("pair earlier").split()) == edges["earlier"][best] + own
+        assert " ".join(page.engine.title("pair later").split()) == edges["later"][best] + own
 
 
 def test_a_click_on_a_line_draws_both_heads_and_opens_the_later(page, run):
@@ -258,15 +264,16 @@ def test_a_click_on_a_line_draws_both_heads_and_opens_the_later(page, run):
         edges["earlier_layer"][i], edges["earlier_head"][i], LAYER, edges["later_head"][i]
     )  # fmt: skip
     assert page.head == g  # the later head opened in the matrix
-    assert page.engine.title("pair earlier") == f"{early} head {h}, sample 2"
-    assert page.engine.title("pair later") == f"{late} head {g}, sample 2"
+    own = "sample 2 (the model's own mask)"
+    assert " ".join(page.engine.title("pair earlier").split()) == f"{early} head {h}, {own}"
+    assert " ".join(page.engine.title("pair later").split()) == f"{late} head {g}, {own}"
     own = run.capture(2)["weights"].sel(layer=early).isel(batch=0, head=h).values
     drawn = page.engine.drawn("pair earlier", "Pair")
     assert drawn.shape == (220, 220)
     assert np.nanmean(drawn) == pytest.approx(np.nanmean(own), rel=0.02)
     section.click(0.0, 7.4)  # no line near
     assert page.composed_pair == (early, h, late, g)
-    assert "click a line" in section.status.object
+    assert "no line there" in section.status.object
 
 
 def test_the_model_views_tiles_carry_the_dense_copying_score(run):

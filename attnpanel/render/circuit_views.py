@@ -20,7 +20,7 @@ EDGE_TIPS = [
     ("earlier head", "@earlier"),
     ("later head", "@later"),
     ("composition score", "@score{0.000}"),
-    ("x random p95", "@times{0.00}"),
+    ("x random p95", "@times{0.000}"),
 ]
 PAIR_COLUMNS = ("earlier_layer", "earlier_head", "later_layer", "later_head")
 NEAREST = 0.2  # a click this far from a line (in layer and head units) picks it
@@ -66,6 +66,18 @@ def edge_columns(result: xr.Dataset, mode: str) -> dict:
         "score": chosen,
         "times": chosen / p95,
         "width": 1.0 + (WIDEST - 1.0) * (chosen - p95) / max(top - p95, 1e-12),
+    }
+
+
+def chosen_columns(pair: tuple | None, layers: list[str]) -> dict:
+    """The line of the pair whose maps are drawn (none where ``pair`` is None)."""
+    if pair is None:
+        return {"x0": [], "y0": [], "x1": [], "y1": []}
+    return {
+        "x0": [float(layers.index(pair[0]))],
+        "y0": [float(pair[1])],
+        "x1": [float(layers.index(pair[2]))],
+        "y1": [float(pair[3])],
     }
 
 

@@ -26,13 +26,22 @@ def share_text(value: float) -> str:
     return f"{value:+.3g}" if np.isfinite(value) else "–"
 
 
-def cell_words(found: xr.DataArray) -> str:
-    """The cell, in words: ``query 100 → key 90, head 3 of encoder.2.attention``."""
+def cell_words(found: xr.DataArray, labels: list[str] | None = None) -> str:
+    """The cell, in words: ``sample 0, query 100 (07:40) → key 90 (07:30), head 3 of
+    encoder.2.attention`` (each position's clock time or token where ``labels`` has it)."""
     a = found.attrs
-    return f"query {a['query']} → key {a['key']}, head {a['head']} of {a['layer']}"
+
+    def named(position: int) -> str:
+        ok = labels is not None and 0 <= position < len(labels) and labels[position]
+        return f"{position} ({labels[position]})" if ok else str(position)
+
+    return (
+        f"sample {a['sample']}, query {named(a['query'])} → key {named(a['key'])}, "
+        f"head {a['head']} of {a['layer']}"
+    )
 
 
-def cell_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
+def cell_table(found: xr.DataArray | None, reason: str = "", mask: str = "") -> hv.Table:
     """The cell, its score and what the shares add up to (the completeness check's
     numbers), one row each; where there is no attribution, the reason."""
     if found is None:
@@ -40,13 +49,16 @@ def cell_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
     else:
         a = found.attrs
         change = a["score"] - a["baseline_score"]
+        error = a["completeness_error"]
+        share = f" ({100 * abs(error) / abs(change):.2g} % of the change)" if change else ""
         rows = [
             ("cell", cell_words(found)),
+            ("mask", f"the model's own ({mask}): the Mask menu recomputes maps, not the model"),
             ("score (before the softmax)", f"{a['score']:.4g}"),
             (f"score at the {a['baseline']} baseline", f"{a['baseline_score']:.4g}"),
             ("change", share_text(change)),
             ("sum of the shares", share_text(float(found.sum()))),
-            ("completeness error", f"{a['completeness_error']:.1e}"),
+            ("completeness error", f"{error:.1e}{share}"),
             ("method", f"{a['method']}, {a['steps']} steps"),
             ("attributed at", str(a["attributed_at"])),
         ]
@@ -56,7 +68,7 @@ def cell_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
         kdims=["what"],
         vdims=["value"],
         group="WhyCell",
-        label="the cell explained",
+        label="the cell explained (integrated gradients from the baseline)",
     )
 
 
@@ -69,7 +81,12 @@ def _axis(ds: xr.Dataset, sel: core.Selection, positions: int) -> tuple[np.ndarr
 
 
 def position_shares(
-    ds: xr.Dataset, sel: core.Selection, key: int, found: xr.DataArray | None, reason: str = ""
+    ds: xr.Dataset,
+    sel: core.Selection,
+    key: int,
+    found: xr.DataArray | None,
+    reason: str = "",
+    labels: list[str] | None = None,
 ) -> hv.Overlay:
     """Each position's share of the score's change (summed over the channels), through the
     query (group ``WhyQuery``) and through the key (``WhyKey``), with the query's and the
@@ -89,7 +106,7 @@ def position_shares(
         return hv.Overlay(layers, label=reason)
     return hv.Overlay(
         layers,
-        label=f"why {cell_words(found)}: shares per position, through the query (blue) and "
+        label=f"why {cell_words(found, labels)}: shares per position, through the query (blue) and "
         "through the key (vermillion)",
     )
 
@@ -118,7 +135,7 @@ def channel_table(found: xr.DataArray | None) -> hv.Table:
         kdims=["channel"],
         vdims=["through the query", "through the key", "total"],
         group="WhyChannels",
-        label="share of the score's change per input channel, the largest first",
+        label="per input channel: its share of the score's change, the largest first",
     )
 
 
@@ -153,6 +170,6 @@ def parts_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
         kdims=["part"],
         vdims=["through the query", "through the key"],
         group="WhyParts",
-        label="the score split over the earlier parts that wrote the layer's input (each "
+        label="the score itself over the earlier parts that wrote the layer's input (each "
         "column adds up to the score)",
     )

@@ -21,6 +21,7 @@ from attnpanel.app.sections.matrix import PositionMap, matrix_style
 from attnpanel.readouts import circuits as circuit_readouts
 from attnpanel.render import circuit_views
 from attnpanel.render.elements import PlotKey
+from attnpanel.render.palette import HIGHLIGHT
 from attnpanel.render.titles import fit_title
 
 GRAPH_HEIGHT, LAYER_WIDTH = 330, 190  # px; the graph is a layer's width per layer
@@ -41,6 +42,7 @@ COMPOSITION_EXPLAINED = (
     "opens the later head in the matrix where this trace holds its layer."
 )
 READS = {"Q": "queries", "K": "keys", "V": "values"}
+PAIR = ("earlier", "later")
 
 
 def padded(low: int, high: int) -> tuple[float, float]:
@@ -105,6 +107,7 @@ class HeadComposition(PositionMap):
         self.explained = pn.pane.Markdown(self._explanation(), margin=(0, 10))
         graph = self._graph()
         self.state.param.watch(self._redraw, "composition")
+        self.state.param.watch(lambda *_events: self._mark_pair(), "composed_pair")
         return pn.Column(
             self.heading(),
             self.explained,
@@ -137,6 +140,14 @@ class HeadComposition(PositionMap):
             x0="x0", y0="y0", x1="x1", y1="y1", line_width="width", line_alpha=0.55,
             line_color="#555555", source=self._edges,
         )  # fmt: skip
+        # Bokeh's own tap selection would light every line under the click: the pair drawn
+        # is marked instead (``_chosen``), the lines never change look
+        edges.selection_glyph = edges.nonselection_glyph = None
+        self._chosen = ColumnDataSource(circuit_views.chosen_columns(None, []))
+        fig.segment(
+            x0="x0", y0="y0", x1="x1", y1="y1", line_width=4, line_alpha=0.9,
+            line_color=HIGHLIGHT, source=self._chosen,
+        )  # fmt: skip
         mapper = LinearColorMapper(palette=circuit_views.COPYING_PALETTE, low=0.0, high=1.0)
         nodes = fig.scatter(
             x="x", y="y", size=12, line_color="black",
@@ -156,7 +167,20 @@ class HeadComposition(PositionMap):
         fig.on_event("tap", lambda event: self.click(event.x, event.y))
         self._figure = fig
         self._retitle()
+        self._mark_pair()
         return fig
+
+    def drawn_pair(self) -> tuple[str, int, str, int]:
+        """The pair whose maps are drawn: the clicked one, else the mode's strongest."""
+        result, pair = self.result, self.state.composed_pair
+        layers = [str(v) for v in result["layer"].values]
+        edges = circuit_views.edge_columns(result, self.state.composition)  # not the plot's
+        found = [circuit_views.pair_head(pair, which, edges, layers) for which in PAIR]
+        return (*found[0], *found[1])
+
+    def _mark_pair(self) -> None:
+        layers = [str(v) for v in self.result["layer"].values]
+        self._chosen.data = circuit_views.chosen_columns(self.drawn_pair(), layers)
 
     def edges(self) -> dict:
         """The lines drawn now: each pair's heads, place and score (its source's columns)."""
@@ -173,18 +197,18 @@ class HeadComposition(PositionMap):
     def _redraw(self, *_events) -> None:
         self._edges.data = circuit_views.edge_columns(self.result, self.state.composition)
         self.explained.object = self._explanation()
+        self.status.object = ""
+        self._mark_pair()
         self._retitle()
 
     def _pair(self, which: str):
         def build(sel):
-            result, pair = self.result, self.state.composed_pair
-            layers = [str(v) for v in result["layer"].values]
-            edges = circuit_views.edge_columns(result, self.state.composition)  # not the plot's
-            layer, head = circuit_views.pair_head(pair, which, edges, layers)
+            drawn = self.drawn_pair()
+            layer, head = drawn[:2] if which == "earlier" else drawn[2:]
             weights = self.weights_of(sel.sample, layer).sel(head=head)
             return (
                 weights.values.astype(np.float32),
-                f"{layer} head {head}, sample {sel.sample}",
+                f"{layer} head {head}, sample {sel.sample} (the model's own mask)",
                 "weight",
             )
 
@@ -207,7 +231,7 @@ class HeadComposition(PositionMap):
             return
         pair = circuit_views.nearest_edge(self.edges(), x, y)
         if pair is None:
-            self.status.object = "click a line between two heads to draw both"
+            self.status.object = "no line there: click a line between two heads to draw both"
             return
         self.status.object = ""
         later, head = pair[2], pair[3]

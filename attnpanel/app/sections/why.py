@@ -22,6 +22,7 @@ from attnpanel.interventions.attribution import AttributionError, Cell
 from attnpanel.interventions.components import cell_components
 from attnpanel.readouts import core
 from attnpanel.render import views, why_views
+from attnpanel.render.styling import WRAP
 from attnpanel.util.kept import Kept
 
 TABLE_ROWS = why_views.TOP_CHANNELS + 1  # the largest, then the rest in one row
@@ -43,7 +44,8 @@ WHY_EXPLAINED = (
     "outputs were added into the layer's input (the embedding, each earlier head, each "
     "MLP), layer norms frozen at this run: exact where q and k are linear in that input."
 )
-WHY_PARAMETERS = ["sample", "head", "query", "why_key", "mask"]  # (mask: the default key)
+# (not the mask: the model runs with its own, and the default key is its own weights')
+WHY_PARAMETERS = ["sample", "head", "query", "why_key"]
 
 
 class WhyThisCell(ModelHeadsSection):
@@ -62,7 +64,8 @@ class WhyThisCell(ModelHeadsSection):
         most."""
         key = self.state.why_key
         if not 0 <= key < self.trace.sizes["key"]:
-            weights = np.nan_to_num(core.selected_weights(self.trace, sel, self.cache))
+            own = sel.with_(mask=None)  # the model's own mask: it is what the model ran
+            weights = np.nan_to_num(core.selected_weights(self.trace, own, self.cache))
             key = int(np.argmax(weights))
         return key
 
@@ -108,7 +111,13 @@ class WhyThisCell(ModelHeadsSection):
             pn.pane.Markdown(WHY_EXPLAINED, margin=(0, 10)),
             pn.Row(self._input(), sizing_mode="stretch_width"),
             pn.Row(self._shares(), sizing_mode="stretch_width"),
-            pn.Row(self._summary(), self._channels(), self._parts_view()),
+            pn.Row(
+                self._summary(),
+                self._channels(),
+                self._parts_view(),
+                sizing_mode="stretch_width",
+                stylesheets=[WRAP],  # at 1280 px the third goes under the others
+            ),
             sizing_mode="stretch_width",
         )
 
@@ -133,7 +142,9 @@ class WhyThisCell(ModelHeadsSection):
     def _shares(self):
         def build(sel):
             key = self.key(sel)
-            return why_views.position_shares(self.trace, sel, key, *self.attribution(sel))
+            found, reason = self.attribution(sel)
+            labels = core.clock_labels(self.trace, sel.sample)
+            return why_views.position_shares(self.trace, sel, key, found, reason, labels)
 
         element = self.engine.add(
             "why: per position", build, WHY_PARAMETERS, "why shares", slow=True, active=self.shown
@@ -146,18 +157,21 @@ class WhyThisCell(ModelHeadsSection):
         )
 
     def _table(self, name: str, build, pane: str, width: int, rows: int):
-        """A table view of the cell (``rows`` rows, no scroll), computed on a worker."""
+        """A table view of the cell (``rows`` rows, no scroll) under its caption (its
+        element's label), computed on a worker."""
         element = self.engine.add(
             name, build, WHY_PARAMETERS, pane, title=False, slow=True, active=self.shown
         )
         style = dict(width=width, height=40 + 27 * rows)
-        return self.engine.render(element, pane, style=style)
+        caption = pn.pane.Markdown(f"**{element.label}**", width=width, margin=(0, 10))
+        return pn.Column(caption, self.engine.render(element, pane, style=style), margin=0)
 
     def _summary(self):
         def build(sel):
-            return why_views.cell_table(*self.attribution(sel))
+            mask = self.trace.attrs.get("mask", "none")
+            return why_views.cell_table(*self.attribution(sel), mask=mask)
 
-        return self._table("why: the cell", build, "why cell", 430, 8)
+        return self._table("why: the cell", build, "why cell", 520, 9)
 
     def _channels(self):
         def build(sel):
