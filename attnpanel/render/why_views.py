@@ -97,9 +97,10 @@ def position_shares(
     xdim = hv.Dimension(name)
     layers = []
     for side, group in (("query", "WhyQuery"), ("key", "WhyKey")):
-        values = found.sel(side=side).sum("channel").values if found is not None else np.zeros(0)
-        shown = xs if found is not None else xs[:0]
-        layers.append(hv.Curve((shown, values), xdim, SHARE, group=group, label=SIDE_WORDS[side]))
+        # nothing to draw: no line, over this sample's positions (its axis, not the last's)
+        missing = np.full(len(xs), np.nan)
+        values = found.sel(side=side).sum("channel").values if found is not None else missing
+        layers.append(hv.Curve((xs, values), xdim, SHARE, group=group, label=SIDE_WORDS[side]))
     for at, group in ((sel.query, "QueryMark"), (key, "KeyMark")):
         layers.append(hv.VLine(xs[min(at, len(xs) - 1)], group=group))
     if found is None:
