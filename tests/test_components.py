@@ -138,10 +138,9 @@ def test_a_trained_minilm_its_heads_split_out_of_the_output_projection():
 
 def test_inputs_by_position_and_keyword_at_once_are_refused():
     """Rather than drop the keywords (the model would run otherwise than it was traced)."""
-    from attnpanel.interventions.attribution import Cell
-    from attnpanel.interventions.components import cell_components
+    from attnpanel.interventions.attribution import Cell, explain_cell
 
     run = demo_model_run(n_windows=1)
     cell = Cell(0, "encoder.2.attention", 0, 3, 4)
     with pytest.raises(AttributionError, match="by position and by keyword at once"):
-        cell_components(run.model, run.one(0)[0], {"use_cache": False}, cell)
+        explain_cell(component_attribution, run.model, run.one(0)[0], {"use_cache": False}, cell)

@@ -221,16 +221,8 @@ def score_attribution(
         not used); integer inputs with no embedding before the layer; a baseline of
         another shape.
     """
-    names = list(inputs) if isinstance(inputs, Mapping) else None  # keyword inputs
-    if names is not None:
-        given = tuple(inputs.values())
-    else:
-        given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    attributed = [i for i, t in enumerate(given) if torch.is_floating_point(t)]
-    batch = given[0].shape[0]
-    if not 0 <= sample < batch:
-        raise AttributionError(f"sample {sample} is outside the batch: 0 to {batch - 1}")
-    ones = [t[sample : sample + 1].detach() for t in given]
+    names, ones = one_sample(inputs, sample)
+    attributed = [i for i, t in enumerate(ones) if torch.is_floating_point(t)]
     probe = CellProbe(layer, head, query, key)
     with evaluating(model), probing(model):
         # token ids are not differentiable: the path runs through the first embedding's
@@ -248,10 +240,7 @@ def score_attribution(
         at_input = path.score(ends)
         at_baseline = path.score(starts)
         if is_blocked(at_input) or is_blocked(at_baseline):
-            raise AttributionError(
-                f"cell (query {query}, key {key}) of head {head}, layer {layer} is blocked by "
-                "the mask: its score is not used"
-            )
+            raise blocked_cell(layer, head, query, key)
         sides = path.integrated(starts, steps)
     shares = [
         torch.stack([side[n] for side in sides])[:, 0] * (end - start)[0]
@@ -272,21 +261,45 @@ def score_attribution(
     )  # fmt: skip
 
 
-def cell_attribution(
-    model: nn.Module, args: tuple, kwargs: dict, cell: Cell, **options
+def explain_cell(
+    method, model: nn.Module, args: tuple, kwargs: dict, cell: Cell, **options
 ) -> xr.DataArray:
-    """:func:`score_attribution` of ``cell`` on the one sample ``model(*args, **kwargs)``
-    runs (the batch cut to it: its ``sample`` is the cell's); ``options`` are its own."""
+    """``method`` (:func:`score_attribution` or
+    :func:`~attnpanel.interventions.components.component_attribution`) of ``cell`` on the
+    one sample ``model(*args, **kwargs)`` runs (the batch cut to it: its ``sample`` is the
+    cell's); ``options`` are the method's own."""
     if args and kwargs:
         raise AttributionError(
-            "the model takes inputs by position and by keyword at once: attribute with "
-            "attnpanel.score_attribution and a wrapper that takes one kind"
+            "the model takes inputs by position and by keyword at once: call "
+            f"attnpanel.{method.__name__} with a wrapper that takes one kind"
         )
-    found = score_attribution(
+    found = method(
         model, args or kwargs, layer=cell.layer, head=cell.head, query=cell.query,
         key=cell.key, **options,
     )  # fmt: skip
     return found.assign_attrs(sample=cell.sample)
+
+
+def one_sample(inputs, sample: int) -> tuple[list[str] | None, list[torch.Tensor]]:
+    """The inputs' keywords (None: positional) and each input cut to batch row ``sample``
+    (a tensor, a sequence or a mapping of them, batch first)."""
+    names = list(inputs) if isinstance(inputs, Mapping) else None  # keyword inputs
+    if names is not None:
+        given = tuple(inputs.values())
+    else:
+        given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    batch = given[0].shape[0]
+    if not 0 <= sample < batch:
+        raise AttributionError(f"sample {sample} is outside the batch: 0 to {batch - 1}")
+    return names, [t[sample : sample + 1].detach() for t in given]
+
+
+def blocked_cell(layer: str, head: int, query: int, key: int | None) -> AttributionError:
+    """The error of a cell whose score the model does not use."""
+    return AttributionError(
+        f"cell (query {query}, key {key}) of head {head}, layer {layer} is blocked by the "
+        "mask: its score is not used"
+    )
 
 
 def is_blocked(score: torch.Tensor) -> bool:

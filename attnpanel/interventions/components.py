@@ -31,7 +31,16 @@ import xarray as xr
 from torch import nn
 
 from attnpanel.capturing.modes import evaluating
-from attnpanel.interventions.attribution import AttributionError, CellProbe, Path, is_blocked
+from attnpanel.interventions.attribution import (
+    AttributionError,
+    CellProbe,
+    Path,
+    blocked_cell,
+    is_blocked,
+    one_sample,
+)
+from attnpanel.traces.layers import layers as capture_layers
+from attnpanel.traces.layers import select
 from attnpanel.watching.watcher import Site
 
 ADDS = {"add", "__add__", "__radd__"}
@@ -221,20 +230,14 @@ def component_attribution(
     """
     from attnpanel.capturing.capture import capture
 
-    names = list(inputs) if isinstance(inputs, Mapping) else None
-    given = tuple(inputs.values()) if names is not None else (
-        (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs))  # fmt: skip
-    batch = given[0].shape[0]
-    if not 0 <= sample < batch:
-        raise AttributionError(f"sample {sample} is outside the batch: 0 to {batch - 1}")
-    ones = [t[sample : sample + 1].detach() for t in given]
+    names, ones = one_sample(inputs, sample)
     probe = StreamProbe(layer, head, query, key)
     with evaluating(model), torch.no_grad():
         path = Path(model, probe, ones, [], names)
         path.run([])
         args = dict(zip(names, ones, strict=True)) if names is not None else {}
         traced = capture(model, **args) if names is not None else capture(model, *ones)
-    layers = _layers(traced)
+    layers = {entry.name: select(traced, entry.name) for entry in capture_layers(traced)}
     if layer not in layers:
         raise AttributionError(f"{layer} is not in a capture of the model: {', '.join(layers)}")
     own = layers[layer]
@@ -253,10 +256,7 @@ def component_attribution(
         )
     scores, q_i, k_j, scale = probe.found
     if is_blocked(scores[0]):
-        raise AttributionError(
-            f"cell (query {query}, key {key}) of head {head}, layer {layer} is blocked by "
-            "the mask: its score is not used"
-        )
+        raise blocked_cell(layer, head, query, key)
     x = _layer_input(probe.site, own)
     heads = {name: (ds["context"].values[0], ds["w_o"].values) for name, ds in layers.items()
              if "context" in ds and "w_o" in ds and name != layer}  # fmt: skip
@@ -272,36 +272,6 @@ def component_attribution(
         method="bilinear split of q . k over the parts of the layer's input, layer norms "
         "frozen at this run's statistics",
     )  # fmt: skip
-
-
-def cell_components(model: nn.Module, args: tuple, kwargs: dict, cell) -> xr.DataArray:
-    """:func:`component_attribution` of ``cell`` (a
-    :class:`~attnpanel.interventions.attribution.Cell`) on the one sample
-    ``model(*args, **kwargs)`` runs (the batch cut to it)."""
-    if args and kwargs:
-        raise AttributionError(
-            "the model takes inputs by position and by keyword at once: split with "
-            "attnpanel.component_attribution and a wrapper that takes one kind"
-        )
-    found = component_attribution(model, args or kwargs, layer=cell.layer, head=cell.head,
-                                  query=cell.query, key=cell.key)  # fmt: skip
-    return found.assign_attrs(sample=cell.sample)
-
-
-def _layers(traced) -> dict[str, xr.Dataset]:
-    """Each captured layer's Dataset by name (a DataTree's groups flattened)."""
-    groups = [node.to_dataset() for node in traced.subtree] if isinstance(
-        traced, xr.DataTree) else [traced]  # fmt: skip
-    found = {}
-    for ds in groups:
-        if "weights" not in ds:
-            continue
-        if "layer" in ds.dims:
-            for name in ds["layer"].values:
-                found[str(name)] = ds.sel(layer=name)
-        else:
-            found[str(ds["layer"].item()) if "layer" in ds.coords else "layer"] = ds
-    return found
 
 
 def _layer_input(site: Site, own: xr.Dataset) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 import xarray as xr
 from torch import nn
 
-from attnpanel.interventions.attribution import STEPS, Cell, cell_attribution
+from attnpanel.interventions.attribution import STEPS, Cell, explain_cell, score_attribution
 from attnpanel.interventions.corruptions import replace_span
 from attnpanel.interventions.effects import patching_effect
 from attnpanel.interventions.gate import ablate, attention_heads
@@ -269,8 +269,8 @@ class ModelRun:
         and key side (:func:`attnpanel.score_attribution`); the last few are kept."""
         return self._attributions.get(
             (cell, baseline, steps),
-            lambda: cell_attribution(self.model, *self.one(cell.sample), cell, baseline=baseline,
-                                     steps=steps, channels=self.channels),
+            lambda: explain_cell(score_attribution, self.model, *self.one(cell.sample), cell,
+                                 baseline=baseline, steps=steps, channels=self.channels),
         )  # fmt: skip
 
     # patching between a clean and a corrupted input

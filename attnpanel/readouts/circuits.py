@@ -148,16 +148,19 @@ def stream_circuits(ds: xr.Dataset, draws: int = BASELINE_DRAWS, group: str = ""
     return out
 
 
+def has_weights(ds: xr.Dataset) -> bool:
+    """Whether every layer of a trace has its ``w_q, w_k, w_v, w_o`` (finite: a stacked
+    capture fills a layer without them with NaN). A grouped-query capture's ``w_k`` and
+    ``w_v`` are repeated per query head, as its k and v are."""
+    return all(name in ds and bool(np.isfinite(ds[name]).all()) for name in NEEDS)
+
+
 def ov_copying(ds: xr.Dataset) -> xr.DataArray | None:
     """Each head's OV copying score ``(layer, head)`` of a trace's layers, or None where it
     lacks any layer's ``w_q, w_k, w_v, w_o`` (the model view's tiles carry it)."""
-    if any(name not in ds for name in NEEDS):
+    if not has_weights(ds):
         return None
     stacked = ds if "layer" in ds.dims else ds.expand_dims("layer")
-    if not all(bool(np.isfinite(stacked[name]).all()) for name in NEEDS):
-        return None
-    if int(ds.attrs.get("kv_heads", stacked.sizes["head"])) != stacked.sizes["head"]:
-        return None  # grouped-query: circuits() pairs each query head with its kv head
     _, ov = head_circuits(*(tensor(stacked[name]) for name in NEEDS), heads=stacked.sizes["head"])
     return xr.DataArray(
         copying_scores(ov).numpy(),

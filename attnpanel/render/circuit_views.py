@@ -81,9 +81,9 @@ def chosen_columns(pair: tuple | None, layers: list[str]) -> dict:
     }
 
 
-def graph_title(result: xr.Dataset, mode: str) -> str:
-    """The graph's title: the mode, how many pairs are above random, and the largest."""
-    edges = edge_columns(result, mode)
+def graph_title(edges: dict, mode: str) -> str:
+    """The graph's title: the mode, how many pairs are above random (``edges``:
+    :func:`edge_columns` of it), and the largest."""
     count = len(edges["score"])
     if not count:
         return f"{mode}-composition: no pair of heads above random matrices (p95)"

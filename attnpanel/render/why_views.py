@@ -80,6 +80,17 @@ def _axis(ds: xr.Dataset, sel: core.Selection, positions: int) -> tuple[np.ndarr
     return np.arange(positions), "position"
 
 
+def cell_marks(ds: xr.Dataset, sel: core.Selection, key: int, xs=None) -> list[hv.VLine]:
+    """The query's and the key's positions marked (groups ``QueryMark``, ``KeyMark``) on
+    the input's axis ``xs`` (default: the trace's positions)."""
+    if xs is None:
+        xs, _ = _axis(ds, sel, ds.sizes["key"])
+    return [
+        hv.VLine(xs[min(at, len(xs) - 1)], group=group)
+        for at, group in ((sel.query, "QueryMark"), (key, "KeyMark"))
+    ]
+
+
 def position_shares(
     ds: xr.Dataset,
     sel: core.Selection,
@@ -101,8 +112,7 @@ def position_shares(
         missing = np.full(len(xs), np.nan)
         values = found.sel(side=side).sum("channel").values if found is not None else missing
         layers.append(hv.Curve((xs, values), xdim, SHARE, group=group, label=SIDE_WORDS[side]))
-    for at, group in ((sel.query, "QueryMark"), (key, "KeyMark")):
-        layers.append(hv.VLine(xs[min(at, len(xs) - 1)], group=group))
+    layers += cell_marks(ds, sel, key, xs)
     if found is None:
         return hv.Overlay(layers, label=reason)
     return hv.Overlay(
@@ -110,6 +120,17 @@ def position_shares(
         label=f"why {cell_words(found, labels)}: shares per position, through the query (blue) and "
         "through the key (vermillion)",
     )
+
+
+def largest(names: list[str], query: np.ndarray, key: np.ndarray, size: np.ndarray) -> list:
+    """``(name, query share, key share)`` rows, the :data:`TOP_CHANNELS` of the largest
+    ``size`` first, then the rest summed in one row."""
+    order = np.argsort(-size, kind="stable")
+    rows = [(names[i], query[i], key[i]) for i in order[:TOP_CHANNELS]]
+    rest = order[TOP_CHANNELS:]
+    if len(rest):
+        rows.append((f"the other {len(rest)}", query[rest].sum(), key[rest].sum()))
+    return rows
 
 
 def channel_table(found: xr.DataArray | None) -> hv.Table:
@@ -120,12 +141,7 @@ def channel_table(found: xr.DataArray | None) -> hv.Table:
         sums = found.sum("position")
         query, key = sums.sel(side="query").values, sums.sel(side="key").values
         names = [str(c) for c in found["channel"].values]
-        order = np.argsort(-np.abs(query + key), kind="stable")
-        rows = [(names[i], query[i], key[i]) for i in order[:TOP_CHANNELS]]
-        rest = order[TOP_CHANNELS:]
-        if len(rest):
-            rows.append((f"the other {len(rest)}", query[rest].sum(), key[rest].sum()))
-        for channel, q, k in rows:
+        for channel, q, k in largest(names, query, key, np.abs(query + key)):
             columns["channel"].append(channel)
             columns["through the query"].append(share_text(float(q)))
             columns["through the key"].append(share_text(float(k)))
@@ -153,11 +169,7 @@ def parts_table(found: xr.DataArray | None, reason: str = "") -> hv.Table:
         names = list(dict.fromkeys([*by_query.index, *by_key.index]))
         query = np.array([by_query.get(n, 0.0) for n in names])
         key = np.array([by_key.get(n, 0.0) for n in names])
-        order = np.argsort(-np.abs(query) - np.abs(key), kind="stable")
-        rows = [(names[i], query[i], key[i]) for i in order[:TOP_CHANNELS]]
-        rest = order[TOP_CHANNELS:]
-        if len(rest):
-            rows.append((f"the other {len(rest)}", query[rest].sum(), key[rest].sum()))
+        rows = largest(names, query, key, np.abs(query) + np.abs(key))
         bias = float(found.attrs.get("additive_bias", 0.0))
         if abs(bias) > 1e-6 * max(abs(float(found.attrs["score"])), 1.0):
             rows.append(("added to the score (a mask's or a position bias)", bias, bias))

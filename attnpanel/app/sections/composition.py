@@ -17,8 +17,10 @@ import xarray as xr
 from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d
 from bokeh.plotting import figure
 
+from attnpanel.app.sections.head_maps import opening
 from attnpanel.app.sections.matrix import PositionMap, matrix_style
 from attnpanel.readouts import circuits as circuit_readouts
+from attnpanel.readouts.core import layer_names
 from attnpanel.render import circuit_views
 from attnpanel.render.elements import PlotKey
 from attnpanel.render.palette import HIGHLIGHT
@@ -67,40 +69,42 @@ class HeadComposition(PositionMap):
     def __init__(self, **params):
         super().__init__(**params)
         self.status = pn.pane.Markdown("", margin=(0, 10))
-        self._result: xr.Dataset | None = None
+        self.result: xr.Dataset | None = None  # every circuit and composition (built once)
+        self._edges_of: dict[str, dict] = {}  # by mode: the lines above random
 
     def weights_trace(self):
         """Every layer with its weights: the trace's own, else a capture of the model at
         hand; None where neither has two layers of them."""
         layers = self.state.layers
-        if layers is not None and circuit_readouts.ov_copying(layers) is not None:
-            return layers  # (every layer's weights finite, one kv head per head)
+        if layers is not None and circuit_readouts.has_weights(layers):
+            return layers
         if self.state.model is not None:
             found = self.state.model.capture(0)
             if isinstance(found, xr.Dataset) and "layer" in found.dims:
-                return found if circuit_readouts.ov_copying(found) is not None else None
+                return found if circuit_readouts.has_weights(found) else None
         return None
 
     def weights_of(self, sample: int, layer: str) -> xr.DataArray:
         """One layer's maps ``(head, query, key)`` of one sample: the trace's, else those of
         the model at hand run on the sample."""
         layers = self.state.layers
-        if layers is not None and layer in [str(v) for v in layers["layer"].values]:
+        if layers is not None and layer in layer_names(layers):
             return layers["weights"].sel(layer=layer).isel(batch=sample)
         return self.state.model.capture(sample)["weights"].sel(layer=layer).isel(batch=0)
 
-    @property
-    def result(self) -> xr.Dataset:
-        """Every head's circuits and every pair's composition (computed once)."""
-        if self._result is None:
-            self._result = circuit_readouts.circuits(self.weights_trace())
-        return self._result
+    def mode_edges(self, mode: str) -> dict:
+        """The lines above random of composition ``mode`` (computed once a mode)."""
+        if mode not in self._edges_of:
+            self._edges_of[mode] = circuit_views.edge_columns(self.result, mode)
+        return self._edges_of[mode]
 
     def build(self):
-        if self.weights_trace() is None:
+        weights = self.weights_trace()
+        if weights is None:
             return pn.Column(
                 self.heading(), pn.pane.Markdown(NEEDS_WEIGHTS, margin=(0, 10)), margin=0
             )
+        self.result = circuit_readouts.circuits(weights)
         mode = pn.widgets.RadioButtonGroup.from_param(
             self.state.param.composition, name="composition", button_type="light"
         )
@@ -135,7 +139,7 @@ class HeadComposition(PositionMap):
             toolbar_location=None,
             min_border=5,
         )
-        self._edges = ColumnDataSource(circuit_views.edge_columns(result, self.state.composition))
+        self._edges = ColumnDataSource(self.mode_edges(self.state.composition))
         edges = fig.segment(
             x0="x0", y0="y0", x1="x1", y1="y1", line_width="width", line_alpha=0.55,
             line_color="#555555", source=self._edges,
@@ -172,15 +176,15 @@ class HeadComposition(PositionMap):
 
     def drawn_pair(self) -> tuple[str, int, str, int]:
         """The pair whose maps are drawn: the clicked one, else the mode's strongest."""
-        result, pair = self.result, self.state.composed_pair
-        layers = [str(v) for v in result["layer"].values]
-        edges = circuit_views.edge_columns(result, self.state.composition)  # not the plot's
+        edges = self.mode_edges(self.state.composition)  # (not the plot's: a worker reads it)
+        layers = layer_names(self.result)
+        pair = self.state.composed_pair
         found = [circuit_views.pair_head(pair, which, edges, layers) for which in PAIR]
         return (*found[0], *found[1])
 
     def _mark_pair(self) -> None:
-        layers = [str(v) for v in self.result["layer"].values]
-        self._chosen.data = circuit_views.chosen_columns(self.drawn_pair(), layers)
+        pair = self.drawn_pair()
+        self._chosen.data = circuit_views.chosen_columns(pair, layer_names(self.result))
 
     def edges(self) -> dict:
         """The lines drawn now: each pair's heads, place and score (its source's columns)."""
@@ -191,11 +195,12 @@ class HeadComposition(PositionMap):
         return self._figure.title.text
 
     def _retitle(self) -> None:
-        words = circuit_views.graph_title(self.result, self.state.composition)
+        mode = self.state.composition
+        words = circuit_views.graph_title(self.mode_edges(mode), mode)
         self._figure.title.text = fit_title(self._figure, words)
 
     def _redraw(self, *_events) -> None:
-        self._edges.data = circuit_views.edge_columns(self.result, self.state.composition)
+        self._edges.data = self.mode_edges(self.state.composition)
         self.explained.object = self._explanation()
         self.status.object = ""
         self._mark_pair()
@@ -234,16 +239,5 @@ class HeadComposition(PositionMap):
             self.status.object = "no line there: click a line between two heads to draw both"
             return
         self.status.object = ""
-        later, head = pair[2], pair[3]
-        changes = dict(composed_pair=pair)
-        stacked = self.state.layers
-        names = [str(v) for v in stacked["layer"].values] if stacked is not None else []
-        if later in names:
-            changes.update(layer=names.index(later), head=head)
-        elif (
-            stacked is None
-            and "layer" in self.trace.coords
-            and (str(self.trace["layer"].item()) == later)
-        ):
-            changes.update(head=head)
-        self.engine.soon(self.state.param.update, **changes)
+        opened = opening(self.state, pair[2], pair[3]) or {}  # the later head, where it can
+        self.engine.soon(self.state.param.update, composed_pair=pair, **opened)

@@ -14,9 +14,36 @@ import panel as pn
 
 from attnpanel.app.scroll import MATRIX
 from attnpanel.app.sections.base import Section
+from attnpanel.readouts.core import layer_names
 from attnpanel.render import importance_views
 
 MAP_SIZE = (460, 290)  # a (layer, head) map with its layer names and colour bar
+
+
+def shown_layer(state, sel) -> str | None:
+    """The model's name of the shown layer: the trace's own where it names it (a capture),
+    else the model run's (None without a model)."""
+    trace, run = state.trace, state.model
+    if "layer" in trace.coords and trace["layer"].ndim == 0:
+        name = str(trace["layer"].item())
+        if run is None or name in run.heads():
+            return name
+    if run is None:
+        return None
+    layers = list(run.layers)
+    return layers[sel.layer] if len(layers) > 1 else layers[0]
+
+
+def opening(state, layer: str, head: int) -> dict | None:
+    """The state's changes that open ``head`` of ``layer`` in the matrix: its index in a
+    trace of several layers, or the head alone where ``layer`` is the one shown; None
+    where the trace lacks that layer."""
+    names = layer_names(state.layers) if state.layers is not None else []
+    if layer in names:
+        return dict(layer=names.index(layer), head=head)
+    if layer == shown_layer(state, state.selection):
+        return dict(head=head)
+    return None
 
 
 class ModelHeadsSection(Section):
@@ -32,14 +59,8 @@ class ModelHeadsSection(Section):
         return self.state.model
 
     def layer_name(self, sel) -> str:
-        """The model's name of the shown layer: the trace's own where it names it (a
-        capture), else the model run's."""
-        if "layer" in self.trace.coords and self.trace["layer"].ndim == 0:
-            name = str(self.trace["layer"].item())
-            if name in self.run.heads():
-                return name
-        layers = list(self.run.layers)
-        return layers[sel.layer] if len(layers) > 1 else layers[0]
+        """The model's name of the shown layer (:func:`shown_layer`)."""
+        return shown_layer(self.state, sel)
 
     def render_map(self, raster, value: str, pane: str):
         """A ``(layer, head)`` map (a registered view's first raster) with hover and tap."""
@@ -72,15 +93,10 @@ class ModelHeadsSection(Section):
 
     def open_head(self, layer: str, head: int) -> None:
         """Open ``head`` of ``layer`` in the matrix, or say the trace lacks that layer."""
-        stacked = self.state.layers
-        if stacked is not None and layer in stacked["layer"].values:
-            index = list(map(str, stacked["layer"].values)).index(layer)
-            self.status.object = ""
-            self.engine.soon(self.state.param.update, layer=index, head=head)
-            self.engine.bring_into_view(MATRIX)
-        elif layer == self.layer_name(self.state.selection):
-            self.status.object = ""
-            self.engine.soon(self.state.param.update, head=head)
-            self.engine.bring_into_view(MATRIX)
-        else:
+        changes = opening(self.state, layer, head)
+        if changes is None:
             self.status.object = f"layer `{layer}` is not in this trace: capture it to open it"
+            return
+        self.status.object = ""
+        self.engine.soon(self.state.param.update, **changes)
+        self.engine.bring_into_view(MATRIX)

@@ -127,8 +127,10 @@ class PositionMap(Section):
         self.engine.soon(self.state.param.update, **picked)
 
     def _on_render(self, figure, element, handles) -> None:
+        if getattr(element, "group", "") != self.map_group:
+            return  # (every figure of the page comes here: the clock only for its maps)
         labels = core.clock_labels(self.trace, self.state.sample)
-        if labels is None or getattr(element, "group", "") != self.map_group:
+        if labels is None:
             return
         clock_axes(figure, labels, self.trace.sizes["query"], self.trace.sizes["key"])
 

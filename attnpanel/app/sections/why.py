@@ -18,8 +18,8 @@ import numpy as np
 import panel as pn
 
 from attnpanel.app.sections.head_maps import ModelHeadsSection
-from attnpanel.interventions.attribution import AttributionError, Cell
-from attnpanel.interventions.components import cell_components
+from attnpanel.interventions.attribution import AttributionError, Cell, explain_cell
+from attnpanel.interventions.components import component_attribution
 from attnpanel.readouts import core
 from attnpanel.render import views, why_views
 from attnpanel.render.styling import WRAP
@@ -69,30 +69,31 @@ class WhyThisCell(ModelHeadsSection):
             key = int(np.argmax(weights))
         return key
 
-    def attribution(self, sel):
-        """``(attribution, "")`` of the selected cell, or ``(None, why there is none)``."""
+    def _explained(self, sel, explain):
+        """``(explain(cell), "")`` of the selected cell, or ``(None, why there is none)``;
+        one run of the model at a time (its modes, its hooks)."""
         if sel.head == "mean":
             return None, "the mean of heads has no score of its own: pick one head"
         cell = Cell(sel.sample, self.layer_name(sel), int(sel.head), int(sel.query), self.key(sel))
         try:
             with self._computing:
-                return self.run.why(cell), ""
+                return explain(cell), ""
         except AttributionError as err:
             return None, str(err)
 
+    def attribution(self, sel):
+        """``(attribution, "")`` of the selected cell over the input, or ``(None, why not)``."""
+        return self._explained(sel, self.run.why)
+
     def parts(self, sel):
         """``(split over earlier parts, "")`` of the selected cell, or ``(None, why not)``."""
-        if sel.head == "mean":
-            return None, "the mean of heads has no score of its own: pick one head"
-        cell = Cell(sel.sample, self.layer_name(sel), int(sel.head), int(sel.query), self.key(sel))
         run = self.run
-        try:
-            with self._computing:  # one run of the model at a time (its modes, its hooks)
-                return self._parts.get(
-                    cell, lambda: cell_components(run.model, *run.one(cell.sample), cell)
-                ), ""
-        except AttributionError as err:
-            return None, str(err)
+
+        def split(cell):
+            return self._parts.get(cell, lambda: explain_cell(
+                component_attribution, run.model, *run.one(cell.sample), cell))  # fmt: skip
+
+        return self._explained(sel, split)
 
     def shown(self) -> bool:
         """Whether the section is shown (hidden, its views wait: a click costs nothing)."""
@@ -122,15 +123,13 @@ class WhyThisCell(ModelHeadsSection):
         )
 
     def _input(self):
-        def build(sel):
+        def build(sel):  # (the cell's two positions: nothing to wait for)
             curve = views.sequence_curve(self.trace, sel, show_reference=False)
-            found, reason = self.attribution(sel)
-            shares = why_views.position_shares(self.trace, sel, self.key(sel), found, reason)
-            marks = list(shares)[2:]
+            marks = why_views.cell_marks(self.trace, sel, self.key(sel))
             return hv.Overlay([*curve, *marks], label=f"{curve.label.split(' (')[0]}")
 
         element = self.engine.add(
-            "why: the input", build, WHY_PARAMETERS, "why input", slow=True, active=self.shown
+            "why: the input", build, WHY_PARAMETERS, "why input", active=self.shown
         )
         # black, as on the top view: blue and vermillion are the two sides' marks
         black = {layer.label: dict(line_color="black") for layer in element if layer.label}
