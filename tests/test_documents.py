@@ -111,3 +111,23 @@ def test_what_the_explorer_does_of_itself_on_a_loaded_page_goes_behind_panels_qu
     ids = [[model for model, _ in message] for message in connection.queued]
     [at] = [i for i, message in enumerate(ids) if later.id in message]
     assert at > 0  # behind the head change's message, queued before it
+
+
+def test_a_sample_change_redraws_the_views_an_earlier_query_left_pending_once():
+    """A query change leaves its slower views for a moment later; a sample change before
+    that moment draws every view in its one message, and nothing of it again after (the
+    value views and the input curve came a second time: CI saw the page send them twice)."""
+    doc = SessionDocument()
+    with set_curdoc(doc):
+        explorer = AttentionExplorer(make_trace())
+        doc.add_root(explorer.__panel__().get_root(doc))
+    run_loop(doc)
+    connection = loaded_page(doc)
+    with set_curdoc(doc):
+        explorer.param.update(query=5)
+        assert explorer.engine.scheduler.pending  # the query's slower views wait
+        explorer.param.update(sample=1)
+    before = len(connection.queued)
+    run_loop(doc)
+    assert not explorer.engine.scheduler.pending
+    assert connection.queued[before:] == []

@@ -148,6 +148,11 @@ class Scheduler:
         self.background = Background(self.indicator) if background else None
         self.state.param.watch(self._on_change, [*SELECTION_PARAMS, *VIEW_PARAMS])
 
+    @property
+    def pending(self) -> int:
+        """How many views wait to be drawn a moment after a change (its slower ones)."""
+        return len(self._pending)
+
     def soon(self, callback: Callable, *args, **kwargs) -> None:
         """Run ``callback`` on the document's next tick (now, outside a server).
 
@@ -273,9 +278,13 @@ class Scheduler:
             if self.cost.expected_seconds() > BUSY_AFTER_S:
                 self._slow(doc, due, followers)
                 return
+        now = [view for view in due if view.first or whole]
+        if whole:  # drawn now, so not again when an earlier change's wait ends
+            now += [view for view in self._pending.values() if view not in now]
+            self._pending.clear()
         with one_message(doc):  # one message for all of them, not one per property
             self._follow(followers)
-            self._refresh_all([view for view in due if view.first or whole], sel)
+            self._refresh_all(now, sel)
             for view in due:
                 if not (view.first or whole):
                     self._pending[id(view)] = view
