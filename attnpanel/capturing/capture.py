@@ -38,6 +38,7 @@ from attnpanel.capturing.stacking import assemble, layer_sizes
 from attnpanel.kernels.masks import cached_mask
 from attnpanel.traces.build import TraceParts, trace_parts
 from attnpanel.traces.positions import Layout
+from attnpanel.watching.linear import FEATURES
 from attnpanel.watching.modules import own_name
 
 
@@ -397,6 +398,8 @@ def _trace(
             "a residual inside the layer)"
         )
     missing = [f"w_{r}" for r in "qkv" if f"w_{r}" not in projections]
+    if call.normaliser != "softmax":
+        missing = [name for name in missing if name == "w_v"]  # phi(q), phi(k) are no projection
     if missing and call.via != "multi_head_attention_forward":
         note.append(
             f"{', '.join(missing)} left out: no projection of the module's input reproduces "
@@ -431,6 +434,13 @@ def _trace(
             parts.data_vars[name] = ("feature_out", bias)
     attrs = parts.attrs
     attrs["captured_via"] = call.via
+    if call.normaliser != "softmax":
+        attrs["normaliser"] = call.normaliser
+        attrs["weights_formed"] = (
+            f"{FEATURES} / {call.normaliser}: a linear attention's implicit weights, from the "
+            "features it multiplied (q and k hold phi(q) and phi(k)); their context is the "
+            "model's, to float32 rounding"
+        )
     if kv_heads:
         attrs["kv_heads"] = int(kv_heads)  # w_k, w_v, k and v are repeated per query head
     attrs["dtype"] = str(call.dtype).removeprefix("torch.")

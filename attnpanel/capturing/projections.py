@@ -38,13 +38,14 @@ SEPARATE = (
     ("q_proj", "k_proj", "v_proj"),  # BART, Llama, Mistral, Qwen2, PatchTST
     ("q_lin", "k_lin", "v_lin"),  # DistilBERT
     ("q", "k", "v"),  # T5
+    ("to_q", "to_k", "to_v"),  # lucidrains' (performer-pytorch, x-transformers)
 )
 
 
 FUSED = ("c_attn", "qkv", "Wqkv", "qkv_proj", "query_key_value", "in_proj")
 
 
-OUTPUTS = ("wo", "o_proj", "out_proj", "out_lin", "o", "c_proj", "proj", "out")
+OUTPUTS = ("wo", "o_proj", "out_proj", "out_lin", "o", "c_proj", "proj", "out", "to_out")
 
 
 # Rows (spread over samples and positions, both ends included) on which a projection

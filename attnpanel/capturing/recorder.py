@@ -27,6 +27,7 @@ from torch import nn
 
 from attnpanel.kernels.attention import attention_weights
 from attnpanel.traces import virtual
+from attnpanel.watching.linear import NORMALISER, LinearForm
 from attnpanel.watching.modules import Running
 from attnpanel.watching.watcher import AttentionWatcher, Site, ValuesProduct
 
@@ -53,8 +54,8 @@ class AttentionCall:
     """One attention computation, as the model ran it."""
 
     module: str  # the innermost named module running it ("" = the model itself)
-    via: str  # "sdpa", "multi_head_attention_forward" or "softmax"
-    q: torch.Tensor  # (B, H, L, E) as it entered the product
+    via: str  # "sdpa", "multi_head_attention_forward", "softmax" or "linear"
+    q: torch.Tensor  # (B, H, L, E) as it entered the product (linear: its features phi(q))
     k: torch.Tensor  # (B, H, S, E) likewise, after grouped-query expansion
     scale: float  # multiplier of q . k
     weights: torch.Tensor | None  # (*lead, L, S) the model's own, or recomputed where never
@@ -70,6 +71,7 @@ class AttentionCall:
     virtual: VirtualForm | None = None  # the rows' lse and the mask as a mode and padded keys
     layer: str = ""  # its layer name, as the watcher named its site
     fill: str = ""  # how the model blocked cells, in words (readers.fill_words); "" if none
+    normaliser: str = "softmax"  # how a row's products became weights ("row sum": linear)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,15 @@ class AttentionRecorder(AttentionWatcher):
 
     def softmax(self, site: Site, func, args, kwargs):
         return _READERS["softmax"](self, site, func, args, kwargs)
+
+    def linear(self, site: Site, form: LinearForm, result: torch.Tensor):
+        """A linear attention: its implicit weights, from the model's own features."""
+        call = AttentionCall(site.module, "linear", form.q, form.k, 1.0, form.weights)
+        call.v, call.context = form.v, form.context
+        call.dtype = form.q.dtype
+        call.normaliser = NORMALISER
+        self.record_call(call, site)
+        return result
 
     def values(self, site: Site, product: ValuesProduct, func, args, kwargs):
         result = func(*args, **kwargs)

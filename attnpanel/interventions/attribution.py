@@ -115,6 +115,15 @@ class CellProbe(AttentionWatcher):
         self.found = (cells, q_i, k_j, scale)  # a row: cells (B, S), k_j every key's
         raise _Reached
 
+    def linear(self, site: Site, form, result):
+        if site.layer == self.layer:
+            raise AttributionError(
+                f"layer {site.layer} is a linear attention (its weights phi(q) . phi(k) / row "
+                "sum, no softmax): score attribution explains softmax scores, and is not built "
+                "for it"
+            )
+        return result
+
     def softmax(self, site: Site, func, args, kwargs):
         result = func(*args, **kwargs)
         scores = site.scores

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from attnpanel.watching.lanes import Lane
+from attnpanel.watching.linear import LinearForm
 from attnpanel.watching.modules import module_names, own_name
 from attnpanel.watching.watcher import AttentionWatcher, HeadLanes, Site, ValuesProduct
 
@@ -119,6 +120,12 @@ class HeadWriter(AttentionWatcher):
 
     def values(self, site: Site, product: ValuesProduct, func, args, kwargs):
         return self._output(site, func(*args, **kwargs), product.output_lane)
+
+    def linear(self, site: Site, form: LinearForm, result):
+        self.seen[site.layer] = site.heads
+        context = form.canonical(result)  # (*lead, L, E): the heads' lanes
+        lane = Lane.leading(context, site.lead, site.batch_hint)
+        return form.restore(self._output(site, context, lane))
 
 
 class HeadGate(HeadWriter):

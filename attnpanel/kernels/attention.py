@@ -43,6 +43,9 @@ from attnpanel.kernels.masks import (
 )
 from attnpanel.kernels.memory import check_attention_size
 
+# How a row of scaled products becomes weights: a softmax, or (a linear attention's
+# ``phi(q) . phi(k)``, non-negative) each divided by the row's sum.
+NORMALISERS = ("softmax", "row sum")
 BOUNDED_LENGTH = 4096  # from here on, forward() at inference never builds an (L, L) mask
 _NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
@@ -94,6 +97,24 @@ def _masked_softmax_(logits: torch.Tensor, blocked: torch.Tensor | None, fill: f
         _fill_blocked_(logits, blocked, 0.0)  # exact zeros, whatever the fill left
 
 
+def _row_sum_(products: torch.Tensor, blocked: torch.Tensor | None) -> None:
+    """Each row divided by its sum in place (a linear attention's normaliser); blocked
+    cells, and a row whose every key is blocked, end exactly 0."""
+    if blocked is not None:
+        _fill_blocked_(products, blocked, 0.0)
+    sums = products.sum(-1, keepdim=True)
+    products.div_(sums.masked_fill(sums == 0, 1.0))
+
+
+def _normalise_(logits, blocked, fill: float, normaliser: str) -> None:
+    if normaliser == "softmax":
+        _masked_softmax_(logits, blocked, fill)
+    elif normaliser == "row sum":
+        _row_sum_(logits, blocked)
+    else:
+        raise ValueError(f"unknown normaliser {normaliser!r}; expected one of {NORMALISERS}")
+
+
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor; on CPU backed by numpy.
 
@@ -113,6 +134,7 @@ def attend(
     scale: float,
     dropout: nn.Module | None = None,
     bias: torch.Tensor | None = None,
+    normaliser: str = "softmax",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and masked softmax weights from per-head queries and keys.
 
@@ -129,6 +151,9 @@ def attend(
     bias : torch.Tensor, optional
         Added to the scaled scores before masking, broadcastable to ``(B, H, L, S)``
         (ALiBi, relative position biases, float masks).
+    normaliser : {"softmax", "row sum"}
+        How a row becomes weights: a softmax, or (a linear attention, whose q and k are
+        its features ``phi(q)``, ``phi(k)``) each product divided by the row's sum.
 
     Returns
     -------
@@ -138,17 +163,24 @@ def attend(
     """
     # with a bias the logits have no floor, so blocked cells get -inf instead of -1e4
     fill = MASK_FILL if bias is None else -math.inf
+    if normaliser != "softmax" and bias is not None:
+        raise ValueError(f"a {normaliser!r} normaliser takes no additive bias")
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if needs_grad:
         scores = q @ k.transpose(-2, -1)  # (B, H, L, S)
         logits = scores * scale
         if bias is not None:
             logits = logits + bias
-        if blocked is not None:
-            logits = logits.masked_fill(blocked, fill)
-        weights = torch.softmax(logits, dim=-1)  # (B, H, L, S)
-        if blocked is not None:
-            weights = weights.masked_fill(blocked, 0.0)  # exact zeros, whatever the fill left
+        if normaliser == "row sum":
+            kept = logits if blocked is None else logits.masked_fill(blocked, 0.0)
+            sums = kept.sum(-1, keepdim=True)
+            weights = kept / sums.masked_fill(sums == 0, 1.0)
+        else:
+            if blocked is not None:
+                logits = logits.masked_fill(blocked, fill)
+            weights = torch.softmax(logits, dim=-1)  # (B, H, L, S)
+            if blocked is not None:
+                weights = weights.masked_fill(blocked, 0.0)  # exact zeros, whatever was left
     else:
         # Without autograd only the two tensors that are returned are allocated: the
         # logits are built, masked and soft-maxed in place in the weights' memory.
@@ -157,7 +189,7 @@ def attend(
         weights = torch.mul(scores, scale, out=_empty(shape, q))
         if bias is not None:
             weights += bias
-        _masked_softmax_(weights, blocked, fill)  # (B, H, L, S)
+        _normalise_(weights, blocked, fill, normaliser)  # (B, H, L, S)
     if dropout is not None:
         weights = dropout(weights)
     return scores, weights
@@ -170,6 +202,7 @@ def attention_weights(
     blocked: torch.Tensor | None,
     scale: float,
     bias: torch.Tensor | None = None,
+    normaliser: str = "softmax",
 ) -> torch.Tensor:
     """The weights of :func:`attend` alone, in one buffer: no scores tensor is kept.
 
@@ -186,7 +219,7 @@ def attention_weights(
     weights.mul_(scale)
     if bias is not None:
         weights += bias
-    _masked_softmax_(weights, blocked, MASK_FILL if bias is None else -math.inf)
+    _normalise_(weights, blocked, MASK_FILL if bias is None else -math.inf, normaliser)
     return weights
 
 

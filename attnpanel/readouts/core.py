@@ -38,6 +38,23 @@ STAGE_LABELS = {
     "softmax": "softmax weights",
     "value_weighted": "value-weighted a·‖v W_o‖",
 }
+# a linear attention's stages (a trace whose normaliser is a row sum): q and k hold its
+# features, and no softmax is run
+ROW_SUM_LABELS = {
+    "raw": "feature products φ(q)·φ(k)",
+    "scaled": "feature products φ(q)·φ(k)",
+    "masked": "masked feature products",
+    "softmax": "weights φ(q)·φ(k) / row sum",
+    "value_weighted": "value-weighted a·‖v W_o‖",
+}
+
+
+def stage_label(ds: xr.Dataset, stage: str) -> str:
+    """A stage's words for this trace: its weights are a softmax, or a linear attention's
+    row sums."""
+    if ds.attrs.get("normaliser", "softmax") == "row sum":
+        return ROW_SUM_LABELS[stage]
+    return STAGE_LABELS[stage]
 
 
 class MissingVariable(KeyError):
@@ -321,7 +338,7 @@ def matrix_title(ds: xr.Dataset, sel: Selection, number: int | None = None) -> s
     # the scores before the mask name no mask: none is applied to them yet
     words = f"mask {mask}" if sel.stage not in PRE_MASK else "before the mask"
     sample = sel.sample if number is None else number
-    return fitted_title(f"sample {sample}, {head}", ":", f"{STAGE_LABELS[sel.stage]} ({words})")
+    return fitted_title(f"sample {sample}, {head}", ":", f"{stage_label(ds, sel.stage)} ({words})")
 
 
 def position_axis(ds: xr.Dataset, sel: Selection) -> tuple[np.ndarray, str]:

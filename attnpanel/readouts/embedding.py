@@ -92,6 +92,12 @@ def qk_embedding(
     if method not in EMBEDDING_METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {EMBEDDING_METHODS}")
     ds, layer_label = _one_layer(trace, layer)
+    if ds.attrs.get("normaliser", "softmax") != "softmax":
+        raise ValueError(
+            f"layer {layer_label!r} is a linear attention (its weights are phi(q) . phi(k) "
+            "/ row sum): the query-key plane moves q and k in ways only a softmax ignores, "
+            "so it is not drawn for it"
+        )
     missing = [name for name in ("q", "k") if name not in ds]
     if missing:
         raise ValueError(

@@ -52,7 +52,7 @@ def matrix(ds: xr.Dataset, sel: core.Selection, number: int | None = None) -> Fi
     axes.set_title(core.matrix_title(ds, sel, number), fontsize=FONT_PT)
     axes.set_xlabel("key", fontsize=FONT_PT)
     axes.set_ylabel("query", fontsize=FONT_PT)
-    _colorbar(figure, image, axes, core.STAGE_LABELS[sel.stage], FONT_PT)
+    _colorbar(figure, image, axes, core.stage_label(ds, sel.stage), FONT_PT)
     return figure
 
 
@@ -260,7 +260,7 @@ def _ticks(ds: xr.Dataset, sample: int, count: int = TICKS) -> list[tuple[int, s
 def _heads_title(ds: xr.Dataset, sel: core.Selection, number: int | None) -> str:
     mask = core.mask_mode(ds, sel)
     sample = _number(sel, number)
-    return f"sample {sample}: every head, {core.STAGE_LABELS[sel.stage]} (mask {mask})"
+    return f"sample {sample}: every head, {core.stage_label(ds, sel.stage)} (mask {mask})"
 
 
 def _number(sel: core.Selection, number: int | None) -> int:

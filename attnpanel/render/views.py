@@ -20,7 +20,6 @@ import xarray as xr
 
 from attnpanel.readouts import core, model_map, summary
 from attnpanel.readouts.core import (
-    STAGE_LABELS,
     Selection,
     StageCache,
     attention_values,
@@ -34,6 +33,7 @@ from attnpanel.readouts.core import (
     require,
     selected_weights,
     stage_heads,
+    stage_label,
     values_for,
 )
 from attnpanel.readouts.raster import (
@@ -72,7 +72,7 @@ def attention_matrix(ds: xr.Dataset, sel: Selection, cache: StageCache | None = 
         values[::-1],
         bounds=(-0.5, -0.5, n_keys - 0.5, length - 0.5),
         kdims=["key", "query"],
-        vdims=[hv.Dimension("value", label=STAGE_LABELS[sel.stage])],
+        vdims=[hv.Dimension("value", label=stage_label(ds, sel.stage))],
         group="Attention",
         label=matrix_title(ds, sel),
     )

@@ -17,7 +17,7 @@ from attnpanel.kernels.masks import MASK_MODES
 from attnpanel.kernels.memory import available_memory
 from attnpanel.traces import positions, virtual
 from attnpanel.traces.positions import Layout
-from attnpanel.traces.schema import ATTENTION_DIMS, CROSS_DIMS, EXPECTED_DIMS
+from attnpanel.traces.schema import ATTENTION_DIMS, CROSS_DIMS, EXPECTED_DIMS, QK_DIM
 from attnpanel.traces.validate import validate
 
 
@@ -318,6 +318,13 @@ def trace_parts(
         if value.ndim != len(dims):
             raise ValueError(f"{name} must have dims {dims}, got shape {value.shape}")
         data_vars[name] = (dims, value)
+    widths = {n: arrays[n].shape[-1] for n in ("q", "k", "v", "context") if n in arrays}
+    own = {w for n, w in widths.items() if n in ("v", "context")}
+    if own and any(widths.get(n, next(iter(own))) not in own for n in ("q", "k")):
+        for name in ("q", "k"):  # features of another width than the values (linear attention)
+            if name in data_vars:
+                dims, value = data_vars[name]
+                data_vars[name] = ((*dims[:-1], QK_DIM), value)
 
     attrs = {"n_heads": n_heads, "source": source}
     if cross:
@@ -336,7 +343,7 @@ def trace_parts(
         data_vars["mask"] = (("query", "key"), _numpy(mask).astype(bool))
         attrs["mask"] = "custom"
     d_model = next((arrays[n].shape[-1] for n in ("x", "output") if n in arrays), None)
-    head_dim = next((arrays[n].shape[-1] for n in ("q", "k", "v", "context") if n in arrays), None)
+    head_dim = next((arrays[n].shape[-1] for n in ("v", "context", "q", "k") if n in arrays), None)
     if d_model is None and head_dim is not None:
         d_model = head_dim * n_heads
     if head_dim is None and d_model is not None:

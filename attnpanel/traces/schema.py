@@ -40,6 +40,9 @@ CROSS_DIMS = {
     "k": ("batch", "head", "key", "head_dim"),
     "v": ("batch", "head", "key", "head_dim"),
 }
+# q and k as wide as each other but not as v (a linear attention's features, Performer's
+# random ones): their own dim, which no other variable shares.
+QK_DIM = "qk_dim"
 # The mask truth of a captured model: any ordered subset of the attention dims that holds
 # ``key`` (padding varies by (batch, key), T5's bias by (head, query, key), ...).
 MASK_TRUTH = ("sample_mask", "bias")

@@ -12,7 +12,7 @@ from attnpanel.kernels.attention import attend
 from attnpanel.kernels.masks import MASK_FILL, MASK_MODES, cached_mask
 from attnpanel.kernels.memory import check_attention_size
 from attnpanel.traces import virtual
-from attnpanel.traces.schema import STAGES
+from attnpanel.traces.schema import QK_DIM, STAGES
 
 
 def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
@@ -272,24 +272,26 @@ def _recompute(ds: xr.Dataset, stage: str, mask, batch, head) -> xr.DataArray:
     q = _select(ds["q"], batch, head).rename(position="query")
     k = _select(ds["k"], batch, head)
     k = k.rename(position="key") if "position" in k.dims else k
-    dims = tuple(d for d in q.dims if d != "head_dim") + ("key",)
+    dims = tuple(d for d in q.dims if d not in ("head_dim", QK_DIM)) + ("key",)
     shape = tuple(q.sizes[d] for d in dims[:-1]) + (k.sizes["key"],)
     check_attention_size(shape, count=2)
     qt = torch.from_numpy(np.ascontiguousarray(q.values))
     kt = torch.from_numpy(np.ascontiguousarray(k.values))
     blocked = _aligned(blocked_cells(ds, mask, batch, head), dims)
     bias = _aligned(attention_bias(ds, batch, head), dims)
+    normaliser = ds.attrs.get("normaliser", "softmax")
     with torch.no_grad():
         if stage == "softmax":
-            _, values = attend(qt, kt, blocked, ds.attrs["scale"], bias=bias)
+            scale = ds.attrs["scale"]
+            _, values = attend(qt, kt, blocked, scale, bias=bias, normaliser=normaliser)
         else:
             values = qt @ kt.transpose(-2, -1)  # (..., L, S)
             if stage != "raw":
                 values = values * ds.attrs["scale"]
                 if bias is not None:
                     values = values + bias
-            if stage == "masked" and blocked is not None:
-                values = values.masked_fill(blocked, MASK_FILL)
+            if stage == "masked" and blocked is not None:  # (a row sum's blocked cells: 0)
+                values = values.masked_fill(blocked, MASK_FILL if normaliser == "softmax" else 0)
     coords = {name: c for name, c in q.coords.items() if set(c.dims) <= set(dims)}
     coords["key"] = ds["key"]
     return xr.DataArray(values.numpy(), dims=dims, coords=coords, name=stage)

@@ -18,6 +18,7 @@ from attnpanel.traces.schema import (
     CROSS_DIMS,
     EXPECTED_DIMS,
     MASK_TRUTH,
+    QK_DIM,
     REFERENCE_SERIES,
     ROW_SUM_TOLERANCE,
 )
@@ -50,6 +51,8 @@ def _check_structure(ds: xr.Dataset) -> None:
             continue
         var = ds[name]
         allowed = {expected, CROSS_DIMS.get(name, expected)}
+        if name in ("q", "k"):
+            allowed |= {(*dims[:-1], QK_DIM) for dims in allowed}
         if var.dims in allowed | {("layer",) + dims for dims in allowed}:
             continue
         missing = [d for d in expected if d not in var.dims]

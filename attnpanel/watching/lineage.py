@@ -131,18 +131,35 @@ def scalar(value) -> float | None:
     return None
 
 
-def einsum_parts(args) -> tuple[list[str], str, list[torch.Tensor]] | None:
-    """``(input subscripts, output subscripts, operands)`` of a two-operand einsum."""
+def einsum_parts(args, count: int = 2) -> tuple[list[str], str, list[torch.Tensor]] | None:
+    """``(input subscripts, output subscripts, operands)`` of an einsum of ``count``
+    operands, with an ellipsis written out as letters of its own."""
     equation, *operands = args
     if len(operands) == 1 and isinstance(operands[0], list | tuple):
         operands = list(operands[0])
-    if not isinstance(equation, str) or "..." in equation or "->" not in equation:
+    if not isinstance(equation, str) or "->" not in equation:
         return None
     inputs, output = equation.replace(" ", "").split("->")
     inputs = inputs.split(",")
-    if len(inputs) != 2 or len(operands) != 2:
+    if len(inputs) != count or len(operands) != count:
         return None
+    if "..." in equation:
+        return _without_ellipsis(inputs, output, operands)
     return inputs, output, operands
+
+
+def _without_ellipsis(inputs: list[str], output: str, operands) -> tuple | None:
+    """An einsum's subscripts with ``...`` replaced by capital letters (its broadcast
+    dims, aligned from the right as einsum aligns them)."""
+    if not all(isinstance(t, torch.Tensor) for t in operands):
+        return None
+    widths = [t.dim() - len(s.replace("...", "")) for s, t in zip(inputs, operands, strict=True)]
+    width = max(widths)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:width]
+    if width > 26 or any(w < 0 for w in widths) or any(c.isupper() for c in "".join(inputs)):
+        return None
+    inputs = [s.replace("...", letters[width - w :]) for s, w in zip(inputs, widths, strict=True)]
+    return inputs, output.replace("...", letters), operands
 
 
 def product_operands(name: str, args) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -37,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from attnpanel.kernels import tiles
 from attnpanel.watching.lanes import Lane, split_lead
 from attnpanel.watching.lineage import (
+    KEEPS,
     PRODUCTS,
     SOFTMAX,
     Lineage,
@@ -47,6 +48,7 @@ from attnpanel.watching.lineage import (
     keeps_weights,
     product_operands,
 )
+from attnpanel.watching.linear import LinearForm, Unnormalised, normalised, read_linear
 from attnpanel.watching.modules import ModuleStack, Running, never_attends
 
 FUSED_CALLS = {
@@ -322,6 +324,11 @@ class AttentionWatcher(TorchFunctionMode):
         """The weights of a softmax path times the values: its result is the heads' output."""
         return func(*args, **kwargs)
 
+    def linear(self, site: Site, form: LinearForm, result: torch.Tensor):
+        """A linear attention's context, ``result`` (:mod:`~attnpanel.watching.linear`):
+        what the model goes on with."""
+        return result
+
     # the dispatch
 
     def _site(self, via: str, lead, heads: int | None = None, scores=None) -> Site:
@@ -370,8 +377,18 @@ class AttentionWatcher(TorchFunctionMode):
                 calls = tuple(self.modules.running) if self.modules is not None else ()
                 self.lineage.follow(result, Scores(*operands, self.module, calls=calls))
             return result
+        waiting = self._unnormalised(args)
+        if waiting is not None and normalised(name, args, *waiting, result):
+            return self._linear(waiting[1], result)
         source, info = known
         if isinstance(info, Scores):
+            linear = read_linear(name, args, source, info, result)
+            if linear is not None:
+                form, done = linear
+                if done:
+                    return self._linear(form, result)
+                self.lineage.follow(result, Unnormalised(form))
+                return result
             followed = follow_scores(name, args, source, info, result)
             if followed is not None:
                 self.lineage.follow(result, followed)
@@ -379,7 +396,26 @@ class AttentionWatcher(TorchFunctionMode):
             name, args, source, result, info.site.scores
         ):
             self.lineage.follow(result, info)
+        elif isinstance(info, Unnormalised) and name in KEEPS and result.shape == source.shape:
+            self.lineage.follow(result, info)
         return result
+
+    def _unnormalised(self, args) -> tuple[torch.Tensor, LinearForm] | None:
+        """A linear attention's ``phi(Q) KV`` among ``args``, with its form."""
+        if not self.lineage:
+            return None
+        for t in args:
+            info = self.lineage.of(t)
+            if isinstance(info, Unnormalised):
+                return t, info.form
+        return None
+
+    def _linear(self, form: LinearForm, result: torch.Tensor):
+        """A linear attention's context is ``result``: its site."""
+        site = self._site("linear", form.weights.shape[:-2])
+        self._found(site)
+        site.valued = True
+        return self.linear(site, form, result)
 
     def _fused_site(self, via: str, args, kwargs) -> Site:
         if via == "sdpa":

@@ -32,6 +32,13 @@ STAGE_NAMES = {
 }
 
 
+def stage_names(trace) -> dict[str, str]:
+    """The stage menu's words for ``trace``: a linear attention's weights are no softmax."""
+    if trace.attrs.get("normaliser", "softmax") == "softmax":
+        return STAGE_NAMES
+    return {("weights (row sum)" if v == "softmax" else k): v for k, v in STAGE_NAMES.items()}
+
+
 # Panel waits 50 ms after a widget change for more (its class attribute ``_debounce``), a
 # third of the 150 ms budget; the selection's changes are discrete, so they go at once.
 # The engine coalesces its own deferred updates instead.
@@ -115,7 +122,7 @@ class Controls(Section):
             query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=220),
             mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=110),
             stage=ImmediateSelect.from_param(
-                state.param.stage, name="Stage", options=STAGE_NAMES, width=115
+                state.param.stage, name="Stage", options=stage_names(state.trace), width=115
             ),
             colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=110),
         )

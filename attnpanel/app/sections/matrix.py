@@ -223,7 +223,7 @@ class AttentionMatrix(PositionMap):
             return (
                 core.attention_values(self.trace, sel, self.cache),
                 core.matrix_title(self.trace, sel),
-                core.STAGE_LABELS[sel.stage],
+                core.stage_label(self.trace, sel.stage),
             )
 
         parameters = {"sample", "head", "mask", "stage", "enabled_heads"}
@@ -239,7 +239,7 @@ class AttentionMatrix(PositionMap):
             group="Attention",
             first=True,
         )
-        image = raster.element(core.STAGE_LABELS[self.state.stage])
+        image = raster.element(core.stage_label(self.trace, self.state.stage))
         plot = self.marked(image, "query marker", pane, active=active, first=True)
         style = matrix_style(self.state.colormap, **self._ticks())
         # zooms with the head maps
