@@ -4,9 +4,10 @@ forward and backward of the same model on one sample in the same rounds.
 The demo NILMFormer (3 layers x 8 heads, 480 steps, its aggregate power and 16 time
 features), the cell (query 200, key 100) of head 3 of its last layer (``encoder.2``: the
 forward runs nearly whole) and of its first (``encoder.0``: the attribution's forward stops
-there), and of the query's whole row (``key=None``: its scores weighted by the model's own
-weights, one backward per step as for a cell). Issue #48's budgets: one cell with S steps
-<= S x 1.2 x (forward + backward); a whole row <= 1.5 x one cell.
+there), of the query's whole row (``key=None``: its scores weighted by the model's own
+weights, one backward per step as for a cell) and of the whole map (``query=None`` too).
+Issue #48's budgets: one cell with S steps <= S x 1.2 x (forward + backward); a whole row
+<= 1.5 x one cell.
 
 The attribution runs its S steps as batches of ``CHUNK`` rows (one forward each, up to the
 layer) and takes two backward passes per batch (the query side's and the key side's). Run
@@ -64,21 +65,22 @@ def main() -> None:
         f"{np.percentile(base, 95):.4f} | {1 / args.steps:.3f} | - |"
     )
     cells = {}
+    asked = {"one cell": (200, 100), "the whole row (480 keys)": (200, None),
+             "the whole map (480 x 480)": (None, None)}  # fmt: skip
     for layer in ("encoder.2.attention", "encoder.0.attention"):
-        for key in (100, None):
+        for what, (query, key) in asked.items():
             times = timed(
-                lambda layer=layer, key=key: score_attribution(
-                    model, one, layer=layer, head=3, query=200, key=key, steps=args.steps
+                lambda layer=layer, query=query, key=key: score_attribution(
+                    model, one, layer=layer, head=3, query=query, key=key, steps=args.steps
                 ),
                 args.repeats,
             )
             median = statistics.median(times)
             ratio = median / (args.steps * unit)
             verdict = "holds" if ratio <= 1.2 else "over"
-            what = "one cell" if key is not None else "the whole row (480 keys)"
             if key is not None:
                 cells[layer] = median
-            else:  # issue #48: a row at most 1.5x one cell
+            else:  # issue #48: a row (and the map) at most 1.5x one cell
                 row = median / cells[layer]
                 verdict += f"; {row:.2f}x the cell ({'holds' if row <= 1.5 else 'over'} 1.5)"
             print(

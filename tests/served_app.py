@@ -485,6 +485,11 @@ WORDS_JS = r"""
         break;
       }
       case "Segment": add(xs, get("x0"), get("x1")); add(ys, get("y0"), get("y1")); break;
+      case "MultiLine": {  // each line's points
+        const flat = (v) => (v ? [].concat(...v.map((line) => Array.from(line))) : null);
+        add(xs, flat(get("xs"))); add(ys, flat(get("ys")));
+        break;
+      }
       case "Text": add(xs, get("x")); add(ys, get("y")); break;  // a label's anchor
       default: return [null, null];
     }

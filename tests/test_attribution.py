@@ -183,7 +183,12 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
     )
     row = [a for a in asked if a not in ("--key", "100")]  # no key: the query's whole row
     assert main([*row, "-o", str(tmp_path / "row.nc")]) == 0
-    assert "from query 200 to its whole row (scores weighted by its weights)" in (
+    assert "from query 200 over its row (scores weighted by its weights)" in (
+        capsys.readouterr().out
+    )
+    whole = [a for a in row if a not in ("--query", "200")]  # no query either: the map
+    assert main([*whole, "--steps", "8", "-o", str(tmp_path / "map.nc")]) == 0
+    assert "head 3 attends over its whole map (scores weighted by its weights)" in (
         capsys.readouterr().out
     )
     text = ["why", "--model", str(get_model_path()), "--text", "The cat sat on the mat."]
@@ -201,6 +206,7 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
         ([*asked, "-o", str(tmp_path / "w.txt")], "does not end in .nc"),
         (["why", *cell, "--key", "3", "-o", str(tmp_path / "n.nc")], "give either"),
         ([*row, "--parts", "-o", str(tmp_path / "p.nc")], "--parts splits one cell"),
+        ([*whole, "--key", "3", "-o", str(tmp_path / "k.nc")], "--key needs --query"),
     ):
         assert main(bad) == 2, bad
         assert words in capsys.readouterr().err
@@ -231,6 +237,29 @@ def test_a_whole_row_is_its_cells_weighted_by_the_models_own_weights(sdpa, causa
     assert abs(row.attrs["completeness_error"]) < 2e-3 * abs(change)
     if causal:  # the later keys have no weight: nothing of them reaches the key side
         assert np.abs(row.sel(side="key").values[:, 7:]).max() == 0
+
+
+@pytest.mark.parametrize("sdpa,causal", [(False, False), (True, True)], ids=["softmax", "causal"])
+def test_the_whole_map_is_its_rows_added(sdpa, causal):
+    """``query=None, key=None``: the map's scores weighted by the weights at the input,
+    ``sum_ij w_ij s_ij``, in one backward a step: its shares are its rows' shares added
+    (each row a run of its own), and they add up to the weighted score's change."""
+    model, x = ChannelHeads(sdpa=sdpa, causal=causal).eval(), inputs(length=8)
+    layer = layer_of(model, x)
+    cell = dict(layer=layer, head=0, sample=1, steps=32, position_dim=1)
+    whole = score_attribution(model, x, query=None, key=None, **cell)
+    rows = [score_attribution(model, x, query=i, key=None, **cell) for i in range(8)]
+    expected = sum(row.values for row in rows)
+    np.testing.assert_allclose(whole.values, expected, atol=1e-6 * np.abs(expected).max())
+    assert whole.attrs["query"] == whole.attrs["key"] == -1
+    assert whole.attrs["target"].startswith("the map's scores")
+    np.testing.assert_allclose(
+        whole.attrs["score"], sum(row.attrs["score"] for row in rows), rtol=1e-6
+    )
+    change = whole.attrs["score"] - whole.attrs["baseline_score"]
+    assert abs(whole.attrs["completeness_error"]) < 2e-3 * abs(change)
+    with pytest.raises(AttributionError, match="without a query"):
+        score_attribution(model, x, query=None, key=3, **cell)
 
 
 class FlatHeads(nn.Module):

@@ -22,13 +22,23 @@ SHARES_JS = """() => Object.fromEntries(attn.plot('why sample').model.renderers
                 return [typeof c === 'string' ? c : c.value, Array.from(share)]; }))"""
 # a point 70 % of the way along the first line into the last layer, and its two heads
 EDGE_JS = """() => { const pv = attn.plot('K-composition');
-  const r = pv.model.renderers.find((r) => r.glyph.type === 'Segment');
+  const r = pv.model.renderers.find((r) => r.glyph.type === 'MultiLine');
   const d = r.data_source.data; const last = Math.max(...d.x1);
-  const i = d.x1.findIndex((x) => x === last);
-  const x = 0.3 * d.x0[i] + 0.7 * d.x1[i], y = 0.3 * d.y0[i] + 0.7 * d.y1[i];
+  const i = d.x1.findIndex((x) => x === last), n = d.xs[i].length;
+  const x = d.xs[i][Math.round(0.7 * (n - 1))], y = d.ys[i][Math.round(0.7 * (n - 1))];
   const rect = pv.el.getBoundingClientRect();
   return { x: rect.left + pv.frame.x_scale.compute(x), y: rect.top + pv.frame.y_scale.compute(y),
            earlier: d.earlier[i], later: d.later[i] }; }"""
+
+
+# the left and right page x of the shares plot's frame and of the plot right above it
+FRAMES_JS = """() => { const shares = attn.plot('why sample');
+  const edges = (pv) => { const r = pv.el.getBoundingClientRect(), b = pv.frame.bbox;
+                          return [r.left + b.left, r.left + b.right, r.top, r.bottom]; };
+  const below = edges(shares);
+  const above = attn.plots().filter((pv) => pv !== shares && pv.el.offsetParent !== null)
+    .map(edges).filter((e) => e[3] <= below[2] + 2).sort((a, b) => b[3] - a[3])[0];
+  return [below.slice(0, 2), above.slice(0, 2)]; }"""
 
 
 def titled(page, words: str, timeout: int = 120_000) -> None:
@@ -67,6 +77,8 @@ def test_the_shares_painted_are_the_models_own_split(app, artifacts):
         page.wait_for_timeout(300)
         problems = page.evaluate(WORDS_JS)
         assert problems == [], "\n".join(problems)
+        frames = page.evaluate(FRAMES_JS)  # the input's and the shares' on one x axis
+        assert abs(frames[0][0] - frames[1][0]) <= 1 and abs(frames[0][1] - frames[1][1]) <= 1
         page.screenshot(path=str(artifacts / f"browser_why_section_{width}.png"))
     shot(page, artifacts, "why")
     assert [e for e in console if e[0] in ("error", "pageerror")] == []

@@ -216,3 +216,25 @@ def test_a_layer_that_adds_its_input_back_keeps_its_output_projection():
     rebuilt = merged.reshape(2, 7, 16) @ trace["w_o"].values.T + trace["b_o"].values
     np.testing.assert_allclose(rebuilt, added.numpy(), rtol=1e-4, atol=1e-5)
     assert circuits(trace)["ov_copying"].shape == (1, 2)
+
+
+def test_a_line_that_skips_a_layer_passes_between_its_heads():
+    """The graph's line from layer 0 to layer 2 bows between two of layer 1's dots (a
+    straight one went through them), stays within half a head of the heads it joins, and a
+    click on the curve picks its pair."""
+    from attnpanel.render.circuit_views import curve, nearest_edge
+
+    heads = 8
+    for y0 in range(heads):
+        for y1 in range(heads):
+            xs, ys = curve(0.0, float(y0), 2.0, float(y1))
+            middle = ys[np.argmin(np.abs(xs - 1.0))]  # where it crosses layer 1
+            assert abs(middle - round(middle)) >= 0.45, (y0, y1, middle)
+            assert min(y0, y1) - 0.5 <= ys.min() and ys.max() <= max(y0, y1) + 0.5
+            assert -0.5 <= ys.min() and ys.max() <= heads - 0.5
+    assert curve(0.0, 1.0, 1.0, 4.0)[1].tolist() == [1.0, 4.0]  # successive: straight
+    xs, ys = curve(0.0, 3.0, 2.0, 3.0)
+    edges = {"xs": [xs], "ys": [ys], "earlier_layer": ["a"], "earlier_head": [3],
+             "later_layer": ["c"], "later_head": [3]}  # fmt: skip
+    assert nearest_edge(edges, 1.0, ys[8]) == ("a", 3, "c", 3)
+    assert nearest_edge(edges, 1.0, 3.0) is None  # on layer 1's dot, off the curve

@@ -131,3 +131,30 @@ def test_a_sample_change_redraws_the_views_an_earlier_query_left_pending_once():
     run_loop(doc)
     assert not explorer.engine.scheduler.pending
     assert connection.queued[before:] == []
+
+
+def test_a_view_that_took_long_is_announced_before_it_is_drawn_again():
+    """A slow view computed on the event loop (a score attribution, about 1.5 s) shows the
+    page's busy indicator, naming it, in a message before it is computed; the indicator
+    goes with the views drawn. One that took no time shows nothing."""
+    doc = SessionDocument()
+    with set_curdoc(doc):
+        explorer = AttentionExplorer(make_trace(), show_head_average=True)
+        doc.add_root(explorer.__panel__().get_root(doc))
+    run_loop(doc)
+    loaded_page(doc)
+    scheduler = explorer.engine.scheduler
+    with set_curdoc(doc):
+        scheduler.start_idle()  # the sections below the fold come
+    run_loop(doc)
+    view = next(v for v in explorer.engine.views if v.slow and v.shown and "mask" in v.parameters)
+    with set_curdoc(doc):
+        explorer.param.update(mask="causal")
+    assert not scheduler.indicator.visible  # it took milliseconds
+    run_loop(doc)
+    view.seconds = 1.5  # as long as a score attribution takes
+    with set_curdoc(doc):
+        explorer.param.update(mask="none")
+    assert scheduler.indicator.visible and view.name in scheduler.indicator.object
+    run_loop(doc)
+    assert not scheduler.indicator.visible

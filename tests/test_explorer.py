@@ -730,3 +730,15 @@ def test_a_query_change_rebuilds_ahead_only_the_views_that_read_the_query(explor
     built.clear()
     explorer.sample = 1
     assert built == []
+
+
+def test_a_clicked_key_belongs_to_the_query_clicked_with_it(trace):
+    """A click picks a query and a key together; the query moved by other means (the
+    slider) goes back to the key it attends most, and a link keeps both."""
+    explorer = AttentionExplorer(trace, query=5, why_key=7)
+    assert (explorer.query, explorer.why_key) == (5, 7)
+    explorer.param.update(query=10, why_key=20)  # a click on the matrix
+    explorer.why_key = 25  # a click on the same row
+    assert (explorer.query, explorer.why_key) == (10, 25)
+    explorer.query = 11  # the slider
+    assert explorer.why_key == -1

@@ -23,7 +23,7 @@ import attnpanel
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.app.sections.controls import stage_names
 from attnpanel.kernels.attention import attend
-from attnpanel.readouts import core
+from attnpanel.readouts import core, summary
 from attnpanel.traces.stages import attention_stage
 
 WIDTH, HEADS, LENGTH = 32, 4, 24
@@ -114,6 +114,8 @@ def test_a_linear_traces_stages_follow_its_normaliser():
     assert "φ(q)·φ(k) / row sum" in core.matrix_title(ds, sel)
     assert "softmax" not in core.matrix_title(ds, sel)
     assert "softmax" not in stage_names(ds) and "weights (row sum)" in stage_names(ds)
+    table = summary.shape_table(ds).set_index("step")["operation"]
+    assert table["weights"].startswith("each row / its sum") and "φ(q)" in table["scores"]
     # the kernel's autograd path gives the numbers of its in-place one
     q, k = phi_q.clone().requires_grad_(), phi_k.clone().requires_grad_()
     blocked = torch.ones(LENGTH, LENGTH, dtype=torch.bool).triu(1)

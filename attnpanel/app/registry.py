@@ -69,6 +69,7 @@ class LiveView:
     first: bool = False  # drawn in the same message as the change, before the others
     slow: bool = False  # may take long: a background engine computes it off the event loop
     refine: Callable | None = None  # Selection -> a slower, exact build to draw next, or None
+    seconds: float = 0.0  # how long its last update took on the event loop (measured)
 
     @property
     def offloadable(self) -> bool:

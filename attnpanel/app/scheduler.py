@@ -35,6 +35,7 @@ CONTEXT_PARAMS = {"sample", "layer"}  # changes of what every view shows: one me
 SECONDARY_DELAY_MS = 120
 QUERY_DELAY_MS = 30
 SLOW_DELAY_MS = 50  # the busy indicator goes out, then the slow maps are computed
+MAPS_BUSY = "⏳ recomputing the maps from q and k …"
 # Work done while the page is idle (maps sent ahead to the browser) waits this long after
 # the last change, longer than a change's own deferred views, and goes one step a tick.
 IDLE_AFTER_S = 0.25
@@ -60,6 +61,20 @@ INDICATOR_STYLE = {
     "padding": "2px 10px",
     "font-size": "13px",
 }
+
+
+def announce_slow(doc, pending: dict, indicator: pn.pane.HTML) -> bool:
+    """Where a pending view may take long (its last update took over :data:`BUSY_AFTER_S`
+    on the event loop: a score attribution), show the busy indicator naming it, in a message
+    of its own before it is computed. Returns whether it did."""
+    slow = [view.name for view in pending.values()
+            if view.slow and view.shown and view.seconds > BUSY_AFTER_S]  # fmt: skip
+    if not slow or indicator.visible:
+        return False
+    with one_message(doc):
+        indicator.object = f"⏳ computing {', '.join(slow)} …"
+        indicator.visible = True
+    return True
 
 
 def report(state: ExplorerState, err: BaseException, where: str) -> None:
@@ -140,7 +155,7 @@ class Scheduler:
         self._last_change = 0.0
         # shown while maps are recomputed from q and k (the explorer lays it out)
         self.indicator = pn.pane.HTML(
-            "⏳ recomputing the maps from q and k …",
+            MAPS_BUSY,
             visible=False,
             styles=INDICATOR_STYLE,
             margin=0,
@@ -293,7 +308,10 @@ class Scheduler:
             # A timeout, not the next tick: the held priority message is flushed on a
             # next tick too and must go out before the other views are computed.
             delay = SECONDARY_DELAY_MS if changed & IMAGE_PARAMS else QUERY_DELAY_MS
-            doc.add_timeout_callback(partial(self._refresh_pending, doc), delay)
+            done = None
+            if self.background is None and announce_slow(doc, self._pending, self.indicator):
+                done, delay = self._indicator_off, max(delay, SLOW_DELAY_MS)
+            doc.add_timeout_callback(partial(self._refresh_pending, doc, done=done), delay)
         elif not self._pending:
             self.cost.learn()
 
@@ -314,6 +332,7 @@ class Scheduler:
         """A change whose maps must be recomputed from q and k (a mask or sample not seen
         yet) and whose redraw is expected to take over :data:`BUSY_AFTER_S`: the page's
         busy indicator shows first, then the views are drawn together and it goes."""
+        self.indicator.object = MAPS_BUSY
         self.indicator.visible = True
         for view in due:
             self._pending[id(view)] = view
@@ -397,8 +416,10 @@ class Scheduler:
     def _refresh(self, view: LiveView, sel) -> None:
         if not view.shown:
             return
+        started = time.perf_counter()
         with self.cost.timed():
             try:
                 self.registry.update(view, sel)
             except Exception as err:  # noqa: BLE001 - any failure goes to the user, not the log only
                 report(self.state, err, f"updating the {view.name}")
+        view.seconds = time.perf_counter() - started

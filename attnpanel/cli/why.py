@@ -16,9 +16,14 @@ def why_lines(found) -> list[str]:
     """The cell, its score's change and each side's largest channels and positions."""
     a = found.attrs
     change = a["score"] - a["baseline_score"]
-    to = f"key {a['key']}" if a["key"] >= 0 else "its whole row (scores weighted by its weights)"
+    if a["query"] < 0:
+        what = "attends over its whole map (scores weighted by its weights)"
+    elif a["key"] < 0:
+        what = f"attends from query {a['query']} over its row (scores weighted by its weights)"
+    else:
+        what = f"attends from query {a['query']} to key {a['key']}"
     lines = [
-        f"why {a['layer']} head {a['head']} attends from query {a['query']} to {to}: "
+        f"why {a['layer']} head {a['head']} {what}: "
         f"score {a['score']:.4g} (from {a['baseline_score']:.4g} at the {a['baseline']} "
         f"baseline: a change of {change:.4g})",
         f"integrated gradients at {a['attributed_at']}, {a['steps']} steps: the shares add "
@@ -63,6 +68,8 @@ def run(args: argparse.Namespace) -> None:
         raise CommandError("give either --checkpoint or --model with --text")
     if args.parts and args.key is None:
         raise CommandError("--parts splits one cell: give --key")
+    if args.query is None and args.key is not None:
+        raise CommandError("--key needs --query (or give neither: the whole map)")
     if not args.output.lower().endswith(".nc"):
         raise CommandError(f"an attribution is saved as netCDF: {args.output} does not end in .nc")
     try:
@@ -118,7 +125,12 @@ def add_parser(sub) -> None:
     why.add_argument("--text", nargs="+", help="the sentence(s) a --model reads")
     why.add_argument("--layer", required=True, help="the layer, as a capture names it")
     why.add_argument("--head", type=int, required=True)
-    why.add_argument("--query", type=int, required=True)
+    why.add_argument(
+        "--query",
+        type=int,
+        help="the query (default, with no --key: the whole map, its scores weighted by the "
+        "model's own weights)",
+    )
     why.add_argument(
         "--key",
         type=int,

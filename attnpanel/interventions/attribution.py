@@ -41,6 +41,12 @@ from attnpanel.kernels.masks import BLOCKING_BIAS
 from attnpanel.watching.lanes import split_lead
 from attnpanel.watching.watcher import SDPA_SIGNATURE, AttentionWatcher, Site, bind
 
+# what an attribution explains: a cell, a row (key None), the map (query and key None)
+TARGETS = (
+    "the cell's score",
+    "the row's scores weighted by its weights",
+    "the map's scores weighted by its weights",
+)
 STEPS = 64  # midpoints of the path from the baseline to the input
 CHUNK = 16  # steps run as one batch
 SIDES = ("query", "key")
@@ -73,17 +79,20 @@ class CellProbe(AttentionWatcher):
     layers : dict of str to int
         The layers met before it (and it), with their head counts.
     found : tuple or None
-        ``(scores, q_i, k_j, scale)`` of the last forward: the cell's score per batch row
-        (the model's own, with its bias), the query's q and the key's k (``(batch, E)``, in
-        the graph of the input) and the scale of their product.
+        ``(scores, q_i, k_j, scale)`` of the last forward: the scores of the cells asked per
+        batch row ``(batch, R, C)`` (the model's own, with its bias), the queries' q and the
+        keys' k (``(batch, R, E)``, ``(batch, C, E)``, in the graph of the input) and the
+        scale of their product. ``R`` and ``C`` are 1 for a cell; a row has every key, the
+        map (``query`` None) every query too.
     """
 
-    def __init__(self, layer: str, head: int, query: int, key: int):
+    def __init__(self, layer: str, head: int, query: int | None, key: int | None):
         super().__init__()
         self.layer, self.head, self.query, self.key = layer, head, query, key
         self.layers: dict[str, int] = {}
         self.found = None
         self.shape = None  # (L, S) of the layer's map
+        self.rows, self.cols = _span(query), _span(key)  # the cells asked, as slices
 
     def _check(self, site: Site, shape) -> tuple[int, int] | None:
         """``(B, H)`` of the cell's layer (its map ``shape``, ``(L, S)``, checked), or None
@@ -107,12 +116,10 @@ class CellProbe(AttentionWatcher):
         path's are views of its product's operands: in the graph through those); stop."""
         batch, heads = lead
         pick = (slice(None), self.head)
-        q_i = q.reshape(batch, heads, *q.shape[-2:])[(*pick, self.query)]
-        keys = k.reshape(batch, heads, *k.shape[-2:])[pick]  # (B, S, E)
-        k_j = keys if self.key is None else keys[:, self.key]
-        cells = cells.reshape(batch, heads, -1)[pick].detach()  # (lead flattened or not)
-        cells = cells if self.key is None else cells[:, 0]
-        self.found = (cells, q_i, k_j, scale)  # a row: cells (B, S), k_j every key's
+        q_i = q.reshape(batch, heads, *q.shape[-2:])[pick][:, self.rows]  # (B, R, E)
+        k_j = k.reshape(batch, heads, *k.shape[-2:])[pick][:, self.cols]  # (B, C, E)
+        cells = cells.reshape(batch, heads, *cells.shape[-2:])[pick].detach()  # (B, R, C)
+        self.found = (cells, q_i, k_j, scale)
         raise _Reached
 
     def linear(self, site: Site, form, result):
@@ -131,7 +138,7 @@ class CellProbe(AttentionWatcher):
             logits = args[0] if args else kwargs["input"]
             lead = self._check(site, logits.shape[-2:])
             if lead is not None:
-                cells = logits[..., self.query, self.key if self.key is not None else slice(None)]
+                cells = logits[..., self.rows, self.cols]  # (*lead, R, C)
                 self._reach(lead, scores.q, scores.k, scores.scale, cells)
         return result
 
@@ -144,9 +151,8 @@ class CellProbe(AttentionWatcher):
                 if q.dim() == 4 and k.shape[-3] != q.shape[-3]:  # grouped: k per q head
                     k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
                 scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
-                i = self.query  # a cell's key, or the whole row
-                j = slice(None) if self.key is None else slice(self.key, self.key + 1)
-                cells = (q[..., i : i + 1, :] * k[..., j, :]).sum(-1) * scale  # (*lead, S | 1)
+                i, j = self.rows, self.cols
+                cells = (q[..., i, :] @ k[..., j, :].transpose(-2, -1)) * scale  # (*lead, R, C)
                 mask = a["attn_mask"]
                 if mask is not None:
                     cell = mask[..., i, j]  # a bool mask keeps True, a float one adds
@@ -155,10 +161,11 @@ class CellProbe(AttentionWatcher):
                     else:
                         cells = cells + cell
                 if a["is_causal"]:
-                    later = torch.arange(k.shape[-2], device=cells.device)[j] > i
+                    rows = torch.arange(q.shape[-2], device=cells.device)[i]
+                    later = torch.arange(k.shape[-2], device=cells.device)[j] > rows[:, None]
                     cells = cells.masked_fill(later, -math.inf)
-                cells = torch.broadcast_to(cells, (*lead, cells.shape[-1]))
-                self._reach(lead, q, k, scale, cells if self.key is None else cells[..., 0])
+                cells = torch.broadcast_to(cells, (*lead, *cells.shape[-2:]))
+                self._reach(lead, q, k, scale, cells)
         elif site.via == "multi_head_attention_forward":
             self.layers[site.layer] = site.heads
             if site.layer == self.layer:
@@ -175,7 +182,7 @@ def score_attribution(
     *,
     layer: str,
     head: int,
-    query: int,
+    query: int | None,
     key: int | None,
     sample: int = 0,
     baseline: str | Sequence[torch.Tensor] | torch.Tensor = "zeros",
@@ -201,7 +208,8 @@ def score_attribution(
         ``key=None``: the query's whole row, as one number: its scores weighted by the
         model's own weights at the input, held fixed along the path (``sum_j w_ij s_ij``,
         the score the query's attention sees on average); one backward per step, as a
-        cell, not one per key.
+        cell, not one per key. ``query=None`` and ``key=None``: the whole map, as one
+        number, ``sum_ij w_ij s_ij`` (the same held weights), again one backward per step.
     sample : int
         The batch row attributed.
     baseline : "zeros", "mean", or tensors
@@ -230,6 +238,11 @@ def score_attribution(
         not used); integer inputs with no embedding before the layer; a baseline of
         another shape.
     """
+    if query is None and key is not None:
+        raise AttributionError(
+            f"key {key} without a query: give a query (a cell, or key=None for its row), or "
+            "neither (the whole map)"
+        )
     names, ones = one_sample(inputs, sample)
     attributed = [i for i, t in enumerate(ones) if torch.is_floating_point(t)]
     probe = CellProbe(layer, head, query, key)
@@ -244,7 +257,7 @@ def score_attribution(
         ends = path.ends()
         dims = _position_dims(ends, 1 if path.at else position_dim)
         starts = _baselines(ends, baseline, dims)
-        if key is None:  # the row: its scores weighted by the model's weights at the input
+        if key is None:  # a row or the map: its scores weighted by the model's weights
             path.hold_weights(ends)
         at_input = path.score(ends)
         at_baseline = path.score(starts)
@@ -260,8 +273,9 @@ def score_attribution(
     found = _as_array(shares, dims, channels)
     total = float(at_input - at_baseline)
     return found.assign_attrs(
-        layer=layer, head=head, query=query, key=-1 if key is None else key, sample=sample,
-        target="the row's scores weighted by its weights" if key is None else "the cell's score",
+        layer=layer, head=head, query=-1 if query is None else query,
+        key=-1 if key is None else key, sample=sample,
+        target=TARGETS[(query is None) + (key is None)],
         score=float(at_input), baseline_score=float(at_baseline), steps=steps,
         completeness_error=float(found.sum()) - total,
         baseline=baseline if isinstance(baseline, str) else "given",
@@ -309,6 +323,11 @@ def blocked_cell(layer: str, head: int, query: int, key: int | None) -> Attribut
         f"cell (query {query}, key {key}) of head {head}, layer {layer} is blocked by the "
         "mask: its score is not used"
     )
+
+
+def _span(index: int | None) -> slice:
+    """The cells asked along one side of the map: one (a slice of 1), or all (None)."""
+    return slice(None) if index is None else slice(index, index + 1)
 
 
 def is_blocked(score: torch.Tensor) -> bool:
@@ -415,17 +434,24 @@ class Path:
         scores weighted by :attr:`weights` (the model's own at the input, held)."""
         with torch.no_grad():
             self.run(points)
-        cells = self.probe.found[0][0]
+        cells = self.probe.found[0][0]  # (R, C)
         if self.weights is None:
-            return cells
+            return cells[0, 0]
         kept = self.weights > 0
         return (self.weights[kept] * cells.double()[kept]).sum()
 
     def hold_weights(self, points: list[torch.Tensor]) -> None:
-        """Hold the row's weights at ``points`` (the input): its softmax of the scores."""
+        """Hold the rows' weights at ``points`` (the input): the softmax of their scores
+        (``(R, S)``: a row, or every row of the map)."""
         with torch.no_grad():
             self.run(points)
         self.weights = torch.softmax(self.probe.found[0][0].double(), -1)
+
+    def _held(self, q_i: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor:
+        """The weight of each cell asked in what is explained, ``(R, C)``: 1 for a cell."""
+        if self.weights is None:
+            return torch.ones(q_i.shape[1], k_j.shape[1], dtype=k_j.dtype, device=k_j.device)
+        return self.weights.to(k_j)
 
     def integrated(self, starts: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
         """The mean gradient along the path, ``[query side, key side]``, each a list over
@@ -439,14 +465,12 @@ class Path:
                 for a, b in zip(starts, ends, strict=True)
             ]
             self.run(points)
-            _, q_i, k_j, scale = self.probe.found
-            # d s / d q_i = k_j * scale, d s / d k_j = q_i * scale: one backward per side (a
-            # row: d s / d q_i = sum_j w_j k_j * scale, d s / d k_j = w_j q_i * scale)
-            into_q, into_k = k_j.detach() * scale, q_i.detach() * scale
-            if self.weights is not None:
-                w = self.weights.to(k_j)
-                into_q = (w[None, :, None] * k_j.detach()).sum(1) * scale
-                into_k = w[None, :, None] * q_i.detach()[:, None, :] * scale
+            _, q_i, k_j, scale = self.probe.found  # (n, R, E), (n, C, E)
+            # s = sum_ij w_ij q_i . k_j * scale (a cell: its one w = 1): d s / d q_i =
+            # sum_j w_ij k_j * scale, d s / d k_j = sum_i w_ij q_i * scale; one backward a side
+            w = self._held(q_i, k_j)
+            into_q = torch.einsum("rc,nce->nre", w, k_j.detach()) * scale
+            into_k = torch.einsum("rc,nre->nce", w, q_i.detach()) * scale
             query_side = torch.autograd.grad(q_i, points, into_q, retain_graph=True)
             key_side = torch.autograd.grad(k_j, points, into_k, allow_unused=True)
             for found, side in zip((query_side, key_side), sums, strict=True):

@@ -254,7 +254,8 @@ def component_attribution(
             f"{layer} is cross-attention: its keys come from another sequence than the "
             "input its queries read, and only that input's parts are followed"
         )
-    scores, q_i, k_j, scale = probe.found
+    scores, q_i, k_j, scale = probe.found  # a cell: (B, 1, 1), (B, 1, E), (B, 1, E)
+    scores, q_i, k_j = scores[:, 0, 0], q_i[:, 0], k_j[:, 0]
     if is_blocked(scores[0]):
         raise blocked_cell(layer, head, query, key)
     x = _layer_input(probe.site, own)

@@ -49,6 +49,11 @@ ROW_SUM_LABELS = {
 }
 
 
+def weights_words(ds: xr.Dataset) -> str:
+    """What this trace's weights are, in words: a softmax's, or a linear attention's."""
+    return stage_label(ds, "softmax")
+
+
 def stage_label(ds: xr.Dataset, stage: str) -> str:
     """A stage's words for this trace: its weights are a softmax, or a linear attention's
     row sums."""

@@ -54,6 +54,7 @@ def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
     can_project = "x" in ds and "w_q" in ds
     attn = computed(dict(batch=batch, head=n_heads, query=length, key=length))
     from_qk = " (from q, k)" if "q" in ds else " (needs q, k)"
+    linear = ds.attrs.get("normaliser", "softmax") != "softmax"  # q, k: phi(q), phi(k)
     rows = [
         ("positions", Positions.of(ds).words(), f"(position={length})"),
         ("input", "x", shape_of("x")),
@@ -63,10 +64,18 @@ def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
             computed(bld) + " each" if can_project else shape_of("w_q"),
         ),
         ("split", "(B, L, D) → (B, H, L, E)", shape_of("q")),
-        ("scores", "q·kᵀ", shape_of("scores") if "scores" in ds else attn + from_qk),
+        (
+            "scores",
+            "φ(q)·φ(k)ᵀ (the features of q and k)" if linear else "q·kᵀ",
+            shape_of("scores") if "scores" in ds else attn + from_qk,
+        ),
         ("scaled", f"× scale = {ds.attrs.get('scale', float('nan')):.4g}", attn + from_qk),
         ("masked", _masked_words(ds, mask), attn + from_qk),
-        ("weights", "softmax over key", shape_of("weights")),
+        (
+            "weights",
+            "each row / its sum (a linear attention's)" if linear else "softmax over key",
+            shape_of("weights"),
+        ),
         ("context", "weights · v", shape_of("context")),
         (
             "merged",
@@ -197,7 +206,8 @@ def _masked_words(ds: xr.Dataset, mask) -> str:
         else "blocked cells masked (the model's fill is not recorded in this trace)"
     )
     if mask == "selected above":
-        other = f"other masks recomputed with {fill_words((MASK_FILL,))}"
+        fill_used = 0 if ds.attrs.get("normaliser", "softmax") != "softmax" else MASK_FILL
+        other = f"other masks recomputed with {fill_words((fill_used,))}"
         return f"{own} (its own mask: {ds.attrs.get('mask', 'none')}); {other}"
     blocks = mask != "none" or any(n in ds for n in ("padding", "blocked", "bias"))
     if not blocks:

@@ -25,6 +25,28 @@ EDGE_TIPS = [
 PAIR_COLUMNS = ("earlier_layer", "earlier_head", "later_layer", "later_head")
 NEAREST = 0.2  # a click this far from a line (in layer and head units) picks it
 WIDEST = 7.0  # px of the line of the largest score
+CURVE_POINTS = 17  # points along a line that skips a layer (drawn and hit as a polyline)
+
+
+def curve(x0: float, y0: float, x1: float, y1: float) -> tuple[np.ndarray, np.ndarray]:
+    """The points of a line from head ``(x0, y0)`` to ``(x1, y1)``: straight between
+    successive layers; over skipped layers a quadratic curve whose middle lies half-way
+    between two heads (a straight line went through the skipped layer's dots), never
+    beyond the heads it joins by more than half a head."""
+    if x1 - x0 <= 1:
+        return np.array([x0, x1], float), np.array([y0, y1], float)
+    t = np.linspace(0.0, 1.0, CURVE_POINTS)
+    middle = (y0 + y1) / 2  # on a head's dot where a whole number: then half a head off,
+    between = middle if middle % 1 else (middle - 0.5 if middle > 0 else 0.5)  # inwards
+    control = 2 * between - middle  # the curve's middle point is (P0 + 2 C + P1) / 4
+    xs = x0 + t * (x1 - x0)
+    ys = (1 - t) ** 2 * y0 + 2 * t * (1 - t) * control + t**2 * y1
+    return xs, ys
+
+
+def _curves(x0, y0, x1, y1) -> tuple[list, list]:
+    points = [curve(*ends) for ends in zip(x0, y0, x1, y1, strict=True)]
+    return [p[0] for p in points], [p[1] for p in points]
 
 
 def node_columns(result: xr.Dataset) -> dict:
@@ -52,11 +74,17 @@ def edge_columns(result: xr.Dataset, mode: str) -> dict:
     top = chosen.max() if len(chosen) else 1.0
     later_names = [str(v) for v in scores["later_layer"].values]
     later_index = [layers.index(name) for name in later_names]
+    x0, y0 = found[:, 0].astype(float), found[:, 1].astype(float)
+    x1 = np.array([later_index[i] for i in found[:, 2]], dtype=float)
+    y1 = found[:, 3].astype(float)
+    xs, ys = _curves(x0, y0, x1, y1)
     return {
-        "x0": found[:, 0].astype(float),
-        "y0": found[:, 1].astype(float),
-        "x1": np.array([later_index[i] for i in found[:, 2]], dtype=float),
-        "y1": found[:, 3].astype(float),
+        "x0": x0,
+        "y0": y0,
+        "x1": x1,
+        "y1": y1,
+        "xs": xs,
+        "ys": ys,
         "earlier": [f"{layers[a]} head {h}" for a, h in found[:, :2]],
         "later": [f"{later_names[a]} head {h}" for a, h in found[:, 2:]],
         "earlier_layer": [layers[a] for a in found[:, 0]],
@@ -72,13 +100,10 @@ def edge_columns(result: xr.Dataset, mode: str) -> dict:
 def chosen_columns(pair: tuple | None, layers: list[str]) -> dict:
     """The line of the pair whose maps are drawn (none where ``pair`` is None)."""
     if pair is None:
-        return {"x0": [], "y0": [], "x1": [], "y1": []}
-    return {
-        "x0": [float(layers.index(pair[0]))],
-        "y0": [float(pair[1])],
-        "x1": [float(layers.index(pair[2]))],
-        "y1": [float(pair[3])],
-    }
+        return {"xs": [], "ys": []}
+    xs, ys = curve(float(layers.index(pair[0])), float(pair[1]),
+                   float(layers.index(pair[2])), float(pair[3]))  # fmt: skip
+    return {"xs": [xs], "ys": [ys]}
 
 
 def graph_title(edges: dict, mode: str) -> str:
@@ -97,13 +122,10 @@ def graph_title(edges: dict, mode: str) -> str:
 def nearest_edge(edges: dict, x: float, y: float) -> tuple[str, int, str, int] | None:
     """The pair ``(earlier layer, head, later layer, head)`` of the line nearest a click,
     or None where none is within :data:`NEAREST`."""
-    x0, y0 = np.asarray(edges["x0"], float), np.asarray(edges["y0"], float)
-    x1, y1 = np.asarray(edges["x1"], float), np.asarray(edges["y1"], float)
-    if not len(x0):
+    if not len(edges["xs"]):
         return None
-    dx, dy = x1 - x0, y1 - y0
-    along = np.clip(((x - x0) * dx + (y - y0) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
-    distance = np.hypot(x0 + along * dx - x, y0 + along * dy - y)
+    distance = np.array([_to_polyline(np.asarray(xs, float), np.asarray(ys, float), x, y)
+                         for xs, ys in zip(edges["xs"], edges["ys"], strict=True)])  # fmt: skip
     i = int(np.argmin(distance))
     if distance[i] > NEAREST:
         return None
@@ -113,6 +135,13 @@ def nearest_edge(edges: dict, x: float, y: float) -> tuple[str, int, str, int] |
         str(edges["later_layer"][i]),
         int(edges["later_head"][i]),
     )
+
+
+def _to_polyline(xs: np.ndarray, ys: np.ndarray, x: float, y: float) -> float:
+    """The distance of ``(x, y)`` to the polyline through ``(xs, ys)``."""
+    x0, y0, dx, dy = xs[:-1], ys[:-1], np.diff(xs), np.diff(ys)
+    along = np.clip(((x - x0) * dx + (y - y0) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
+    return float(np.hypot(x0 + along * dx - x, y0 + along * dy - y).min())
 
 
 def pair_head(pair: tuple, which: str, edges: dict, layers: list[str]) -> tuple[str, int]:

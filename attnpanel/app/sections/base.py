@@ -14,7 +14,7 @@ import param
 
 from attnpanel.app.engine import LiveEngine
 from attnpanel.app.state import ExplorerState
-from attnpanel.readouts.core import MissingVariable
+from attnpanel.readouts.core import MissingVariable, weights_words
 from attnpanel.render import views
 from attnpanel.util import untrusted
 
@@ -79,8 +79,10 @@ class Section(pn.viewable.Viewer):
         redraw here."""
 
     def heading(self, text: str | None = None, **kw) -> pn.pane.Markdown:
-        """The section's heading."""
-        return pn.pane.Markdown(f"### {text or self.title}", margin=(0, 5), **kw)
+        """The section's heading; ``{weights}`` in it names what the trace's weights are
+        (a softmax's, or a linear attention's)."""
+        words = (text or self.title).replace("{weights}", weights_words(self.trace))
+        return pn.pane.Markdown(f"### {words}", margin=(0, 5), **kw)
 
     def missing(self, err: MissingVariable, width: int, height: int = 80) -> pn.pane.Alert:
         """An alert naming what the trace lacks, in a view's place."""

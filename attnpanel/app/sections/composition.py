@@ -31,9 +31,9 @@ PAIR_SIZE = 220  # px of each of the pair's maps
 NEEDS_WEIGHTS = (
     "Composition is read from the heads' projection matrices of several layers of one "
     "kind: neither this trace nor a capture of the model at hand (if any) has every layer's "
-    "`w_q, w_k, w_v, w_o` (a rotary embedding, grouped-query heads or an encoder-decoder "
-    "leave them out here). `attnpanel circuits TRACE` on the command line reads what a "
-    "trace has."
+    "`w_q, w_k, w_v, w_o` (a rotary embedding, grouped-query heads, an encoder-decoder or a "
+    "linear attention's feature map leave them out here). `attnpanel circuits TRACE` on "
+    "the command line reads what a trace has."
 )
 COMPOSITION_EXPLAINED = (
     "Each dot is a head (colour: its OV copying score, the share of its OV matrix's "
@@ -140,17 +140,17 @@ class HeadComposition(PositionMap):
             min_border=5,
         )
         self._edges = ColumnDataSource(self.mode_edges(self.state.composition))
-        edges = fig.segment(
-            x0="x0", y0="y0", x1="x1", y1="y1", line_width="width", line_alpha=0.55,
-            line_color="#555555", source=self._edges,
+        edges = fig.multi_line(
+            xs="xs", ys="ys", line_width="width", line_alpha=0.55, line_color="#555555",
+            source=self._edges,
         )  # fmt: skip
         # Bokeh's own tap selection would light every line under the click: the pair drawn
         # is marked instead (``_chosen``), the lines never change look
         edges.selection_glyph = edges.nonselection_glyph = None
         self._chosen = ColumnDataSource(circuit_views.chosen_columns(None, []))
-        fig.segment(
-            x0="x0", y0="y0", x1="x1", y1="y1", line_width=4, line_alpha=0.9,
-            line_color=HIGHLIGHT, source=self._chosen,
+        fig.multi_line(
+            xs="xs", ys="ys", line_width=4, line_alpha=0.9, line_color=HIGHLIGHT,
+            source=self._chosen,
         )  # fmt: skip
         mapper = LinearColorMapper(palette=circuit_views.COPYING_PALETTE, low=0.0, high=1.0)
         nodes = fig.scatter(

@@ -114,6 +114,7 @@ class Controls(Section):
         head_options = {f"head {h}": h for h in range(state.n_heads)}
         head_options["mean of heads"] = "mean"
         widgets = layer_selector(state)
+        stages = stage_names(state.trace)
         widgets.update(
             sample=ImmediateIntSlider.from_param(state.param.sample, name="Sample", width=150),
             head=ImmediateSelect.from_param(
@@ -122,7 +123,10 @@ class Controls(Section):
             query=ImmediateIntSlider.from_param(state.param.query, name="Query", width=220),
             mask=ImmediateSelect.from_param(state.param.mask, name="Mask", width=110),
             stage=ImmediateSelect.from_param(
-                state.param.stage, name="Stage", options=stage_names(state.trace), width=115
+                state.param.stage,
+                name="Stage",
+                options=stages,
+                width=115 if stages is STAGE_NAMES else 150,  # ("weights (row sum)" fits)
             ),
             colormap=ImmediateSelect.from_param(state.param.colormap, name="Colormap", width=110),
         )

@@ -41,9 +41,7 @@ ROLE_CELLS = 16 * 1024 * 1024
 class HeadComparison(Section):
     """Every head's softmax map in one figure, a toggle per head, and the head average."""
 
-    title = (
-        "Head comparison: softmax weights per head (switch a head off to drop it from the merge)"
-    )
+    title = "Head comparison: {weights} per head (switch a head off to drop it from the merge)"
     linked = param.ClassSelector(class_=LinkedMaps, doc="The linked maps' window and box.")
 
     def __init__(self, **params):

@@ -65,7 +65,7 @@ class ModelView(Section):
     """Every layer x head map on one page; a click opens one in the matrix above."""
 
     title = (
-        "Model view: every layer and head (captured softmax weights; "
+        "Model view: every layer and head (captured {weights}; "
         "click a map to open it in the attention matrix)"
     )
 

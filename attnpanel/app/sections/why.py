@@ -28,6 +28,16 @@ from attnpanel.util.kept import Kept
 TABLE_ROWS = why_views.TOP_CHANNELS + 1  # the largest, then the rest in one row
 PARTS_KEPT = 64  # cells whose split over earlier parts a session keeps
 SHARES_HEIGHT, INPUT_HEIGHT = 240, 220  # the input's as the top view's: its axis label fits
+FRAME_LEFT, FRAME_RIGHT = 90, 20  # px: both plots' frames on one x (wider than either needs)
+
+
+def framed(pane: pn.pane.Bokeh) -> pn.pane.Bokeh:
+    """The pane with its figure's frame at :data:`FRAME_LEFT` and :data:`FRAME_RIGHT` from
+    its edges: the input curve and the shares under it share one x axis."""
+    pane.object.min_border_left, pane.object.min_border_right = FRAME_LEFT, FRAME_RIGHT
+    return pane
+
+
 WHY_NEEDS_MODEL = (
     "Splitting a score over the input needs the model itself, not only its trace: the "
     "served demo has it; for your own, `attnpanel.explore(capture, "
@@ -58,6 +68,14 @@ class WhyThisCell(ModelHeadsSection):
         super().__init__(**params)
         self._computing = threading.Lock()  # the views share one attribution, made once
         self._parts = Kept(PARTS_KEPT)  # the split over earlier parts, by cell
+        self.state.param.watch(self._query_moved, ["query", "why_key"])
+
+    def _query_moved(self, *events) -> None:
+        """A key picked by a click on the matrix belongs to the query clicked with it: the
+        query moved by other means (the slider, the curve), the key is the one it attends
+        most again."""
+        if {event.name for event in events} == {"query"} and self.state.why_key != -1:
+            self.state.why_key = -1
 
     def key(self, sel) -> int:
         """The key of the cell explained: the clicked one, else the one the query attends
@@ -134,9 +152,9 @@ class WhyThisCell(ModelHeadsSection):
         # black, as on the top view: blue and vermillion are the two sides' marks
         black = {layer.label: dict(line_color="black") for layer in element if layer.label}
         style = dict(height=INPUT_HEIGHT, responsive=True, layer_style=black)
-        return self.engine.render(
+        return framed(self.engine.render(
             element, "why input", style=style, sizing_mode="stretch_width", height=INPUT_HEIGHT
-        )
+        ))  # fmt: skip
 
     def _shares(self):
         def build(sel):
@@ -151,9 +169,9 @@ class WhyThisCell(ModelHeadsSection):
         # no legend: the shares' x axis is the input's above, the same width (the title
         # names the colours)
         style = dict(height=SHARES_HEIGHT, responsive=True)
-        return self.engine.render(
+        return framed(self.engine.render(
             element, "why shares", style=style, sizing_mode="stretch_width", height=SHARES_HEIGHT
-        )
+        ))  # fmt: skip
 
     def _table(self, name: str, build, pane: str, width: int, rows: int):
         """A table view of the cell (``rows`` rows, no scroll) under its caption (its
