@@ -11,6 +11,7 @@ import urllib.parse
 import numpy as np
 import pytest
 from served_app import WORDS_JS, opened, shot
+from test_browser_app import hover_point, hover_text
 from test_why_page import long_way
 
 from attnpanel.nilm.demo import demo_model_run
@@ -112,6 +113,12 @@ def test_a_click_on_a_line_draws_both_heads(app, artifacts):
         problems = page.evaluate(WORDS_JS)
         assert problems == [], "\n".join(problems)
         page.screenshot(path=str(artifacts / f"browser_composition_{width}.png"))
+    # a head's dot hovers as the head alone (all its lines meet there: they listed them all)
+    graph = "attn.plot('K-composition')"
+    dot = hover_text(page, graph, 1.0, 0.0)
+    assert "OV copying score" in dot and "composition score" not in dot, dot
+    line = hover_point(page, {"x": edge["x"], "y": edge["y"]})  # 70 % along a line
+    assert "composition score" in line and edge["earlier"] in line, line
     later_head = edge["later"].rsplit(" ", 1)[1]
     page.wait_for_function(
         """(h) => { const w = attn.widget('Head');

@@ -222,7 +222,7 @@ def test_a_line_that_skips_a_layer_passes_between_its_heads():
     """The graph's line from layer 0 to layer 2 bows between two of layer 1's dots (a
     straight one went through them), stays within half a head of the heads it joins, and a
     click on the curve picks its pair."""
-    from attnpanel.render.circuit_views import curve, nearest_edge
+    from attnpanel.render.circuit_views import HOVERED, curve, nearest_edge
 
     heads = 8
     for y0 in range(heads):
@@ -238,3 +238,9 @@ def test_a_line_that_skips_a_layer_passes_between_its_heads():
              "later_layer": ["c"], "later_head": [3]}  # fmt: skip
     assert nearest_edge(edges, 1.0, ys[8]) == ("a", 3, "c", 3)
     assert nearest_edge(edges, 1.0, 3.0) is None  # on layer 1's dot, off the curve
+    # the part its hover answers on keeps off both heads' dots (every line of a head meets
+    # there): 0.2 to 0.8 of the way, on the same curve
+    part_x, part_y = curve(0.0, 3.0, 2.0, 3.0, HOVERED)
+    assert (part_x.min(), part_x.max()) == pytest.approx((0.4, 1.6))
+    assert part_y[len(part_y) // 2] == pytest.approx(2.5)
+    assert curve(0.0, 1.0, 1.0, 5.0, HOVERED)[1].tolist() == pytest.approx([1.8, 4.2])

@@ -207,10 +207,18 @@ def test_the_survey_and_roles_read_a_linear_attention(energformer):
     assert roles.sizes["layer"] == 2 and roles.sizes["head"] == HEADS
 
 
-def test_the_query_key_plane_refuses_a_linear_attention_by_name(energformer):
+def test_the_query_key_plane_of_a_linear_attention_keeps_every_product(energformer):
+    """Its q and k (the features) are scaled, never moved: a row sum, unlike a softmax,
+    changes with a constant added to a row."""
     _, _, ds = energformer
-    with pytest.raises(ValueError, match="is a linear attention"):
-        attnpanel.qk_embedding(ds, layer=0)
+    plane = attnpanel.qk_embedding(ds, layer=1, head=2)
+    assert not plane["key_shift"].values.any() and "not moved" in plane.attrs["transform"]
+    one = ds.isel(layer=1, head=2)
+    s = float(plane["norm_scale"])
+    q, k = one["q"].values.reshape(-1, 8) * s, one["k"].values.reshape(-1, 8) / s
+    np.testing.assert_allclose(
+        np.linalg.norm(q, axis=1).mean(), np.linalg.norm(k, axis=1).mean(), rtol=1e-6
+    )
 
 
 def test_products_of_signed_tensors_are_not_taken_for_linear_attention():
@@ -231,9 +239,37 @@ def test_products_of_signed_tensors_are_not_taken_for_linear_attention():
         attnpanel.capture(Chained(), torch.randn(2, LENGTH, WIDTH))
 
 
-def test_score_attribution_of_a_linear_layer_is_refused_by_name(energformer):
+def test_a_linear_cells_score_is_split_over_the_input(energformer):
+    """Its score is its features' product ``phi(q_i) . phi(k_j)`` (the long way, from the
+    layer's own modules): the shares add up to its change; a row is its cells weighted by
+    the row-sum weights (not a softmax of the scores); the split over earlier parts is
+    refused by name (a feature map is not linear in its input)."""
     model, power, _ = energformer
-    with pytest.raises(attnpanel.AttributionError, match="is a linear attention"):
-        attnpanel.score_attribution(
-            model, (power,), layer="encoder.0.attention", head=0, query=3, key=5
+    power = power / 1000  # in kW: from zeros, the path in W crosses its layer norms abruptly
+    ds = attnpanel.capture(model, power)
+    layer = model.encoder[1].attention
+    seen = {}
+    hook = layer.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0]))
+    with torch.no_grad():
+        model(power)
+    hook.remove()
+    phi_q, phi_k = long_way(layer, seen["x"])
+    cell = dict(layer="encoder.1.attention", head=2, query=10, sample=1, steps=64)
+    found = attnpanel.score_attribution(model, (power,), key=30, **cell)
+    assert found.attrs["score"] == pytest.approx(float(phi_q[1, 2, 10] @ phi_k[1, 2, 30]), 1e-5)
+    change = found.attrs["score"] - found.attrs["baseline_score"]
+    assert abs(found.attrs["completeness_error"]) < 1e-3 * abs(change)
+    assert found.attrs["normaliser"] == "row sum"
+    row = attnpanel.score_attribution(model, (power,), key=None, **dict(cell, steps=4))
+    weights = ds["weights"].sel(layer="encoder.1.attention").isel(batch=1, head=2, query=10)
+    cells = [attnpanel.score_attribution(model, (power,), key=int(j), **dict(cell, steps=4))
+             for j in range(48)]  # fmt: skip
+    expected = sum(w * c.values for w, c in zip(weights.values, cells, strict=True))
+    np.testing.assert_allclose(row.values, expected, atol=1e-5 * np.abs(expected).max())
+    assert row.attrs["score"] == pytest.approx(
+        sum(w * c.attrs["score"] for w, c in zip(weights.values, cells, strict=True)), rel=1e-5
+    )
+    with pytest.raises(attnpanel.AttributionError, match="not linear in its input"):
+        attnpanel.component_attribution(
+            model, (power,), layer="encoder.1.attention", head=2, query=10, key=30, sample=1
         )

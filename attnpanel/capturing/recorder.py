@@ -163,8 +163,9 @@ class AttentionRecorder(AttentionWatcher):
 
     def linear(self, site: Site, form: LinearForm, result: torch.Tensor):
         """A linear attention: its implicit weights, from the model's own features."""
-        call = AttentionCall(site.module, "linear", form.q, form.k, 1.0, form.weights)
-        call.v, call.context = form.v, form.context
+        q, k = form.q.detach(), form.k.detach()
+        call = AttentionCall(site.module, "linear", q, k, 1.0, form.weights)
+        call.v, call.context = form.v.detach(), form.context
         call.dtype = form.q.dtype
         call.normaliser = NORMALISER
         self.record_call(call, site)

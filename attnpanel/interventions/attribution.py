@@ -39,6 +39,7 @@ from attnpanel.capturing.modes import evaluating
 from attnpanel.interventions.importance import probing
 from attnpanel.kernels.masks import BLOCKING_BIAS
 from attnpanel.watching.lanes import split_lead
+from attnpanel.watching.linear import NORMALISER
 from attnpanel.watching.watcher import SDPA_SIGNATURE, AttentionWatcher, Site, bind
 
 # what an attribution explains: a cell, a row (key None), the map (query and key None)
@@ -91,6 +92,7 @@ class CellProbe(AttentionWatcher):
         self.layer, self.head, self.query, self.key = layer, head, query, key
         self.layers: dict[str, int] = {}
         self.found = None
+        self.normaliser = "softmax"  # how the layer's rows become weights ("row sum": linear)
         self.shape = None  # (L, S) of the layer's map
         self.rows, self.cols = _span(query), _span(key)  # the cells asked, as slices
 
@@ -123,12 +125,13 @@ class CellProbe(AttentionWatcher):
         raise _Reached
 
     def linear(self, site: Site, form, result):
-        if site.layer == self.layer:
-            raise AttributionError(
-                f"layer {site.layer} is a linear attention (its weights phi(q) . phi(k) / row "
-                "sum, no softmax): score attribution explains softmax scores, and is not built "
-                "for it"
-            )
+        """A linear attention's cell: its score is ``phi(q_i) . phi(k_j)`` (no scale, no
+        bias), its weights each row over its sum."""
+        lead = self._check(site, form.weights.shape[-2:])
+        if lead is not None:
+            cells = form.q[..., self.rows, :] @ form.k[..., self.cols, :].transpose(-2, -1)
+            self.normaliser = NORMALISER
+            self._reach(lead, form.q, form.k, 1.0, cells)
         return result
 
     def softmax(self, site: Site, func, args, kwargs):
@@ -279,7 +282,7 @@ def score_attribution(
         score=float(at_input), baseline_score=float(at_baseline), steps=steps,
         completeness_error=float(found.sum()) - total,
         baseline=baseline if isinstance(baseline, str) else "given",
-        method="integrated gradients",
+        method="integrated gradients", normaliser=probe.normaliser,
         attributed_at=f"the output of {path.at}" if path.at else "the model's inputs",
     )  # fmt: skip
 
@@ -445,7 +448,11 @@ class Path:
         (``(R, S)``: a row, or every row of the map)."""
         with torch.no_grad():
             self.run(points)
-        self.weights = torch.softmax(self.probe.found[0][0].double(), -1)
+        cells = self.probe.found[0][0].double()
+        if self.probe.normaliser == "softmax":
+            self.weights = torch.softmax(cells, -1)
+        else:  # a linear attention's: each row's products over their sum
+            self.weights = cells / cells.sum(-1, keepdim=True)
 
     def _held(self, q_i: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor:
         """The weight of each cell asked in what is explained, ``(R, C)``: 1 for a cell."""

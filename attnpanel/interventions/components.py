@@ -246,7 +246,8 @@ def component_attribution(
     if missing:
         raise AttributionError(
             f"the q or k of {layer} is not linear in its input (its capture has no "
-            f"{', '.join(missing)}: a rotary embedding, for one): its score cannot be split "
+            f"{', '.join(missing)}: a rotary embedding, or a linear attention's feature map): "
+            "its score cannot be split "
             "over earlier components"
         )
     if own.sizes["query"] != own.sizes["key"] or own.attrs.get("attention") == "cross":

@@ -41,7 +41,9 @@ def qk_embedding(
     weight as it is: ``q' . k' = q . k + q . c`` differs from ``q . k`` by one constant
     per query row, and a softmax over the keys ignores a constant added to a row. So
     ``softmax(scale * q' . k' + bias)`` under the trace's full mask is the trace's
-    ``weights``. An additive bias the model puts on the scores (ALiBi, T5's relative
+    ``weights``. A linear attention's (``normaliser = "row sum"``: q and k its features)
+    changes with a constant added to a row: its vectors are only scaled (``c = 0``), and
+    ``q' . k' = q . k``. An additive bias the model puts on the scores (ALiBi, T5's relative
     positions, a float mask) stays as it is: it is not in ``q . k``, so it is not in the
     picture either, and a head whose pattern comes from its bias shows little of it here.
 
@@ -92,12 +94,6 @@ def qk_embedding(
     if method not in EMBEDDING_METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {EMBEDDING_METHODS}")
     ds, layer_label = _one_layer(trace, layer)
-    if ds.attrs.get("normaliser", "softmax") != "softmax":
-        raise ValueError(
-            f"layer {layer_label!r} is a linear attention (its weights are phi(q) . phi(k) "
-            "/ row sum): the query-key plane moves q and k in ways only a softmax ignores, "
-            "so it is not drawn for it"
-        )
     missing = [name for name in ("q", "k") if name not in ds]
     if missing:
         raise ValueError(
@@ -106,7 +102,10 @@ def qk_embedding(
         )
     head = _head_index(ds, head)
     queries, keys, coords = _points(ds, head)
-    shift, scale, transform = _matching_transform(queries, keys)
+    if ds.attrs.get("normaliser", "softmax") == "softmax":
+        shift, scale, transform = _matching_transform(queries, keys)
+    else:  # a row sum changes with a constant added to a row: no shift, q . k kept
+        shift, scale, transform = _scaled_only(queries, keys)
     moved = (queries * scale, (keys + shift) / scale)  # (n_q, E), (n_k, E)
     attrs = {"method": method, "layer": layer_label, "head": head, "transform": transform}
     if method == "pca":
@@ -285,6 +284,16 @@ def _matching_transform(queries: np.ndarray, keys: np.ndarray) -> tuple[np.ndarr
         "keys translated onto the queries' mean, then scaled to one mean norm (no scale "
         "does both: every query lies on one ray, or every key is the same)",
     )
+
+
+def _scaled_only(queries: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, float, str]:
+    """``(0, s, how)``: queries ``s q`` and keys ``k / s`` with one mean norm, every
+    ``q . k`` kept (a linear attention's weights are its products over their row's sum)."""
+    norm_q = float(np.linalg.norm(queries, axis=1).mean())
+    norm_k = float(np.linalg.norm(keys, axis=1).mean())
+    scale = np.sqrt(norm_k / norm_q) if norm_q > 0 and norm_k > 0 else 1.0
+    words = "scaled to one mean norm, not moved (a linear attention's row sums keep q . k)"
+    return np.zeros(queries.shape[1]), float(scale), words
 
 
 def _blocks(points: tuple[np.ndarray, ...]):

@@ -26,16 +26,23 @@ PAIR_COLUMNS = ("earlier_layer", "earlier_head", "later_layer", "later_head")
 NEAREST = 0.2  # a click this far from a line (in layer and head units) picks it
 WIDEST = 7.0  # px of the line of the largest score
 CURVE_POINTS = 17  # points along a line that skips a layer (drawn and hit as a polyline)
+# the part of each line its hover answers on: not near its ends, where every line of a head
+# meets (a hover on a head's dot listed them all, 480 px of tooltips)
+HOVERED = (0.2, 0.8)
 
 
-def curve(x0: float, y0: float, x1: float, y1: float) -> tuple[np.ndarray, np.ndarray]:
+def curve(
+    x0: float, y0: float, x1: float, y1: float, part: tuple[float, float] = (0.0, 1.0)
+) -> tuple[np.ndarray, np.ndarray]:
     """The points of a line from head ``(x0, y0)`` to ``(x1, y1)``: straight between
     successive layers; over skipped layers a quadratic curve whose middle lies half-way
     between two heads (a straight line went through the skipped layer's dots), never
-    beyond the heads it joins by more than half a head."""
+    beyond the heads it joins by more than half a head. ``part``: the span of the line (0
+    to 1 along it) whose points are given."""
     if x1 - x0 <= 1:
-        return np.array([x0, x1], float), np.array([y0, y1], float)
-    t = np.linspace(0.0, 1.0, CURVE_POINTS)
+        t = np.asarray(part, float)
+        return x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+    t = np.linspace(*part, CURVE_POINTS)
     middle = (y0 + y1) / 2  # on a head's dot where a whole number: then half a head off,
     between = middle if middle % 1 else (middle - 0.5 if middle > 0 else 0.5)  # inwards
     control = 2 * between - middle  # the curve's middle point is (P0 + 2 C + P1) / 4
@@ -44,8 +51,8 @@ def curve(x0: float, y0: float, x1: float, y1: float) -> tuple[np.ndarray, np.nd
     return xs, ys
 
 
-def _curves(x0, y0, x1, y1) -> tuple[list, list]:
-    points = [curve(*ends) for ends in zip(x0, y0, x1, y1, strict=True)]
+def _curves(x0, y0, x1, y1, part=(0.0, 1.0)) -> tuple[list, list]:
+    points = [curve(*ends, part) for ends in zip(x0, y0, x1, y1, strict=True)]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -78,7 +85,10 @@ def edge_columns(result: xr.Dataset, mode: str) -> dict:
     x1 = np.array([later_index[i] for i in found[:, 2]], dtype=float)
     y1 = found[:, 3].astype(float)
     xs, ys = _curves(x0, y0, x1, y1)
+    hover_xs, hover_ys = _curves(x0, y0, x1, y1, HOVERED)
     return {
+        "hover_xs": hover_xs,
+        "hover_ys": hover_ys,
         "x0": x0,
         "y0": y0,
         "x1": x1,

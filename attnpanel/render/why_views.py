@@ -41,6 +41,13 @@ def cell_words(found: xr.DataArray, labels: list[str] | None = None) -> str:
     )
 
 
+# what the score explained is, by the layer's normaliser
+SCORE_WORDS = {
+    "softmax": "score (before the softmax)",
+    "row sum": "score φ(q)·φ(k) (before the row sum)",
+}
+
+
 def cell_table(found: xr.DataArray | None, reason: str = "", mask: str = "") -> hv.Table:
     """The cell, its score and what the shares add up to (the completeness check's
     numbers), one row each; where there is no attribution, the reason."""
@@ -54,7 +61,7 @@ def cell_table(found: xr.DataArray | None, reason: str = "", mask: str = "") -> 
         rows = [
             ("cell", cell_words(found)),
             ("mask", f"the model's own ({mask}): the Mask menu recomputes maps, not the model"),
-            ("score (before the softmax)", f"{a['score']:.4g}"),
+            (SCORE_WORDS[a.get("normaliser", "softmax")], f"{a['score']:.4g}"),
             (f"score at the {a['baseline']} baseline", f"{a['baseline_score']:.4g}"),
             ("change", share_text(change)),
             ("sum of the shares", share_text(float(found.sum()))),

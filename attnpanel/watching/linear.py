@@ -38,9 +38,9 @@ MIN_CONTEXT_ERROR = 1e-6  # of the context's largest value: below it a match is 
 class LinearForm:
     """A linear attention's implicit attention, in the model's own features."""
 
-    q: torch.Tensor  # phi(q) (*lead, L, D)
-    k: torch.Tensor  # phi(k) (*lead, S, D)
-    v: torch.Tensor  # (*lead, S, E)
+    q: torch.Tensor  # phi(q) (*lead, L, D), as the model multiplied it (in its graph)
+    k: torch.Tensor  # phi(k) (*lead, S, D), likewise
+    v: torch.Tensor  # (*lead, S, E), likewise
     weights: torch.Tensor  # (*lead, L, S) float32, each row phi(q_i) . phi(k_j) / its sum
     context: torch.Tensor  # (*lead, L, E) weights @ v, float32
     canonical: Callable[[torch.Tensor], torch.Tensor]  # a result's layout -> (*lead, L, E)
@@ -83,9 +83,9 @@ def read_linear(name: str, args, source: torch.Tensor, info: Scores, result) -> 
         if got.shape != context.shape:
             return None
         form = LinearForm(
-            phi_q.detach(),
-            phi_k.detach(),
-            v.detach(),
+            phi_q,
+            phi_k,
+            v,
             weights.float(),
             context.float(),
             canonical,

@@ -147,6 +147,12 @@ class HeadComposition(PositionMap):
         # Bokeh's own tap selection would light every line under the click: the pair drawn
         # is marked instead (``_chosen``), the lines never change look
         edges.selection_glyph = edges.nonselection_glyph = None
+        # the hover answers on each line's middle part only (unseen, wider): not on a
+        # head's dot, where all its lines meet
+        hovered = fig.multi_line(
+            xs="hover_xs", ys="hover_ys", line_width=8, line_alpha=0, source=self._edges
+        )
+        hovered.selection_glyph = hovered.nonselection_glyph = None
         self._chosen = ColumnDataSource(circuit_views.chosen_columns(None, []))
         fig.multi_line(
             xs="xs", ys="ys", line_width=4, line_alpha=0.9, line_color=HIGHLIGHT,
@@ -160,7 +166,7 @@ class HeadComposition(PositionMap):
         )  # fmt: skip
         fig.add_tools(
             HoverTool(renderers=[nodes], tooltips=circuit_views.NODE_TIPS),
-            HoverTool(renderers=[edges], tooltips=circuit_views.EDGE_TIPS, line_policy="interp"),
+            HoverTool(renderers=[hovered], tooltips=circuit_views.EDGE_TIPS, line_policy="interp"),
         )
         fig.add_layout(ColorBar(color_mapper=mapper, title="OV copying", width=10), "right")
         fig.xaxis.ticker = list(range(n_layers))

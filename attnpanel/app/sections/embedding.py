@@ -110,13 +110,6 @@ class QueryKeyEmbedding(Section):
             lacking = " and ".join(name for name in ("q", "k") if name not in self.trace)
             note = f"The query-key embedding needs the trace's {lacking}; this trace has none."
             return pn.Column(self.heading(), pn.pane.Alert(note, alert_type="warning"))
-        if self.trace.attrs.get("normaliser", "softmax") != "softmax":
-            note = (
-                "This layer is a linear attention (its weights are φ(q)·φ(k) / row sum): the "
-                "query-key plane moves q and k in ways only a softmax ignores, so it is not "
-                "drawn for it."
-            )
-            return pn.Column(self.heading(), pn.pane.Alert(note, alert_type="warning"))
         image = self.engine.add(VIEW, self.image, ["sample", "head"], PANE, active=self.shown)
         self.figure = EmbeddingFigure(image, box_handles=self.engine.box_handles)
         self.engine.record(PANE, PlotKey("EmbeddingImage", "Embedding"), self.figure.handles)

@@ -46,7 +46,8 @@ WHY_NEEDS_MODEL = (
 )
 WHY_EXPLAINED = (
     "A click on a cell of the attention matrix picks its query and key (until then, the key "
-    "the query attends most). The cell's score before the softmax is split over the model's "
+    "the query attends most). The cell's score before the softmax (a linear attention's: its "
+    "features' product φ(q)·φ(k), before the row sum) is split over the model's "
     "input by integrated gradients from a zero baseline (token ids: zero embeddings): each "
     "position's and each channel's share of the change, through the query (blue) and "
     "through the key (vermillion). The shares add up to the change; the table under the "
