@@ -5,6 +5,8 @@ NILMFormer, and for every refusal (the model unchanged after each)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -186,6 +188,8 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
     assert "from query 200 over its row (scores weighted by its weights)" in (
         capsys.readouterr().out
     )
+    assert main([*asked, "--weight", "-o", str(tmp_path / "weight.nc")]) == 0
+    assert "attends from query 200 to key 100: weight " in capsys.readouterr().out
     whole = [a for a in row if a not in ("--query", "200")]  # no query either: the map
     assert main([*whole, "--steps", "8", "-o", str(tmp_path / "map.nc")]) == 0
     assert "head 3 attends over its whole map (scores weighted by its weights)" in (
@@ -207,6 +211,7 @@ def test_the_command_line_attributes_saves_prints_and_reads_again(tmp_path, caps
         (["why", *cell, "--key", "3", "-o", str(tmp_path / "n.nc")], "give either"),
         ([*row, "--parts", "-o", str(tmp_path / "p.nc")], "--parts splits one cell"),
         ([*whole, "--key", "3", "-o", str(tmp_path / "k.nc")], "--key needs --query"),
+        ([*row, "--weight", "-o", str(tmp_path / "r.nc")], "--weight explains one cell"),
     ):
         assert main(bad) == 2, bad
         assert words in capsys.readouterr().err
@@ -260,6 +265,55 @@ def test_the_whole_map_is_its_rows_added(sdpa, causal):
     assert abs(whole.attrs["completeness_error"]) < 2e-3 * abs(change)
     with pytest.raises(AttributionError, match="without a query"):
         score_attribution(model, x, query=None, key=3, **cell)
+
+
+def weight_long_way(model: ChannelHeads, x, head, query, key, steps) -> np.ndarray:
+    """Integrated gradients of the cell's weight, the long way: the model's own q, k and
+    softmax recomputed from its parameters, differentiated by autograd (midpoint rule, as
+    the attribution), ``(position, channel)`` of the sample."""
+    total = torch.zeros_like(x)
+    for alpha in (torch.arange(steps, dtype=torch.float64) + 0.5) / steps:
+        point = (alpha.float() * x).requires_grad_(True)  # from zeros
+        read = model.wq * model.reads, model.wk * model.reads
+        q, k = (torch.tanh(torch.einsum("lc,hcd->hld", point, w) + model.bias[:, None])
+                for w in read)  # fmt: skip
+        scores = (q @ k.transpose(-1, -2)) * model.width**-0.5
+        if model.causal:
+            later = torch.ones(x.shape[0], x.shape[0], dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(later, float("-inf"))
+        (grad,) = torch.autograd.grad(scores.softmax(-1)[head, query, key], point)
+        total += grad
+    return (total / steps * x).numpy()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+def test_a_cells_weight_is_split_as_the_long_way(causal):
+    """``of="weight"``: the weight after the softmax, which depends on the query's whole
+    row: both sides together are integrated gradients of the model's own weight (by
+    autograd), and they add up to the weight's change; the query side is what reaches it
+    through the query, the key side through every key of the row."""
+    model, x = ChannelHeads(causal=causal).eval(), inputs(length=8)
+    layer = layer_of(model, x)
+    cell = dict(layer=layer, head=1, query=6, key=2, sample=1, steps=32, position_dim=1)
+    found = score_attribution(model, x, of="weight", **cell)
+    long = weight_long_way(model, x[1], 1, 6, 2, 32)
+    drawn = found.sum("side").transpose("position", "channel").values
+    np.testing.assert_allclose(drawn, long, atol=1e-6 * np.abs(long).max() + 1e-9)
+    weights = attnpanel.capture(model, x)["weights"].isel(batch=1, head=1).values.reshape(8, 8)
+    assert found.attrs["score"] == pytest.approx(float(weights[6, 2]), rel=1e-5)
+    assert found.attrs["explains"] == "weight" and found.attrs["target"] == "the cell's weight"
+    change = found.attrs["score"] - found.attrs["baseline_score"]
+    assert abs(found.attrs["completeness_error"]) < 1e-3 * abs(change)
+    if causal:  # the later keys carry no weight: nothing reaches it through them
+        assert np.abs(found.sel(side="key").values[:, 7:]).max() == 0
+    with pytest.raises(AttributionError, match="give a query and a key"):
+        score_attribution(model, x, of="weight", **dict(cell, key=None))
+    with (
+        pytest.raises(AttributionError, match="blocked by the mask")
+        if causal
+        else (contextlib.nullcontext())
+    ):
+        score_attribution(model, x, of="weight", **dict(cell, query=2, key=5))
 
 
 class FlatHeads(nn.Module):

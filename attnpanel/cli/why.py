@@ -22,9 +22,10 @@ def why_lines(found) -> list[str]:
         what = f"attends from query {a['query']} over its row (scores weighted by its weights)"
     else:
         what = f"attends from query {a['query']} to key {a['key']}"
+    explained = a.get("explains", "score")
     lines = [
         f"why {a['layer']} head {a['head']} {what}: "
-        f"score {a['score']:.4g} (from {a['baseline_score']:.4g} at the {a['baseline']} "
+        f"{explained} {a['score']:.4g} (from {a['baseline_score']:.4g} at the {a['baseline']} "
         f"baseline: a change of {change:.4g})",
         f"integrated gradients at {a['attributed_at']}, {a['steps']} steps: the shares add "
         f"up to the change within {abs(a['completeness_error']):.2g}",
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> None:
         raise CommandError("--parts splits one cell: give --key")
     if args.query is None and args.key is not None:
         raise CommandError("--key needs --query (or give neither: the whole map)")
+    if args.weight and args.key is None:
+        raise CommandError("--weight explains one cell's weight: give --query and --key")
     if not args.output.lower().endswith(".nc"):
         raise CommandError(f"an attribution is saved as netCDF: {args.output} does not end in .nc")
     try:
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> None:
         found = score_attribution(
             model, inputs, layer=args.layer, head=args.head, query=args.query, key=args.key,
             sample=args.sample, baseline=args.baseline, steps=args.steps, channels=channels,
+            of="weight" if args.weight else "score",
         )  # fmt: skip
     except AttributionError as error:
         raise CommandError(first_line(error)) from error
@@ -136,6 +140,11 @@ def add_parser(sub) -> None:
         type=int,
         help="the key (default: the query's whole row, its scores weighted "
         "by the model's own weights)",
+    )
+    why.add_argument(
+        "--weight",
+        action="store_true",
+        help="explain the cell's weight (after the softmax) instead of its score",
     )
     why.add_argument("--sample", type=int, default=0, help="the window or text (default 0)")
     why.add_argument(

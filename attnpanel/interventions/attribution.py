@@ -48,6 +48,7 @@ TARGETS = (
     "the row's scores weighted by its weights",
     "the map's scores weighted by its weights",
 )
+ATTRIBUTED = ("score", "weight")  # what of a cell score_attribution explains (``of=``)
 STEPS = 64  # midpoints of the path from the baseline to the input
 CHUNK = 16  # steps run as one batch
 SIDES = ("query", "key")
@@ -192,9 +193,10 @@ def score_attribution(
     steps: int = STEPS,
     channels: Sequence[str] | None = None,
     position_dim: int | None = None,
+    of: str = "score",
 ) -> xr.DataArray:
-    """Split one cell's score over the input's channels and positions, query side and key
-    side apart (integrated gradients; see the module's docstring).
+    """Split one cell's score (or weight) over the input's channels and positions, query
+    side and key side apart (integrated gradients; see the module's docstring).
 
     Parameters
     ----------
@@ -225,6 +227,10 @@ def score_attribution(
     position_dim : int, optional
         The dim that runs over positions in every attributed input (default: the size
         they share, or a lone input's longest dim after the batch).
+    of : {"score", "weight"}
+        What of the cell is explained: its score, or its weight (after the softmax, or a
+        linear attention's row sum). A weight depends on the query's whole row: its key
+        side gathers what reaches it through every key.
 
     Returns
     -------
@@ -241,6 +247,10 @@ def score_attribution(
         not used); integer inputs with no embedding before the layer; a baseline of
         another shape.
     """
+    if of not in ATTRIBUTED:
+        raise AttributionError(f"of={of!r}: a cell's {' or '.join(ATTRIBUTED)} is explained")
+    if of == "weight" and (query is None or key is None):
+        raise AttributionError("of='weight' explains one cell's weight: give a query and a key")
     if query is None and key is not None:
         raise AttributionError(
             f"key {key} without a query: give a query (a cell, or key=None for its row), or "
@@ -248,7 +258,7 @@ def score_attribution(
         )
     names, ones = one_sample(inputs, sample)
     attributed = [i for i, t in enumerate(ones) if torch.is_floating_point(t)]
-    probe = CellProbe(layer, head, query, key)
+    probe = CellProbe(layer, head, query, None if of == "weight" else key)  # (a weight: its row)
     with evaluating(model), probing(model):
         # token ids are not differentiable: the path runs through the first embedding's
         # output instead (the tokens' vectors), and the result says so
@@ -260,6 +270,7 @@ def score_attribution(
         ends = path.ends()
         dims = _position_dims(ends, 1 if path.at else position_dim)
         starts = _baselines(ends, baseline, dims)
+        path.weight_of = key if of == "weight" else None
         if key is None:  # a row or the map: its scores weighted by the model's weights
             path.hold_weights(ends)
         at_input = path.score(ends)
@@ -278,7 +289,8 @@ def score_attribution(
     return found.assign_attrs(
         layer=layer, head=head, query=-1 if query is None else query,
         key=-1 if key is None else key, sample=sample,
-        target=TARGETS[(query is None) + (key is None)],
+        target="the cell's weight" if of == "weight" else TARGETS[(query is None) + (key is None)],
+        explains=of,
         score=float(at_input), baseline_score=float(at_baseline), steps=steps,
         completeness_error=float(found.sum()) - total,
         baseline=baseline if isinstance(baseline, str) else "given",
@@ -350,6 +362,7 @@ class Path:
         self.embedding: nn.Module | None = None
         self.embedded: torch.Tensor | None = None  # its output on the sample
         self.weights: torch.Tensor | None = None  # a whole row's: its scores' weights
+        self.weight_of: int | None = None  # the key whose weight is explained (None: scores)
 
     @classmethod
     def embedded(cls, model: nn.Module, probe: CellProbe, ones: list, names=None) -> Path:
@@ -438,6 +451,13 @@ class Path:
         with torch.no_grad():
             self.run(points)
         cells = self.probe.found[0][0]  # (R, C)
+        if self.weight_of is not None:  # a cell's weight: its row's cells normalised
+            j = self.weight_of
+            return (
+                self._normalised(cells.double())[0, j]
+                if not is_blocked(cells[0, j])
+                else cells[0, j]
+            )
         if self.weights is None:
             return cells[0, 0]
         kept = self.weights > 0
@@ -448,17 +468,32 @@ class Path:
         (``(R, S)``: a row, or every row of the map)."""
         with torch.no_grad():
             self.run(points)
-        cells = self.probe.found[0][0].double()
-        if self.probe.normaliser == "softmax":
-            self.weights = torch.softmax(cells, -1)
-        else:  # a linear attention's: each row's products over their sum
-            self.weights = cells / cells.sum(-1, keepdim=True)
+        self.weights = self._normalised(self.probe.found[0][0].double())
 
-    def _held(self, q_i: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor:
-        """The weight of each cell asked in what is explained, ``(R, C)``: 1 for a cell."""
-        if self.weights is None:
-            return torch.ones(q_i.shape[1], k_j.shape[1], dtype=k_j.dtype, device=k_j.device)
-        return self.weights.to(k_j)
+    def _normalised(self, cells: torch.Tensor) -> torch.Tensor:
+        """The weights of rows of cells: their softmax, or (a linear attention's) each
+        product over its row's sum."""
+        if self.probe.normaliser == "softmax":
+            return torch.softmax(cells, -1)
+        return cells / cells.sum(-1, keepdim=True)
+
+    def _coefficients(self, cells: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor:
+        """``d target / d s_ij`` for each cell asked, ``(n, R, C)`` at the ``n`` points:
+        1 for a cell's score, the held weights for a row's or the map's; for a weight
+        ``w_j`` of the row, ``w_j (1[k = j] - w_k)`` (softmax) or ``(1[k = j] - w_j) / sum``
+        (row sum), at each point's own weights."""
+        n, rows, cols = cells.shape
+        if self.weight_of is None:
+            held = self.weights if self.weights is not None else torch.ones(rows, cols)
+            return held.to(k_j).expand(n, rows, cols)
+        cells = cells.double()
+        w = self._normalised(cells)
+        chosen = torch.zeros_like(w)
+        chosen[..., self.weight_of] = 1.0
+        j = slice(self.weight_of, self.weight_of + 1)
+        if self.probe.normaliser == "softmax":
+            return (w[..., j] * (chosen - w)).to(k_j)
+        return ((chosen - w[..., j]) / cells.sum(-1, keepdim=True)).to(k_j)
 
     def integrated(self, starts: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
         """The mean gradient along the path, ``[query side, key side]``, each a list over
@@ -472,12 +507,12 @@ class Path:
                 for a, b in zip(starts, ends, strict=True)
             ]
             self.run(points)
-            _, q_i, k_j, scale = self.probe.found  # (n, R, E), (n, C, E)
-            # s = sum_ij w_ij q_i . k_j * scale (a cell: its one w = 1): d s / d q_i =
-            # sum_j w_ij k_j * scale, d s / d k_j = sum_i w_ij q_i * scale; one backward a side
-            w = self._held(q_i, k_j)
-            into_q = torch.einsum("rc,nce->nre", w, k_j.detach()) * scale
-            into_k = torch.einsum("rc,nre->nce", w, q_i.detach()) * scale
+            cells, q_i, k_j, scale = self.probe.found  # (n, R, C), (n, R, E), (n, C, E)
+            # t = f(s), s_ij = q_i . k_j * scale: d t / d q_i = sum_j g_ij k_j * scale and
+            # d t / d k_j = sum_i g_ij q_i * scale, g = d t / d s; one backward a side
+            g = self._coefficients(cells, k_j)
+            into_q = torch.einsum("nrc,nce->nre", g, k_j.detach()) * scale
+            into_k = torch.einsum("nrc,nre->nce", g, q_i.detach()) * scale
             query_side = torch.autograd.grad(q_i, points, into_q, retain_graph=True)
             key_side = torch.autograd.grad(k_j, points, into_k, allow_unused=True)
             for found, side in zip((query_side, key_side), sums, strict=True):
