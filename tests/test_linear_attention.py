@@ -6,6 +6,8 @@ each test is computed from the layer's own modules and functions, never from the
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -274,3 +276,19 @@ def test_a_linear_cells_score_is_split_over_the_input(energformer):
         attnpanel.component_attribution(
             model, (power,), layer="encoder.1.attention", head=2, query=10, key=30, sample=1
         )
+
+
+def test_two_checkpoints_of_a_linear_model_compare_in_their_own_words(energformer):
+    """The comparison's report names a linear attention's weights, and no softmax."""
+    from attnpanel.readouts.compare import compare, ranked_heads
+    from attnpanel.render.compare_report import report_html
+
+    model, power, a = energformer
+    torch.manual_seed(5)
+    other = Energformer(WIDTH, HEADS).eval()
+    b = attnpanel.capture(other, power)
+    ranking = ranked_heads(compare(a, b))
+    text = report_html(a, b, ranking, heads=1, size=120)
+    said = json.dumps("the models' own weights φ(q)·φ(k) / row sum")[1:-1]  # as in its JSON
+    assert said in text
+    assert "softmax weights" not in text

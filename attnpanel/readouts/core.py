@@ -54,6 +54,13 @@ def weights_words(ds: xr.Dataset) -> str:
     return stage_label(ds, "softmax")
 
 
+def both_weights_words(a: xr.Dataset, b: xr.Dataset) -> str:
+    """What two compared traces' weights are: their one kind's words, or "weights" where
+    one is a softmax's and the other a linear attention's."""
+    words = weights_words(a)
+    return words if words == weights_words(b) else "weights"
+
+
 def stage_label(ds: xr.Dataset, stage: str) -> str:
     """A stage's words for this trace: its weights are a softmax, or a linear attention's
     row sums."""

@@ -127,9 +127,10 @@ class ComparedMaps(Section):
 
     def build(self):
         a, b = (untrusted.markup(label) for label in self.pair.labels)
+        weights = core.both_weights_words(self.trace, self.pair.other)
         about = pn.pane.Markdown(
             f"**A**: {a} · **B**: {b}, run on the same inputs. Each map is the model's own "
-            "softmax weights of the selected sample and head (rows: queries, columns: keys; "
+            f"{weights} of the selected sample and head (rows: queries, columns: keys; "
             "masked cells black); **B − A** is centred on 0: red where B attends more, blue "
             "where it attends less. Zoom or pan any map (wheel, box zoom): the three follow, "
             "each re-rasterized from the full map at full resolution.",
@@ -138,8 +139,8 @@ class ComparedMaps(Section):
             margin=(0, 10),
         )
         maps = [
-            self._map("A", "a", "Attention", 0, "softmax weights A"),
-            self._map("B", "b", "Attention", 1, "softmax weights B"),
+            self._map("A", "a", "Attention", 0, f"{weights} A"),
+            self._map("B", "b", "Attention", 1, f"{weights} B"),
             self._map("B − A", "difference", "Difference", None, "B − A"),
         ]
         return pn.Column(
