@@ -26,7 +26,7 @@ from attnpanel.readouts.quantities import signal_quantity
 from attnpanel.traces import virtual
 from attnpanel.traces.positions import Positions
 from attnpanel.traces.schema import STAGES
-from attnpanel.traces.stages import attention_stage, masked_cells
+from attnpanel.traces.stages import attention_stage, masked_cells, normaliser
 from attnpanel.util.locks import KeyLocks
 
 PREDICTED = " (predicted)"  # a model's prediction of a series: drawn dashed in its colour
@@ -64,7 +64,7 @@ def both_weights_words(a: xr.Dataset, b: xr.Dataset) -> str:
 def stage_label(ds: xr.Dataset, stage: str) -> str:
     """A stage's words for this trace: its weights are a softmax, or a linear attention's
     row sums."""
-    if ds.attrs.get("normaliser", "softmax") == "row sum":
+    if normaliser(ds) == "row sum":
         return ROW_SUM_LABELS[stage]
     return STAGE_LABELS[stage]
 

@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from attnpanel.traces import virtual
-from attnpanel.traces.stages import blocked_cells
+from attnpanel.traces.stages import blocked_cells, normaliser
 
 EMBEDDING_METHODS = ("pca", "umap")
 BLOCK_POINTS = 65536  # points per block of the covariance and the projection
@@ -102,7 +102,7 @@ def qk_embedding(
         )
     head = _head_index(ds, head)
     queries, keys, coords = _points(ds, head)
-    if ds.attrs.get("normaliser", "softmax") == "softmax":
+    if normaliser(ds) == "softmax":
         shift, scale, transform = _matching_transform(queries, keys)
     else:  # a row sum changes with a constant added to a row: no shift, q . k kept
         shift, scale, transform = _scaled_only(queries, keys)

@@ -13,6 +13,7 @@ from attnpanel.kernels.masks import MASK_FILL, fill_words
 from attnpanel.readouts import core
 from attnpanel.readouts.core import Selection, head_patterns
 from attnpanel.traces.positions import Positions
+from attnpanel.traces.stages import normaliser
 
 
 def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
@@ -54,7 +55,7 @@ def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
     can_project = "x" in ds and "w_q" in ds
     attn = computed(dict(batch=batch, head=n_heads, query=length, key=length))
     from_qk = " (from q, k)" if "q" in ds else " (needs q, k)"
-    linear = ds.attrs.get("normaliser", "softmax") != "softmax"  # q, k: phi(q), phi(k)
+    linear = normaliser(ds) != "softmax"  # q, k: phi(q), phi(k)
     rows = [
         ("positions", Positions.of(ds).words(), f"(position={length})"),
         ("input", "x", shape_of("x")),
@@ -206,7 +207,7 @@ def _masked_words(ds: xr.Dataset, mask) -> str:
         else "blocked cells masked (the model's fill is not recorded in this trace)"
     )
     if mask == "selected above":
-        fill_used = 0 if ds.attrs.get("normaliser", "softmax") != "softmax" else MASK_FILL
+        fill_used = MASK_FILL if normaliser(ds) == "softmax" else 0
         other = f"other masks recomputed with {fill_words((fill_used,))}"
         return f"{own} (its own mask: {ds.attrs.get('mask', 'none')}); {other}"
     blocks = mask != "none" or any(n in ds for n in ("padding", "blocked", "bias"))

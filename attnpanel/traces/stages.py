@@ -15,6 +15,12 @@ from attnpanel.traces import virtual
 from attnpanel.traces.schema import QK_DIM, STAGES
 
 
+def normaliser(ds: xr.Dataset) -> str:
+    """How the trace's rows of ``q . k`` became weights: "softmax", or "row sum" (a linear
+    attention's: q and k hold its features)."""
+    return ds.attrs.get("normaliser", "softmax")
+
+
 def trace_mask(ds: xr.Dataset, mask=None) -> torch.Tensor | None:
     """The ``(query, key)`` bool mask shared by every sample and head, for a mode.
 
@@ -279,11 +285,10 @@ def _recompute(ds: xr.Dataset, stage: str, mask, batch, head) -> xr.DataArray:
     kt = torch.from_numpy(np.ascontiguousarray(k.values))
     blocked = _aligned(blocked_cells(ds, mask, batch, head), dims)
     bias = _aligned(attention_bias(ds, batch, head), dims)
-    normaliser = ds.attrs.get("normaliser", "softmax")
+    kind = normaliser(ds)
     with torch.no_grad():
         if stage == "softmax":
-            scale = ds.attrs["scale"]
-            _, values = attend(qt, kt, blocked, scale, bias=bias, normaliser=normaliser)
+            _, values = attend(qt, kt, blocked, ds.attrs["scale"], bias=bias, normaliser=kind)
         else:
             values = qt @ kt.transpose(-2, -1)  # (..., L, S)
             if stage != "raw":
@@ -291,7 +296,7 @@ def _recompute(ds: xr.Dataset, stage: str, mask, batch, head) -> xr.DataArray:
                 if bias is not None:
                     values = values + bias
             if stage == "masked" and blocked is not None:  # (a row sum's blocked cells: 0)
-                values = values.masked_fill(blocked, MASK_FILL if normaliser == "softmax" else 0)
+                values = values.masked_fill(blocked, MASK_FILL if kind == "softmax" else 0)
     coords = {name: c for name, c in q.coords.items() if set(c.dims) <= set(dims)}
     coords["key"] = ds["key"]
     return xr.DataArray(values.numpy(), dims=dims, coords=coords, name=stage)

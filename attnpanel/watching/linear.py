@@ -31,7 +31,7 @@ from attnpanel.watching.lineage import PRODUCTS, SCALES, Scores, einsum_parts
 
 FEATURES = "phi(q) . phi(k)"  # how a linear attention's weights are formed, in words
 NORMALISER = "row sum"  # each row divided by its sum (a softmax trace: "softmax")
-MIN_CONTEXT_ERROR = 1e-6  # of the context's largest value: below it a match is exact
+MATCH = 1e-5  # of the context's largest value: a difference below it is float32 rounding
 
 
 @dataclass
@@ -45,7 +45,6 @@ class LinearForm:
     context: torch.Tensor  # (*lead, L, E) weights @ v, float32
     canonical: Callable[[torch.Tensor], torch.Tensor]  # a result's layout -> (*lead, L, E)
     restore: Callable[[torch.Tensor], torch.Tensor]  # (*lead, L, E) -> the result's layout
-    error: float = 0.0  # the largest difference of the model's context and weights @ v
 
 
 @dataclass
@@ -91,9 +90,9 @@ def read_linear(name: str, args, source: torch.Tensor, info: Scores, result) -> 
             canonical,
             restore,
         )
-        if _matches(got, context, form):
+        if _matches(got, context):
             return form, True
-        if _matches(got, products @ v.double(), form):
+        if _matches(got, products @ v.double()):
             return form, False
     return None
 
@@ -110,17 +109,14 @@ def normalised(name: str, args, source: torch.Tensor, form: LinearForm, result) 
             got = form.canonical(result.detach()).double()
         except RuntimeError:
             return False
-        return got.shape == form.context.shape and _matches(got, form.context.double(), form)
+        return got.shape == form.context.shape and _matches(got, form.context.double())
 
 
-def _matches(got: torch.Tensor, want: torch.Tensor, form: LinearForm) -> bool:
-    """Equal up to rounding of float32 (relative to the context's size), noting the error."""
-    error = float((got - want).abs().max()) if got.numel() else 0.0
-    size = float(want.abs().max()) if want.numel() else 0.0
-    if error <= max(1e-5 * size, MIN_CONTEXT_ERROR * size, 1e-7):
-        form.error = error
+def _matches(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to rounding of float32 (relative to the context's size)."""
+    if not got.numel():
         return True
-    return False
+    return float((got - want).abs().max()) <= max(MATCH * float(want.abs().max()), 1e-7)
 
 
 def _operands(name: str, args, source: torch.Tensor, info: Scores) -> tuple | None:

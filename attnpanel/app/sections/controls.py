@@ -9,6 +9,7 @@ from attnpanel.readouts.core import layer_names
 from attnpanel.readouts.quantities import reference_name
 from attnpanel.render.styling import CHECKBOX_TEXT, WRAP
 from attnpanel.traces.schema import STAGES
+from attnpanel.traces.stages import normaliser
 
 TOGGLES = (  # the sections' checkboxes, in the order the page shows them
     "show_projection",
@@ -34,7 +35,7 @@ STAGE_NAMES = {
 
 def stage_names(trace) -> dict[str, str]:
     """The stage menu's words for ``trace``: a linear attention's weights are no softmax."""
-    if trace.attrs.get("normaliser", "softmax") == "softmax":
+    if normaliser(trace) == "softmax":
         return STAGE_NAMES
     return {("weights (row sum)" if v == "softmax" else k): v for k, v in STAGE_NAMES.items()}
 
