@@ -23,6 +23,7 @@ from bokeh.models import ColumnDataSource, CustomJS
 
 from attnpanel.render.axes import CHART_PAD
 from attnpanel.render.client_maps import INFLATED_JS, ClientMapState, stream_once
+from attnpanel.render.push import REDRAWN_BY_BROWSER
 
 COLUMNS = ("key", "blob", "rows", "cols", "title")
 
@@ -52,7 +53,8 @@ function draw_bars() {
   bars.setv({data}, quiet_bars);
   if (lo <= hi) {
     const margin = hi > lo ? PAD * (hi - lo) : 1.0;
-    const [start, end] = [lo - margin, hi + margin];
+    const end = hi + margin;
+    const start = lo >= 0 ? Math.max(lo - margin, 0) : lo - margin;  // as axes.fit_axis
     bars_plot.y_range.setv({start, end, reset_start: start, reset_end: end}, quiet_bars);
   }
   bars_plot.title.setv({text: row.title.replace("{query}", String(q))}, quiet_bars);
@@ -114,6 +116,9 @@ class ClientBars:
             marker=None if marker is None else marker["glyph"],
             row_box=None if row_box is None else row_box["glyph"],
         )
+        self._source, self._plot = bars["source"], bars["plot"]
+        self._marker = None if marker is None else marker["glyph"]
+        bars[REDRAWN_BY_BROWSER] = self.confirm
         # rows that land are only inflated: the server has drawn the bars meanwhile
         on_rows = CustomJS(args=self.args, code=self._code(""))
         self.cache.js_on_change("streaming", on_rows)
@@ -129,6 +134,23 @@ class ClientBars:
         :attr:`args` plus ``query``, ``head``, ``mask``, ``heads`` and ``masks`` (as the
         matrix's widget script takes them)."""
         return self._code("draw_bars();")
+
+    def confirm(self) -> None:
+        """The server has drawn the bars: the page gets what its models hold (bars, value
+        axis, title, query marker), changed or not: the browser may show another query's,
+        drawn by its script (another query's scale, which a server draw equal to its last
+        one would otherwise leave)."""
+        drawn = [
+            (self._source, ("data",)),
+            (self._plot.y_range, ("start", "end", "reset_start", "reset_end")),
+            (self._plot.title, ("text",)),
+        ]
+        if self._marker is not None:
+            drawn.append((self._marker, ("location",)))
+        for model, names in drawn:
+            for name in names:
+                value = getattr(model, name)
+                model.trigger(name, value, value)
 
     def reset(self) -> None:
         """A new context: the browser drops the rows it holds."""

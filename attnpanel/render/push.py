@@ -25,6 +25,11 @@ from attnpanel.render.tables import write_table
 from attnpanel.render.titles import fit_title
 
 RECT_COLUMNS = {"left": "x0", "right": "x1", "bottom": "y0", "top": "y1"}
+# A layer's handles: what the server calls once it has written the layer's figure, for a
+# layer the page's scripts redraw themselves too (``sync: false``, unknown to the server's
+# models): Bokeh sends only what changes on the server, so a draw equal to the server's last
+# one would leave the browser's own (:class:`attnpanel.render.client_bars.ClientBars`).
+REDRAWN_BY_BROWSER = "redrawn by the browser"
 
 
 def layers_of(element) -> list:
@@ -72,6 +77,9 @@ def write(drawn: dict[PlotKey, list[dict]], element, title: bool = True) -> None
         if title:
             figure.title.text = fit_title(figure, element.label)
         fit_chart(figure, every)  # what every view of the figure draws now (a table: nothing)
+    for handles in every:
+        if REDRAWN_BY_BROWSER in handles and id(handles["plot"]) in figures:
+            handles[REDRAWN_BY_BROWSER]()
 
 
 def name_map(handles: dict, value_label: str, low: float, hovers=()) -> None:
