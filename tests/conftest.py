@@ -33,6 +33,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 param.parameterized.warnings_as_exceptions = True
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into node ids
 def pytest_collection_modifyitems(items):
     """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them).
 

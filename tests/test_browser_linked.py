@@ -92,8 +92,11 @@ def zoom_out(page) -> None:
         "p.model.x_range.setv({start: -0.5, end: 479.5}); "
         "p.model.y_range.setv({start: 479.5, end: -0.5}); })()"
     )
+    # both axes: the two ranges reach the server one message each, and it may draw the
+    # window between them (every column, the zoomed rows)
     page.wait_for_function(
-        f"() => ({MAPS_JS})().every((m) => Math.abs(m['extent'][2]) >= 479)",
+        f"() => ({MAPS_JS})().every((m) => Math.min(Math.abs(m['extent'][2]),"
+        " Math.abs(m['extent'][3])) >= 479)",
         timeout=20_000,
         polling=100,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import panel as pn
 import pytest
 import torch
 import xarray as xr
@@ -62,6 +63,10 @@ def test_an_encoder_decoder_datatree_opens_one_explorer_per_group():
     count = sum(entry.group == explorer.group for entry in layers.layers(tree))
     assert count == 2  # the encoder's two layers, not the shown one alone
     assert group == f"### group {untrusted.markup(explorer.group)} ({count} layers)"
+    # one layer menu on the page: the group's own (its layers alone) is the picker's double
+    menus = [w for w in page.select(pn.widgets.Select) if w.name.startswith("Layer") and w.visible]
+    assert [w.name for w in menus] == ["Layer (every group)"]
+    assert "layer" in explorer.explorer.widgets  # (hidden, not missing: it follows the picker)
 
 
 @pytest.mark.parametrize("suffix", [".nc", ".zarr"])

@@ -233,6 +233,13 @@ def test_a_query_click_draws_its_row_and_heaviest_keys(pair, explorer):
     assert formatter.args["chars"] == 8 and plot.yaxis[0].major_label_text_font == "monospace"
 
 
+def test_a_row_is_recomputed_as_a_softmax_only(pair):
+    """A linear attention's weights (rows over their sums) are held dense, never recomputed
+    as a softmax row: asked for one, the row says so."""
+    with pytest.raises(ValueError, match="formed by 'row sum'"):
+        windows.query_row(pair[1].assign_attrs(normaliser="row sum"), 0, 0, 3, "diagonal")
+
+
 def test_a_box_compares_the_heads_attention_mass(pair, explorer):
     dense, _ = pair
     box = ((99.5, 299.5), (199.5, 259.5))

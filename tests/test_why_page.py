@@ -170,6 +170,21 @@ def test_a_click_on_a_cell_picks_its_query_and_key(page):
     assert "→ key 201 (" in page.engine.title("why shares")
 
 
+def test_a_query_moved_after_a_click_explains_only_its_own_cell(page, run, monkeypatch):
+    """The slider moves a clicked cell's query: its key goes back to the one the query
+    attends most before any view reads it (the clicked key at the new query is never
+    explained, not even once in a notebook, where every view is drawn at once)."""
+    page.param.update(show_why=True, head=HEAD, sample=0, query=150, why_key=201)
+    asked, why = [], run.why
+    monkeypatch.setattr(
+        run, "why", lambda cell, *a, **kw: asked.append(cell) or why(cell, *a, **kw)
+    )
+    page.query = 120
+    weights = page.trace["weights"].isel(batch=0, head=HEAD).values[120]
+    assert page.why_key == -1
+    assert {(cell.query, cell.key) for cell in asked} == {(120, int(np.nanargmax(weights)))}
+
+
 def test_no_attribution_says_why(page):
     page.param.update(show_why=True, head="mean", sample=0)
     assert page.engine.title("why shares") == (

@@ -38,6 +38,12 @@ class GroupLayerExplorer(AttentionExplorer):
         layers = "1 layer" if count == 1 else f"{count} layers"
         return pn.pane.Markdown(f"### group {group} ({layers})", margin=(0, 10))
 
+    def laid_out(self) -> None:
+        super().laid_out()
+        own = self.widgets.get("layer")
+        if own is not None:  # the page's picker above picks the layer, from every group
+            own.visible = False
+
 
 class GroupsExplorer(Explorer):
     """Explore every group of a DataTree capture, one layer at a time.

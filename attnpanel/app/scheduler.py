@@ -161,7 +161,9 @@ class Scheduler:
             margin=0,
         )
         self.background = Background(self.indicator) if background else None
-        self.state.param.watch(self._on_change, [*SELECTION_PARAMS, *VIEW_PARAMS])
+        # after the state's own followers (precedence 0): a view reads the state they leave
+        # (a query moved by the slider takes back the clicked key before any view asks)
+        self.state.param.watch(self._on_change, [*SELECTION_PARAMS, *VIEW_PARAMS], precedence=1)
 
     @property
     def pending(self) -> int:

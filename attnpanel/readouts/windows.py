@@ -33,6 +33,7 @@ from attnpanel.kernels import masks, tiles
 from attnpanel.readouts.raster import raster_values, snap_window
 from attnpanel.traces import virtual
 from attnpanel.traces.overviews import PIXELS, Entry, Overviews
+from attnpanel.traces.stages import normaliser
 
 # A 480 x 480 map computes windows of up to 4,096 x 4,096 cells from q and k at once (about
 # 0.2 s on two cores); a smaller plot, its share of that (a 140 px head tile ~1,200^2):
@@ -272,7 +273,13 @@ def query_row(
     """The selected query's softmax weights over every key, float32: its one row of
     logits from ``q`` and ``k`` (blocked keys filled as the model fills them), softmaxed
     in float64. ``S`` cells and no row statistics: 50-90 ms at S = 64,800 under any mask.
-    ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None."""
+    ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None. A linear
+    attention's (its rows divided by their sums) is refused: it is always held dense."""
+    if normaliser(ds) != "softmax":
+        raise ValueError(
+            f"a query's row is recomputed as a softmax; this trace's weights are formed by "
+            f"{normaliser(ds)!r}: read its stored weights"
+        )
     q, k = qk or sample_qk(ds, sample)
     one = slice(head, head + 1)
     masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
@@ -394,7 +401,13 @@ def streamed_mass_share(
     """Per head, the share of the attention of the rows ``queries`` that falls on the
     ``keys``: the box's weights summed exactly in one streaming pass (its cells only), over
     the number of its rows with an unblocked key (each such row's weights sum to 1).
-    ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None."""
+    ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None. A linear
+    attention's (its rows divided by their sums) is refused: it is always held dense."""
+    if normaliser(ds) != "softmax":
+        raise ValueError(
+            f"a query's row is recomputed as a softmax; this trace's weights are formed by "
+            f"{normaliser(ds)!r}: read its stored weights"
+        )
     q, k = qk or sample_qk(ds, sample)
     masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
     live = int(live_rows(masking, queries, ds.sizes["key"]).sum())
