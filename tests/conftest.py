@@ -37,10 +37,12 @@ param.parameterized.warnings_as_exceptions = True
 def pytest_collection_modifyitems(items):
     """Every test that drives Chromium is marked ``browser`` (``-m "not browser"`` skips them).
 
-    With ``-n 2 --dist loadgroup`` (pytest-xdist) the tests that drive Chromium run in one
-    worker, in their order, with one browser and one demo server, beside the others, a
-    module at a time (its fixtures built once): 14 min instead of 20-23 here. Not the
-    default yet: there the served survey never finishes (pyproject.toml).
+    With ``-n 2 --dist loadgroup`` (pytest-xdist, the default: pyproject.toml) the tests
+    that drive Chromium run in one worker, in their order, with one browser and one demo
+    server, beside the others, a module at a time (its fixtures built once). The groups are
+    set before xdist reads them into the node ids (``tryfirst``): set after, there were
+    none, and the browser tests ran on both workers (two demo servers and two Chromiums on
+    two cores; 20.7 min where the groups take 18.5; ``test_suite_groups.py``).
     """
     for item in items:
         browser = "browser" in getattr(item, "fixturenames", ())
