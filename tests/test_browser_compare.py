@@ -118,7 +118,7 @@ def test_the_three_maps_paint_and_the_page_fits(app, artifacts):
     head = titles[0].removeprefix("A · ")
     assert titles == [f"{which}{head}" for which in MAPS]  # one head, the three maps
     for prefix in MAPS:
-        assert image_shape(page, prefix) == [49, 49]  # every cell (49 positions, 300 px)
+        assert image_shape(page, prefix) == [49, 49]  # every cell (49 positions, 270 px)
         painted = colours(page, prefix)
         assert len(painted) > 20, (prefix, len(painted))
         # the diagonal NILMFormer masks is black on all three (masked, outside the scale)
@@ -134,6 +134,10 @@ def test_the_three_maps_paint_and_the_page_fits(app, artifacts):
     page.set_viewport_size({"width": 1280, "height": 1300})
     page.wait_for_timeout(800)
     shot(page, artifacts, "compare_1280")
+    tops = page.evaluate(
+        "(maps) => maps.map((p) => attn.plot(p).el.getBoundingClientRect().top)", list(MAPS)
+    )
+    assert len(set(tops)) == 1, tops  # A, B and B − A side by side at 1280 px too
     page.set_viewport_size({"width": 1600, "height": 1300})
     assert widths == {1280: 1280, 1600: 1600}  # no horizontal scroll
     assert [m for m in console if m[0] in ("error", "pageerror")] == []

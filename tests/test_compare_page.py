@@ -90,7 +90,7 @@ def test_the_three_maps_are_each_models_own_attention(page, pair):
         layer, sample, head = page.layer, page.sample, int(page.head)
         first, second = (expected(own, layer, sample, head) for own in (own_a, own_b))
         drawn = drawn_maps(page)
-        # 49 positions on a 300 px frame: the page draws the cells themselves
+        # 49 positions on a 270 px frame: the page draws the cells themselves
         np.testing.assert_allclose(drawn["a"], window_raster(first, SIZE, SIZE)[0], atol=2e-6)
         np.testing.assert_allclose(drawn["b"], window_raster(second, SIZE, SIZE)[0], atol=2e-6)
         np.testing.assert_allclose(drawn["difference"], second - first, atol=2e-6)

@@ -38,7 +38,7 @@ from attnpanel.render.elements import PlotKey
 from attnpanel.render.styling import WRAP
 from attnpanel.util import untrusted
 
-COMPARED_SIZE = 300  # frame of each of the three maps, in pixels
+COMPARED_SIZE = 270  # frame of each of the three maps: side by side at 1280 px (412 px each)
 RANKED = 24  # heads the ranking chart shows, most different first
 RANK_HEIGHT = 17  # pixels per ranked head
 RANKING_WIDTH = 560
@@ -177,7 +177,7 @@ class ComparedMaps(Section):
         )
         # A and B in the attention matrix's colours; B - A in its group's centred map
         cmap = self.state.colormap if side is not None else None
-        style = matrix_style(cmap, title_size="11pt", size=COMPARED_SIZE)
+        style = matrix_style(cmap, title_size="10pt", size=COMPARED_SIZE)
         element = raster.element(hv.Dimension("value", label=value_label))
         # every map of the page shares one pair of ranges: zoom one, the others follow
         return self.engine.render(element, pane, style=style, linked=True, margin=(0, 10, 10, 0))
