@@ -64,6 +64,9 @@ LAYERS = {
     "kernel elu+1": KernelAttention,
     "matmul relu": MatmulLinearAttention,
 }
+# each one's feature map, as the capture names it from the layer's own projections (random
+# features are no map of the projection alone: unnamed)
+NAMED = {"performer": None, "kernel elu+1": "elu(z) + 1", "matmul relu": "relu(z) + 0.001"}
 
 
 @pytest.mark.parametrize("kind", LAYERS)
@@ -75,6 +78,8 @@ def test_a_linear_attention_is_captured_as_the_weights_it_never_forms(kind):
     assert ds.attrs["captured_via"] == "linear"
     assert ds.attrs["normaliser"] == "row sum"
     assert "phi(q) . phi(k) / row sum" in ds.attrs["weights_formed"]
+    assert ds.attrs.get("feature_map") == NAMED[kind]
+    assert "w_q" not in ds and "w_k" not in ds  # its scores are no product of projections
     phi_q, phi_k = long_way(layer, x)
     products = (phi_q.double() @ phi_k.double().transpose(-2, -1)).numpy()
     expected = products / products.sum(-1, keepdims=True)
@@ -117,7 +122,8 @@ def test_a_linear_traces_stages_follow_its_normaliser():
     assert "softmax" not in core.matrix_title(ds, sel)
     assert "softmax" not in stage_names(ds) and "weights (row sum)" in stage_names(ds)
     table = summary.shape_table(ds).set_index("step")["operation"]
-    assert table["weights"].startswith("each row / its sum") and "φ(q)" in table["scores"]
+    assert table["weights"].startswith("each row / its sum")
+    assert table["scores"] == "φ(q)·φ(k)ᵀ, φ(z) = elu(z) + 1"
     # the kernel's autograd path gives the numbers of its in-place one
     q, k = phi_q.clone().requires_grad_(), phi_k.clone().requires_grad_()
     blocked = torch.ones(LENGTH, LENGTH, dtype=torch.bool).triu(1)

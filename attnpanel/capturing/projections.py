@@ -48,6 +48,32 @@ FUSED = ("c_attn", "qkv", "Wqkv", "qkv_proj", "query_key_value", "in_proj")
 OUTPUTS = ("wo", "o_proj", "out_proj", "out_lin", "o", "c_proj", "proj", "out", "to_out")
 
 
+# A linear attention's feature maps that are named where they reproduce its q and k from
+# the layer's own projection ``z = x W^T + b``, up to a constant added (elu + 1, relu + eps):
+# the trace names the map; it keeps no w_q or w_k, whose products its scores are not.
+FEATURE_MAPS = {
+    "elu(z)": F.elu,
+    "relu(z)": F.relu,
+    "softplus(z)": F.softplus,
+    "exp(z)": torch.exp,
+    "sigmoid(z)": torch.sigmoid,
+}
+
+
+def feature_map(projected: torch.Tensor, features: torch.Tensor, dtype) -> str | None:
+    """The name of the map of :data:`FEATURE_MAPS`, plus a constant, that turns the
+    ``projected`` rows into the ``features`` the model multiplied (``"elu(z) + 1"``), or None
+    (random features, a map of its own)."""
+    if projected.shape != features.shape:
+        return None
+    for name, f in FEATURE_MAPS.items():
+        mapped = f(projected.float())
+        added = float((features.float() - mapped).mean())
+        if _close(mapped + added, features, dtype):
+            return name if abs(added) <= tolerance(dtype) else f"{name} + {added:.3g}"
+    return None
+
+
 # Rows (spread over samples and positions, both ends included) on which a projection
 # matrix must reproduce q, k or v: a wrong matrix, or a position-dependent step such as
 # rotary embeddings, fails on any row but position 0.
@@ -199,7 +225,14 @@ def read_projections(call: AttentionCall, module_call, consumer=None) -> dict[st
             groups = heads // split.shape[1] if heads % split.shape[1] == 0 else 1
             if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
                 split = split.repeat_interleave(groups, dim=1)  # (n, H, E)
-            if _close(split, _flat_rows(target, rows, position_dim=2), call.dtype):
+            wanted = _flat_rows(target, rows, position_dim=2)
+            if call.normaliser != "softmax" and role in ("q", "k"):  # q, k: features
+                named = feature_map(split, wanted, call.dtype)
+                if named is not None:
+                    kept[f"phi_{role}"] = named
+                    break
+                continue
+            if _close(split, wanted, call.dtype):
                 if role == "k" and source is not x:
                     kept["cross"] = True  # keys projected from another sequence
                 # as k itself, the matrix is given per query head: (H E, D)

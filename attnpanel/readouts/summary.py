@@ -67,7 +67,7 @@ def shape_table(ds: xr.Dataset, mask: str | None = None) -> pd.DataFrame:
         ("split", "(B, L, D) → (B, H, L, E)", shape_of("q")),
         (
             "scores",
-            "φ(q)·φ(k)ᵀ (the features of q and k)" if linear else "q·kᵀ",
+            _feature_words(ds) if linear else "q·kᵀ",
             shape_of("scores") if "scores" in ds else attn + from_qk,
         ),
         ("scaled", f"× scale = {ds.attrs.get('scale', float('nan')):.4g}", attn + from_qk),
@@ -226,3 +226,10 @@ def blocked_note(ds: xr.Dataset, sel: Selection) -> str:
     fill = ds.attrs.get("mask_fill") if mask == ds.attrs.get("mask", "none") else None
     filled = f" (the model fills their scores with {fill})" if fill else ""
     return f"black: cells {what} blocks{filled}, weight exactly 0 after the softmax"
+
+
+def _feature_words(ds) -> str:
+    """A linear attention's scores: its features' products, its feature map named where the
+    capture read it (``feature_map``: of the layer's own projections z)."""
+    named = ds.attrs.get("feature_map")
+    return f"φ(q)·φ(k)ᵀ, φ(z) = {named}" if named else "φ(q)·φ(k)ᵀ (the features of q and k)"
