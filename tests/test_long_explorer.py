@@ -235,9 +235,12 @@ def test_a_query_click_draws_its_row_and_heaviest_keys(pair, explorer):
 
 def test_a_row_is_recomputed_as_a_softmax_only(pair):
     """A linear attention's weights (rows over their sums) are held dense, never recomputed
-    as a softmax row: asked for one, the row says so."""
-    with pytest.raises(ValueError, match="formed by 'row sum'"):
-        windows.query_row(pair[1].assign_attrs(normaliser="row sum"), 0, 0, 3, "diagonal")
+    as a softmax: asked for a row or a box's mass, each says so."""
+    linear = pair[1].assign_attrs(normaliser="row sum")
+    with pytest.raises(ValueError, match="a query's row is .* formed by 'row sum'"):
+        windows.query_row(linear, 0, 0, 3, "diagonal")
+    with pytest.raises(ValueError, match="a box's attention mass is .* formed by 'row sum'"):
+        windows.streamed_mass_share(linear, 0, [0], "diagonal", None, slice(0, 2), slice(0, 2))
 
 
 def test_a_box_compares_the_heads_attention_mass(pair, explorer):

@@ -267,6 +267,16 @@ def _shown(peak: np.ndarray, blocked: np.ndarray) -> np.ndarray:
     return values
 
 
+def softmax_only(ds: xr.Dataset, what: str) -> None:
+    """Refuse, by name, to recompute ``what`` as a softmax of q and k for a trace whose
+    weights another normaliser formed (a linear attention's: always held dense)."""
+    if normaliser(ds) != "softmax":
+        raise ValueError(
+            f"{what} is recomputed as a softmax; this trace's weights are formed by "
+            f"{normaliser(ds)!r}: read its stored weights"
+        )
+
+
 def query_row(
     ds: xr.Dataset, sample: int, head: int, query: int, mask: str, qk: SampleQK | None = None
 ) -> np.ndarray:
@@ -275,11 +285,7 @@ def query_row(
     in float64. ``S`` cells and no row statistics: 50-90 ms at S = 64,800 under any mask.
     ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None. A linear
     attention's (its rows divided by their sums) is refused: it is always held dense."""
-    if normaliser(ds) != "softmax":
-        raise ValueError(
-            f"a query's row is recomputed as a softmax; this trace's weights are formed by "
-            f"{normaliser(ds)!r}: read its stored weights"
-        )
+    softmax_only(ds, "a query's row")
     q, k = qk or sample_qk(ds, sample)
     one = slice(head, head + 1)
     masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
@@ -403,11 +409,7 @@ def streamed_mass_share(
     the number of its rows with an unblocked key (each such row's weights sum to 1).
     ``qk``: the sample's (:func:`sample_qk`), cut from the trace when None. A linear
     attention's (its rows divided by their sums) is refused: it is always held dense."""
-    if normaliser(ds) != "softmax":
-        raise ValueError(
-            f"a query's row is recomputed as a softmax; this trace's weights are formed by "
-            f"{normaliser(ds)!r}: read its stored weights"
-        )
+    softmax_only(ds, "a box's attention mass")
     q, k = qk or sample_qk(ds, sample)
     masking = tiles.sample_masking(virtual.masking(ds, mask, sample), 0, 0)
     live = int(live_rows(masking, queries, ds.sizes["key"]).sum())
