@@ -12,12 +12,20 @@ import zlib
 import numpy as np
 import pytest
 from bokeh.document import Document
+from bokeh.models import ColumnDataSource, DataRange1d
+from bokeh.plotting import figure
 
 import attnpanel
 from attnpanel.app.explorer import AttentionExplorer
 from attnpanel.readouts import core
 from attnpanel.readouts.raster import image_limits
-from attnpanel.render.client_maps import decode_levels, encode_levels, palette_index
+from attnpanel.render.client_bars import ClientBars
+from attnpanel.render.client_maps import (
+    ClientMapState,
+    decode_levels,
+    encode_levels,
+    palette_index,
+)
 from attnpanel.render.elements import MAP_KEY
 
 
@@ -228,6 +236,20 @@ def test_each_server_draw_of_the_bars_sends_their_range_and_marker_even_unchange
     assert (plot.title, "text", "weights of query 0 (head 6)") in sent
     assert (marker, "location", 0) in sent
     assert [m for m, attr, new in sent if attr == "data"] == [source]  # the same bars
+
+
+def test_bars_whose_axis_was_never_fitted_leave_it_to_the_browser():
+    """Before its first fit (no weight drawn yet: a row every key of which is blocked), a
+    chart's value axis is Bokeh's DataRange1d, whose ends the browser computes (NaN on the
+    server): the bars and their title are sent again, never those ends."""
+    plot, sent = figure(title="weights of query 3 (head 1)"), []
+    source = ColumnDataSource({"top": []})
+    bars = ClientBars(ClientMapState(), {"source": source, "plot": plot})
+    for model, name in ((plot.y_range, "start"), (plot.y_range, "end"), (plot.title, "text")):
+        model.on_change(name, lambda attr, old, new: sent.append(attr))
+    source.on_change("data", lambda attr, old, new: sent.append(attr))
+    bars.confirm()
+    assert isinstance(plot.y_range, DataRange1d) and sent == ["data", "text"]
 
 
 def test_the_page_shows_the_servers_own_image_where_it_drew_it_even_if_also_sent(explorer):

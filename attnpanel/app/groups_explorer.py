@@ -3,7 +3,8 @@
 A :class:`GroupsExplorer` holds one :class:`~attnpanel.app.explorer.AttentionExplorer` per
 group of an ``xarray.DataTree`` capture, built when the group is first shown, and one
 layer picker that spans every group: picking a decoder layer shows the decoder group's
-explorer at that layer; the group explorer's own layer selector moves the picker too.
+explorer at that layer. The group explorer's own layer menu is hidden (the picker is the
+page's one); its ``layer``, set from code, moves the picker too.
 
 The page's link holds the layer across every group, by name (``?layer=decoder.layers.1...``),
 and the shown group's selection (sample, head, query ...); a group shown next takes the

@@ -162,7 +162,8 @@ class Scheduler:
         )
         self.background = Background(self.indicator) if background else None
         # after the state's own followers (precedence 0): a view reads the state they leave
-        # (a query moved by the slider takes back the clicked key before any view asks)
+        # (a query moved by the slider takes back the clicked key before any view asks; in
+        # a notebook the why views are then drawn twice, the second from the kept result)
         self.state.param.watch(self._on_change, [*SELECTION_PARAMS, *VIEW_PARAMS], precedence=1)
 
     @property

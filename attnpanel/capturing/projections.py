@@ -60,17 +60,34 @@ FEATURE_MAPS = {
 }
 
 
-def feature_map(projected: torch.Tensor, features: torch.Tensor, dtype) -> str | None:
-    """The name of the map of :data:`FEATURE_MAPS`, plus a constant, that turns the
-    ``projected`` rows into the ``features`` the model multiplied (``"elu(z) + 1"``), or None
-    (random features, a map of its own)."""
+def feature_map(projected: torch.Tensor, features: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """The map that turns a linear attention's projected rows into its features.
+
+    Parameters
+    ----------
+    projected : torch.Tensor
+        Rows of the layer's projection ``z = x W^T + b``, split by head ``(n, H, E)``.
+    features : torch.Tensor
+        The same rows of the features the model multiplied, ``(n, H, E)``.
+    dtype : torch.dtype
+        The model's dtype (its rounding: :func:`tolerance`).
+
+    Returns
+    -------
+    str or None
+        The map of :data:`FEATURE_MAPS` plus a constant (``"elu(z) + 1"``, ``"sigmoid(z) −
+        0.5"``), the first that reproduces them; None where none does (random features, a
+        map of its own).
+    """
     if projected.shape != features.shape:
         return None
     for name, f in FEATURE_MAPS.items():
         mapped = f(projected.float())
         added = float((features.float() - mapped).mean())
         if _close(mapped + added, features, dtype):
-            return name if abs(added) <= tolerance(dtype) else f"{name} + {added:.3g}"
+            if abs(added) <= tolerance(dtype):
+                return name
+            return f"{name} {'+' if added > 0 else '−'} {abs(added):.3g}"
     return None
 
 
@@ -170,8 +187,9 @@ def _flat_rows(t: torch.Tensor, rows: torch.Tensor, position_dim: int = 1) -> to
     return t[index]
 
 
-def read_projections(call: AttentionCall, module_call, consumer=None) -> dict[str, torch.Tensor]:
-    """x, output and the projection matrices that reproduce the call's q, k, v, output.
+def read_projections(call: AttentionCall, module_call, consumer=None) -> dict:
+    """x, output and the projection matrices that reproduce the call's q, k, v, output
+    (and, for a linear attention, ``phi_q`` and ``phi_k``: its feature maps' names).
 
     ``consumer``: ``[module, input, output, name]`` of a Linear that took the module's output as
     its input. Where the module's output is its merged heads (BERT's self-attention, whose
@@ -226,13 +244,15 @@ def read_projections(call: AttentionCall, module_call, consumer=None) -> dict[st
             if groups > 1:  # grouped-query attention: one k/v head serves `groups` q heads
                 split = split.repeat_interleave(groups, dim=1)  # (n, H, E)
             wanted = _flat_rows(target, rows, position_dim=2)
-            if call.normaliser != "softmax" and role in ("q", "k"):  # q, k: features
+            same = _close(split, wanted, call.dtype)
+            # a linear attention's q and k are features: of the projection (their map named),
+            # or the projection itself (its matrix kept, as any q's)
+            if not same and call.normaliser != "softmax" and role in ("q", "k"):
                 named = feature_map(split, wanted, call.dtype)
                 if named is not None:
                     kept[f"phi_{role}"] = named
                     break
-                continue
-            if _close(split, wanted, call.dtype):
+            if same:
                 if role == "k" and source is not x:
                     kept["cross"] = True  # keys projected from another sequence
                 # as k itself, the matrix is given per query head: (H E, D)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
-from bokeh.models import ColumnDataSource, CustomJS
+from bokeh.models import ColumnDataSource, CustomJS, Range1d
 
 from attnpanel.render.axes import CHART_PAD
 from attnpanel.render.client_maps import INFLATED_JS, ClientMapState, stream_once
@@ -140,11 +140,9 @@ class ClientBars:
         axis, title, query marker), changed or not: the browser may show another query's,
         drawn by its script (another query's scale, which a server draw equal to its last
         one would otherwise leave)."""
-        drawn = [
-            (self._source, ("data",)),
-            (self._plot.y_range, ("start", "end", "reset_start", "reset_end")),
-            (self._plot.title, ("text",)),
-        ]
+        drawn = [(self._source, ("data",)), (self._plot.title, ("text",))]
+        if isinstance(self._plot.y_range, Range1d):  # (never fitted: Bokeh's own, NaN ends)
+            drawn.append((self._plot.y_range, ("start", "end", "reset_start", "reset_end")))
         if self._marker is not None:
             drawn.append((self._marker, ("location",)))
         for model, names in drawn:
