@@ -441,9 +441,9 @@ def _trace(
             "features it multiplied (q and k hold phi(q) and phi(k)); their context is the "
             "model's, to float32 rounding"
         )
-        feature_maps = {projections.get("phi_q"), projections.get("phi_k")} - {None}
-        if len(feature_maps) == 1 and "phi_q" in projections and "phi_k" in projections:
-            (attrs["feature_map"],) = feature_maps  # of the layer's projections z = x W^T + b
+        named = projections.get("phi_q")  # of the layer's projections z = x W^T + b
+        if named is not None and named == projections.get("phi_k"):
+            attrs["feature_map"] = named
     if kv_heads:
         attrs["kv_heads"] = int(kv_heads)  # w_k, w_v, k and v are repeated per query head
     attrs["dtype"] = str(call.dtype).removeprefix("torch.")

@@ -201,9 +201,9 @@ def report_html(
         f"inputs. Heads by the Jensen-Shannon divergence of their query rows (nats, mean "
         f"over every sample's real queries; at most ln 2 = 0.693), most different first. "
         f"Below, for the {len(drawn)} most different heads (bold), sample {sample}: "
-        f"A, B (the models' own {core.both_weights_words(a, b)}; rows: queries, columns: keys; "
-        "masked cells "
-        "black) and B − A (centred on 0: red where B attends more, blue where less). "
+        f"A, B (the models' own {core.both_weights_words(a, b)}; rows: queries, columns: "
+        "keys; masked cells black) and B − A (centred on 0: red where B attends more, blue "
+        "where less). "
         "Zoom or pan a map: the other two follow.</p>",
         width=1000,
     )
